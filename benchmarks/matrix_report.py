@@ -1,0 +1,174 @@
+"""RESULTS.md for the benchmark matrix: commands, one table per case, the targets and whether each
+is met. Pure functions of the records, so they are tested on sample data."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from nezha.bench.records import BenchRecord
+from nezha.bench.report import format_rails
+from nezha.bench.sizes import format_size
+
+from matrix_cases import Case
+
+MB64 = 64 * 1024 * 1024
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    records: List[BenchRecord] = field(default_factory=list)
+    commands: List[str] = field(default_factory=list)
+    errors: List[str] = field(default_factory=list)
+
+    def find(self, impl: str, num_bytes: int) -> Optional[BenchRecord]:
+        for rec in self.records:
+            if rec.impl == impl and rec.bytes == num_bytes:
+                return rec
+        return None
+
+    def impls(self) -> List[str]:
+        seen = [impl for impl in self.case.impls if any(r.impl == impl for r in self.records)]
+        return seen + sorted({r.impl for r in self.records} - set(seen))
+
+    def sizes(self) -> List[int]:
+        return sorted({r.bytes for r in self.records})
+
+
+# --- targets -------------------------------------------------------------------------------------
+# Figures from DESIGN.md (this testbed, 4 hosts, 64 MB float32 allreduce): Gloo 0.95 Gbit/s busbw,
+# MPTCP 1.33 Gbit/s on two 1 Gbit/s rails and 0.59 with one rail at 250 Mbit/s; the limit is the
+# sum of the rails, 2.0 and 1.25 Gbit/s.
+
+Verdict = Tuple[Optional[bool], str]   # (met, detail); met None = not measured
+
+
+@dataclass(frozen=True)
+class Target:
+    case: str
+    text: str
+    check: Callable[[CaseResult], Verdict]
+
+
+def _busbw_at_least(impl: str, num_bytes: int, floor: float) -> Callable[[CaseResult], Verdict]:
+    def check(res: CaseResult) -> Verdict:
+        rec = res.find(impl, num_bytes)
+        if rec is None:
+            return None, f"{impl} {format_size(num_bytes)} not measured"
+        return rec.busbw_gbps >= floor, f"{impl}: {rec.busbw_gbps:.2f} Gbit/s (target >= {floor:.2f})"
+    return check
+
+
+def _beats_all_others(impl: str, num_bytes: int) -> Callable[[CaseResult], Verdict]:
+    def check(res: CaseResult) -> Verdict:
+        ours = res.find(impl, num_bytes)
+        others = [r for r in res.records if r.bytes == num_bytes and r.impl != impl]
+        if ours is None or not others:
+            return None, "not measured"
+        best = max(others, key=lambda r: r.busbw_gbps)
+        return ours.busbw_gbps > best.busbw_gbps, \
+            f"{impl} {ours.busbw_gbps:.2f} vs best other {best.impl} {best.busbw_gbps:.2f} Gbit/s"
+    return check
+
+
+def _not_slower_than(impl: str, other: str, sizes: Sequence[int]) -> Callable[[CaseResult], Verdict]:
+    def check(res: CaseResult) -> Verdict:
+        details, met = [], True
+        for num_bytes in sizes:
+            ours, theirs = res.find(impl, num_bytes), res.find(other, num_bytes)
+            if ours is None or theirs is None:
+                return None, f"{format_size(num_bytes)} not measured for both"
+            met = met and ours.time_us <= theirs.time_us
+            details.append(f"{format_size(num_bytes)}: {ours.time_us:.0f} vs {theirs.time_us:.0f} us")
+        return met, "; ".join(details)
+    return check
+
+
+def _faster_than(impl: str, other: str, num_bytes: int) -> Callable[[CaseResult], Verdict]:
+    def check(res: CaseResult) -> Verdict:
+        ours, theirs = res.find(impl, num_bytes), res.find(other, num_bytes)
+        if ours is None or theirs is None:
+            return None, "not measured"
+        return ours.busbw_gbps >= theirs.busbw_gbps, \
+            f"{impl} {ours.busbw_gbps:.2f} vs {other} {theirs.busbw_gbps:.2f} Gbit/s"
+    return check
+
+
+TARGETS: Tuple[Target, ...] = (
+    Target("a", "64 MB busbw of nezha on both rails >= 90% of the rails' sum (1.8 of 2.0 Gbit/s)",
+           _busbw_at_least("nezha-2rails", MB64, 1.8)),
+    Target("a", "64 MB: nezha on both rails beats every alternative (one rail, MPTCP, Gloo)",
+           _beats_all_others("nezha-2rails", MB64)),
+    Target("b", "64 MB busbw of nezha on 1G + 250M >= 90% of the sum (1.125 of 1.25 Gbit/s)",
+           _busbw_at_least("nezha-2rails", MB64, 1.125)),
+    Target("b", "64 MB: adding the slow rail never hurts (nezha both rails >= nezha fast rail alone)",
+           _faster_than("nezha-2rails", "nezha-rail0", MB64)),
+    Target("c", "small messages (8 B, 1 KB): nezha latency <= Gloo's",
+           _not_slower_than("nezha-2rails", "gloo-rail0", (8, 1024))),
+    Target("c", "64 MB unshaped: nezha busbw >= Gloo's",
+           _faster_than("nezha-2rails", "gloo-rail0", MB64)),
+)
+
+
+def evaluate_targets(results: Sequence[CaseResult]) -> List[Tuple[Target, Verdict]]:
+    by_case = {res.case.key: res for res in results}
+    out = []
+    for target in TARGETS:
+        res = by_case.get(target.case)
+        out.append((target, target.check(res) if res else (None, "case not run")))
+    return out
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _time_text(time_us: float) -> str:
+    return f"{time_us / 1000:.1f} ms" if time_us >= 10_000 else f"{time_us:.0f} us"
+
+
+def case_tables(res: CaseResult) -> List[str]:
+    """Two tables side by side per impl: busbw (Gbit/s) and median time; then the rail split."""
+    impls, sizes = res.impls(), res.sizes()
+    if not sizes:
+        return ["_no results_"]
+    lines = ["busbw (Gbit/s):", ""]
+    lines += _markdown_table(["size"] + impls, [
+        [format_size(n)] + [f"{r.busbw_gbps:.3f}" if (r := res.find(i, n)) else "-" for i in impls]
+        for n in sizes])
+    lines += ["", "time (median over iterations, max over ranks):", ""]
+    lines += _markdown_table(["size"] + impls, [
+        [format_size(n)] + [_time_text(r.time_us) if (r := res.find(i, n)) else "-" for i in impls]
+        for n in sizes])
+    largest = sizes[-1]
+    splits = [(i, r) for i in impls if (r := res.find(i, largest)) and len(r.rails) > 1]
+    if splits:
+        lines += ["", f"Rail split at {format_size(largest)} (bytes sent per rail, all ranks):", ""]
+        lines += [f"- {impl}: {format_rails(rec.rails)}" for impl, rec in splits]
+    return lines
+
+
+def render_results(results: Sequence[CaseResult], *, quick: bool, started: str, duration_s: float,
+                   testbed: str) -> str:
+    mark = {True: "met", False: "NOT met", None: "not measured"}
+    lines = ["# Nezha benchmark matrix", "",
+             f"Generated by `python benchmarks/run_matrix.py{' --quick' if quick else ''}` on {started} "
+             f"({duration_s:.0f} s). Testbed: {testbed}. allreduce, float32, 4 ranks (one per host); "
+             "busbw = algbw * 2(n-1)/n (nccl-tests). Gloo is torch.distributed's gloo backend timed in "
+             "the same processes (`--baseline gloo`).", "",
+             "## Targets", ""]
+    rows = [[t.case, t.text, mark[met], detail] for t, (met, detail) in evaluate_targets(results)]
+    lines += ["| case | target | result | measured |", "|---|---|---|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    for res in results:
+        rates = ", ".join(f"rail{i} {rate}" for i, rate in enumerate(res.case.rates))
+        lines += ["", f"## Case ({res.case.key}): {res.case.title}", "", f"Shaping: {rates}.", ""]
+        lines += case_tables(res)
+        if res.errors:
+            lines += ["", "Errors:", ""] + [f"- {err}" for err in res.errors]
+        lines += ["", "Commands:", "", "```"] + res.commands + ["```"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,232 @@
+// nezha._core: the one extension module. Dtype dispatch happens here and in the core, never in
+// Python; enums come from C++; the GIL is released while waiting.
+#include <pybind11/pybind11.h>
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "collectives/reduce.h"
+#include "common/error.h"
+#include "common/knobs.h"
+#include "common/logging.h"
+#include "engine/engine.h"
+
+namespace py = pybind11;
+using namespace nezha;
+using nezha::engine::Engine;
+using nezha::engine::EngineConfig;
+using nezha::engine::OpHandle;
+using nezha::engine::OpType;
+using nezha::engine::TensorEntry;
+
+namespace {
+
+// numpy/PEP 3118 format character -> DataType.
+DataType dtype_from_buffer(const py::buffer_info& info) {
+  std::string f = info.format;
+  if (!f.empty() && (f[0] == '<' || f[0] == '=' || f[0] == '@' || f[0] == '|')) f = f.substr(1);
+  if (f.size() == 1) {
+    switch (f[0]) {
+      case 'B': return DataType::kUInt8;
+      case 'b': return DataType::kInt8;
+      case '?': return DataType::kBool;
+      case 'e': return DataType::kFloat16;
+      case 'f': return DataType::kFloat32;
+      case 'd': return DataType::kFloat64;
+      case 'i': case 'l': case 'q':
+        if (info.itemsize == 4) return DataType::kInt32;
+        if (info.itemsize == 8) return DataType::kInt64;
+        break;
+      default: break;
+    }
+  }
+  throw InvalidArgument("unsupported dtype (buffer format '" + info.format + "', itemsize " +
+                        std::to_string(info.itemsize) +
+                        "); supported: uint8, int8, int32, int64, float16, bfloat16, float32, "
+                        "float64, bool");
+}
+
+void require_contiguous(const py::buffer_info& info, const char* what) {
+  py::ssize_t expected = info.itemsize;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] != 1 && info.strides[d] != expected)
+      throw InvalidArgument(std::string(what) + " is not C-contiguous; pass a contiguous array "
+                            "(numpy.ascontiguousarray)");
+    expected *= info.shape[d];
+  }
+}
+
+struct Buffer {
+  void* ptr;
+  DataType dtype;
+  std::vector<int64_t> shape;
+  size_t bytes;
+};
+
+// dtype_override lets callers pass bfloat16 (or any type numpy lacks) as same-size raw storage.
+Buffer view(const py::buffer& b, const char* what, std::optional<DataType> dtype_override,
+            bool writable) {
+  py::buffer_info info = b.request(writable);
+  require_contiguous(info, what);
+  Buffer out;
+  out.ptr = info.ptr;
+  out.dtype = dtype_override ? *dtype_override : dtype_from_buffer(info);
+  if (static_cast<size_t>(info.itemsize) != dtype_size(out.dtype))
+    throw InvalidArgument(std::string(what) + ": dtype " + dtype_name(out.dtype) + " needs " +
+                          std::to_string(dtype_size(out.dtype)) + "-byte elements, buffer has " +
+                          std::to_string(info.itemsize));
+  out.shape.assign(info.shape.begin(), info.shape.end());
+  out.bytes = static_cast<size_t>(info.size) * info.itemsize;
+  return out;
+}
+
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "Nezha native core: engine, multi-rail scheduler, collectives, transports.";
+
+  static py::exception<NezhaError> nezha_error(m, "NezhaError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const NezhaError& e) {
+      py::set_error(nezha_error, e.what());
+    }
+  });
+
+  py::enum_<DataType>(m, "DataType")
+      .value("uint8", DataType::kUInt8).value("int8", DataType::kInt8)
+      .value("int32", DataType::kInt32).value("int64", DataType::kInt64)
+      .value("float16", DataType::kFloat16).value("bfloat16", DataType::kBFloat16)
+      .value("float32", DataType::kFloat32).value("float64", DataType::kFloat64)
+      .value("bool", DataType::kBool);
+  py::enum_<ReduceOp>(m, "ReduceOp")
+      .value("Sum", ReduceOp::kSum).value("Average", ReduceOp::kAverage)
+      .value("Min", ReduceOp::kMin).value("Max", ReduceOp::kMax)
+      .value("Product", ReduceOp::kProduct);
+  py::enum_<OpType>(m, "OpType")
+      .value("allreduce", OpType::kAllreduce).value("allgather", OpType::kAllgather)
+      .value("broadcast", OpType::kBroadcast).value("alltoall", OpType::kAlltoall)
+      .value("reducescatter", OpType::kReducescatter).value("barrier", OpType::kBarrier)
+      .value("join", OpType::kJoin);
+
+  m.def("dtype_size", &dtype_size, "Bytes per element of a DataType.");
+  m.def("knobs", [] {
+    py::list out;
+    for (const auto& k : knob_table()) out.append(py::make_tuple(k.env, k.default_value, k.doc));
+    return out;
+  }, "The NEZHA_* knob table: (name, default, doc) tuples.");
+  m.def("set_log_level", [](const std::string& s) { set_log_level(parse_log_level(s)); });
+
+  m.def("reduce_into", [](py::buffer dst, py::buffer src, ReduceOp op, std::optional<DataType> dtype) {
+    Buffer d = view(dst, "dst", dtype, true), s = view(src, "src", dtype, false);
+    if (d.dtype != s.dtype || d.bytes != s.bytes) throw InvalidArgument("dst and src differ in dtype or size");
+    collectives::reduce_into(d.ptr, s.ptr, d.bytes / dtype_size(d.dtype), d.dtype, op);
+  }, py::arg("dst"), py::arg("src"), py::arg("op"), py::arg("dtype") = py::none(),
+     "dst = dst (op) src elementwise with the engine's kernels (for tests).");
+  m.def("scale", [](py::buffer buf, double factor, std::optional<DataType> dtype) {
+    Buffer b = view(buf, "buf", dtype, true);
+    collectives::scale(b.ptr, b.bytes / dtype_size(b.dtype), b.dtype, factor);
+  }, py::arg("buf"), py::arg("factor"), py::arg("dtype") = py::none(),
+     "buf *= factor with the engine's kernels (for tests).");
+
+  py::class_<engine::RailConfig>(m, "RailConfig")
+      .def(py::init([](std::string name, std::string addr, std::string proto) {
+             return engine::RailConfig{name, addr, proto};
+           }), py::arg("name"), py::arg("local_addr"), py::arg("protocol") = "tcp")
+      .def_readonly("name", &engine::RailConfig::name)
+      .def_readonly("local_addr", &engine::RailConfig::local_addr)
+      .def_readonly("protocol", &engine::RailConfig::protocol);
+
+  py::class_<EngineConfig>(m, "EngineConfig")
+      .def(py::init([] { return EngineConfig::from_knobs(); }), "Defaults from NEZHA_* knobs.")
+      .def_readwrite("rank", &EngineConfig::rank).def_readwrite("size", &EngineConfig::size)
+      .def_readwrite("local_rank", &EngineConfig::local_rank)
+      .def_readwrite("local_size", &EngineConfig::local_size)
+      .def_readwrite("cross_rank", &EngineConfig::cross_rank)
+      .def_readwrite("cross_size", &EngineConfig::cross_size)
+      .def_readwrite("rails", &EngineConfig::rails)
+      .def_property("secret", [](const EngineConfig& c) { return py::bytes(c.secret); },
+                    [](EngineConfig& c, py::bytes b) { c.secret = std::string(b); })
+      .def_readwrite("fusion_threshold", &EngineConfig::fusion_threshold)
+      .def_readwrite("cycle_time_ms", &EngineConfig::cycle_time_ms)
+      .def_readwrite("timeout_s", &EngineConfig::timeout_s)
+      .def_readwrite("connect_timeout_s", &EngineConfig::connect_timeout_s)
+      .def_readwrite("stall_check_s", &EngineConfig::stall_check_s)
+      .def_readwrite("stall_shutdown_s", &EngineConfig::stall_shutdown_s)
+      .def_readwrite("logstep_max_bytes", &EngineConfig::logstep_max_bytes)
+      .def_readwrite("segment_bytes", &EngineConfig::segment_bytes)
+      .def_readwrite("socket_buffer_bytes", &EngineConfig::socket_buffer_bytes);
+
+  py::class_<OpHandle, std::shared_ptr<OpHandle>>(m, "OpHandle")
+      .def("poll", &OpHandle::poll, "True once the operation finished (successfully or not).")
+      .def("wait", [](const OpHandle& h, double timeout_s) {
+             py::gil_scoped_release release;
+             return h.wait_for(timeout_s);
+           }, py::arg("timeout_s"), "Waits up to timeout_s; True when finished.")
+      .def_property_readonly("error", &OpHandle::error)
+      .def("take_output", [](OpHandle& h) {
+             // Hands the engine-allocated output to numpy without copying.
+             auto* vec = new std::vector<uint8_t>(std::move(h.result().output));
+             py::capsule owner(vec, [](void* p) { delete static_cast<std::vector<uint8_t>*>(p); });
+             return py::array_t<uint8_t>({static_cast<py::ssize_t>(vec->size())}, {1}, vec->data(), owner);
+           }, "The engine-allocated output as a flat uint8 numpy array (once).")
+      .def_property_readonly("output_shape", [](OpHandle& h) { return h.result().output_shape; })
+      .def_property_readonly("received_splits", [](OpHandle& h) { return h.result().received_splits; })
+      .def_property_readonly("last_joined_rank", [](OpHandle& h) { return h.result().last_joined_rank; });
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init<EngineConfig>(), py::arg("config"))
+      .def("listen_addresses", &Engine::listen_addresses)
+      .def("connect_and_start", &Engine::connect_and_start, py::arg("addrs_by_rank"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("submit", [](Engine& e, OpType type, const std::string& name, std::optional<py::buffer> input,
+                        std::optional<py::buffer> output, std::optional<DataType> dtype, ReduceOp op,
+                        double prescale, double postscale, int root, std::vector<int64_t> splits,
+                        const std::string& group, int group_size) {
+             TensorEntry entry;
+             entry.req.type = type;
+             entry.req.name = name;
+             entry.req.op = op;
+             entry.req.prescale = prescale;
+             entry.req.postscale = postscale;
+             entry.req.root = root;
+             entry.req.splits = std::move(splits);
+             entry.req.group = group;
+             entry.req.group_size = group_size;
+             if (input) {
+               Buffer in = view(*input, "input", dtype, false);
+               entry.input = in.ptr;
+               entry.req.dtype = in.dtype;
+               entry.req.shape = in.shape;
+               if (output) {
+                 Buffer out = view(*output, "output", dtype, true);
+                 if (out.bytes != in.bytes || out.dtype != in.dtype)
+                   throw InvalidArgument("output buffer must have the input's dtype and size");
+                 entry.output = out.ptr;
+               }
+             }
+             return e.enqueue(std::move(entry));
+           }, py::arg("type"), py::arg("name"), py::arg("input") = py::none(),
+           py::arg("output") = py::none(), py::arg("dtype") = py::none(),
+           py::arg("op") = ReduceOp::kSum, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
+           py::arg("root") = -1, py::arg("splits") = std::vector<int64_t>{},
+           py::arg("group") = "", py::arg("group_size") = 0,
+           "Submits one tensor; returns an OpHandle. Buffers must stay alive until it completes.")
+      .def("rail_stats", [](const Engine& e) {
+        py::list out;
+        for (const auto& s : e.rail_stats()) {
+          py::dict d;
+          d["name"] = s.name; d["local_addr"] = s.local_addr; d["protocol"] = s.protocol;
+          d["state"] = s.state; d["bytes_sent"] = s.bytes_sent; d["bytes_received"] = s.bytes_received;
+          d["alpha_us"] = s.alpha_us; d["beta_gbps"] = s.beta_gbps; d["share"] = s.share;
+          out.append(d);
+        }
+        return out;
+      });
+}

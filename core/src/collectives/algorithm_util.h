@@ -1,0 +1,55 @@
+// Helpers shared by the collective algorithms (private to core/src/collectives/).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collectives/collectives.h"
+#include "common/error.h"
+
+namespace nezha::collectives::detail {
+
+inline void require(bool ok, const std::string& what) {
+  if (!ok) throw InvalidArgument(what);
+}
+
+// Numbers the messages of one operation: make_tag(seq, 0), make_tag(seq, 1), ... Every rank sends
+// and receives the same sequence of messages, so sender and receiver draw the same number for each.
+// Steps wrap modulo 2^20 on operations of over a million messages; that is harmless because
+// delivery is ordered per pair, and the seq bits still catch a rank running another operation.
+class TagSequence {
+ public:
+  explicit TagSequence(uint64_t seq) : seq_(seq) {}
+  uint64_t next() { return make_tag(seq_, step_++); }
+
+ private:
+  uint64_t seq_;
+  uint64_t step_ = 0;
+};
+
+// Start offsets of consecutive blocks of the given sizes (one extra entry: the total).
+inline std::vector<size_t> prefix_offsets(const std::vector<size_t>& sizes) {
+  std::vector<size_t> offsets(sizes.size() + 1, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) offsets[i + 1] = offsets[i] + sizes[i];
+  return offsets;
+}
+
+// count elements split into n blocks whose sizes differ by at most one (larger blocks first).
+inline std::vector<size_t> even_partition(size_t count, int n) {
+  std::vector<size_t> sizes(static_cast<size_t>(n), count / static_cast<size_t>(n));
+  for (size_t i = 0; i < count % static_cast<size_t>(n); ++i) ++sizes[i];
+  return sizes;
+}
+
+// Ring neighbour arithmetic that never goes negative.
+inline int ring_mod(long long x, int n) { return static_cast<int>(((x % n) + n) % n); }
+
+// Segment size in elements: segment_bytes aligned down to whole elements, at least one.
+inline size_t segment_elements(size_t segment_bytes, size_t elem_size) {
+  const size_t elems = segment_bytes / elem_size;
+  return elems == 0 ? 1 : elems;
+}
+
+}  // namespace nezha::collectives::detail

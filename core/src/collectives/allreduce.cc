@@ -1,0 +1,17 @@
+// allreduce(): pick the algorithm by payload size. Log-step needs log2(n) rounds of the whole
+// payload (latency-bound small messages win); the ring moves 2(n-1)/n of it in 2(n-1) rounds
+// (bandwidth-bound large messages win).
+#include "collectives/collectives.h"
+
+namespace nezha::collectives {
+
+void allreduce(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+               const CollectiveOptions& opt) {
+  if (count * dtype_size(dtype) <= opt.logstep_max_bytes) {
+    allreduce_logstep(rail, buf, count, dtype, op, opt);
+  } else {
+    allreduce_ring(rail, buf, count, dtype, op, opt);
+  }
+}
+
+}  // namespace nezha::collectives

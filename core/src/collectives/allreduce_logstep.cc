@@ -1,0 +1,76 @@
+// Recursive-doubling allreduce for small payloads: log2(p) exchanges of the whole buffer.
+//
+// With n not a power of two, let p be the largest power of two <= n. Ranks p..n-1 first fold their
+// data into ranks 0..n-p-1 ("extra" rank p+i pairs with rank i), the p remaining ranks run
+// recursive doubling, then each of ranks 0..n-p-1 sends the result back to its extra partner.
+//
+// Bit-identical results: in every exchange both partners evaluate lower (op) higher, operands in
+// rank order, so even non-commutative cases (Min/Max with NaN) agree.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "collectives/algorithm_util.h"
+#include "collectives/collectives.h"
+#include "collectives/reduce.h"
+
+namespace nezha::collectives {
+namespace {
+
+int largest_power_of_two_at_most(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+// mine := (lower operand) op (higher operand), where `theirs` came from the partner.
+void combine_in_rank_order(uint8_t* mine, uint8_t* theirs, bool mine_is_lower, size_t count,
+                           DataType dtype, ReduceOp op) {
+  if (mine_is_lower) {
+    reduce_into(mine, theirs, count, dtype, op);
+  } else {
+    reduce_into(theirs, mine, count, dtype, op);
+    std::memcpy(mine, theirs, count * dtype_size(dtype));
+  }
+}
+
+}  // namespace
+
+void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType dtype,
+                       ReduceOp op, const CollectiveOptions& opt) {
+  const size_t bytes = count * dtype_size(dtype);
+  detail::require(buf != nullptr || count == 0, "allreduce_logstep: null buffer");
+  const int n = rail.size();
+  const int r = rail.rank();
+  if (n == 1 || count == 0) return;
+
+  const int p = largest_power_of_two_at_most(n);
+  int rounds = 0;
+  while ((1 << rounds) < p) ++rounds;
+  // Tag steps: 0 = fold in, 1..rounds = doubling exchanges, rounds+1 = fold out.
+  const uint64_t fold_in_tag = make_tag(opt.seq, 0);
+  const uint64_t fold_out_tag = make_tag(opt.seq, static_cast<uint64_t>(rounds) + 1);
+
+  auto* data = static_cast<uint8_t*>(buf);
+  if (r >= p) {  // an extra rank: hand our data to the partner, get the result back at the end
+    rail.send(r - p, fold_in_tag, data, bytes, opt.deadline);
+    rail.recv(r - p, fold_out_tag, data, bytes, opt.deadline);
+    return;
+  }
+
+  std::vector<uint8_t> scratch(bytes);
+  const bool has_extra_partner = r < n - p;
+  if (has_extra_partner) {
+    rail.recv(r + p, fold_in_tag, scratch.data(), bytes, opt.deadline);
+    combine_in_rank_order(data, scratch.data(), /*mine_is_lower=*/true, count, dtype, op);
+  }
+  for (int round = 0; round < rounds; ++round) {
+    const int partner = r ^ (1 << round);
+    rail.sendrecv(partner, data, bytes, partner, scratch.data(), bytes,
+                  make_tag(opt.seq, static_cast<uint64_t>(round) + 1), opt.deadline);
+    combine_in_rank_order(data, scratch.data(), r < partner, count, dtype, op);
+  }
+  if (has_extra_partner) rail.send(r + p, fold_out_tag, data, bytes, opt.deadline);
+}
+
+}  // namespace nezha::collectives

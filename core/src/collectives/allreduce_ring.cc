@@ -1,0 +1,27 @@
+// Pipelined ring allreduce: reduce-scatter then allgather over blocks of (almost) equal size.
+#include <cstdint>
+
+#include "collectives/algorithm_util.h"
+#include "collectives/collectives.h"
+#include "collectives/ring.h"
+
+namespace nezha::collectives {
+
+void allreduce_ring(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+                    const CollectiveOptions& opt) {
+  const size_t esize = dtype_size(dtype);
+  detail::require(buf != nullptr || count == 0, "allreduce_ring: null buffer");
+  if (rail.size() == 1 || count == 0) return;
+
+  const std::vector<size_t> counts = detail::even_partition(count, rail.size());
+  std::vector<size_t> block_bytes(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) block_bytes[i] = counts[i] * esize;
+  const size_t segment_elems = detail::segment_elements(opt.segment_bytes, esize);
+
+  auto* bytes = static_cast<uint8_t*>(buf);
+  detail::TagSequence tags(opt.seq);
+  detail::ring_reduce_scatter(rail, bytes, counts, dtype, op, segment_elems, tags, opt.deadline);
+  detail::ring_allgather(rail, bytes, block_bytes, segment_elems * esize, tags, opt.deadline);
+}
+
+}  // namespace nezha::collectives

@@ -1,0 +1,60 @@
+// Collective algorithms over one Rail. The engine calls these from a rail's worker thread, with the
+// part of a (fused) buffer assigned to that rail. Every rank calls the same function with the same
+// sizes, seq and options in the same order; tags are derived from seq so a desynchronised peer is
+// caught as a ProtocolError instead of corrupting data.
+//
+// Results are bit-identical on every rank: each output element is computed once, by one rank, and
+// copied to the others (ring), or computed by both partners from the same two operands in a
+// canonical order (log-step).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/dtype.h"
+#include "transport/rail.h"
+
+namespace nezha::collectives {
+
+struct CollectiveOptions {
+  uint64_t seq = 0;               // operation sequence number on this rail; identical on all ranks
+  Deadline deadline = Deadline::never();
+  size_t segment_bytes = 1 << 20; // ring pipeline segment (tests set it small to reach multi-segment paths)
+  size_t logstep_max_bytes = 65536;  // allreduce(): payloads up to this use the log-step algorithm
+};
+
+// Tag for step `step` of operation `seq`; steps are < 2^20.
+inline uint64_t make_tag(uint64_t seq, uint64_t step) { return (seq << 20) | (step & 0xFFFFF); }
+
+// In-place allreduce of count elements. Chooses log-step for small payloads, ring otherwise.
+void allreduce(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+               const CollectiveOptions& opt);
+// Pipelined ring: reduce-scatter then allgather, segmented by opt.segment_bytes.
+void allreduce_ring(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+                    const CollectiveOptions& opt);
+// Recursive doubling (non-powers of two fold the extra ranks in first and out last).
+void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+                       const CollectiveOptions& opt);
+
+// out = concatenation over ranks r of bytes_per_rank[r] bytes; this rank's block is read from `in`
+// (which may alias its slot in out).
+void allgatherv(transport::Rail& rail, const void* in, void* out,
+                const std::vector<size_t>& bytes_per_rank, const CollectiveOptions& opt);
+
+// buf (bytes long) is copied from root to every rank (binomial tree).
+void broadcast(transport::Rail& rail, void* buf, size_t bytes, int root,
+               const CollectiveOptions& opt);
+
+// send_bytes[r] bytes from `in` (blocks in rank order) go to rank r; recv_bytes[r] bytes from rank r
+// land in `out` (blocks in rank order). Pairwise exchange.
+void alltoallv(transport::Rail& rail, const void* in, const std::vector<size_t>& send_bytes,
+               void* out, const std::vector<size_t>& recv_bytes, const CollectiveOptions& opt);
+
+// `in` holds sum(counts) elements; rank r receives the reduction of block r (counts[r] elements)
+// into `out`. `in` is used as scratch and is clobbered.
+void reducescatterv(transport::Rail& rail, void* in, void* out, const std::vector<size_t>& counts,
+                    DataType dtype, ReduceOp op, const CollectiveOptions& opt);
+
+}  // namespace nezha::collectives

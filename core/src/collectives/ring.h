@@ -1,0 +1,32 @@
+// The two halves of a ring allreduce, shared by allreduce_ring, reducescatterv and allgatherv.
+//
+// Rank r sends to r+1 and receives from r-1. Every message is cut into segments so no single
+// transfer (and no scratch buffer) exceeds the segment size. All ranks use the same number of
+// segments per step (that of the largest block), sending zero-byte segments where a block is
+// shorter: uneven blocks then never desynchronise the message sequence of neighbours.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "collectives/algorithm_util.h"
+#include "common/dtype.h"
+#include "transport/rail.h"
+
+namespace nezha::collectives::detail {
+
+// buf holds counts.size() == rail.size() consecutive blocks (counts in elements). On return block r
+// of buf on rank r holds the reduction over all ranks of block r; other blocks are partial sums.
+// Each element is reduced along one fixed chain of ranks, so the result is identical whichever rank
+// later copies it.
+void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& counts,
+                         DataType dtype, ReduceOp op, size_t segment_elems, TagSequence& tags,
+                         const Deadline& deadline);
+
+// buf holds rail.size() consecutive blocks (sizes in bytes) and rank r's block r is filled in. On
+// return every block is filled in, copied verbatim from its owner.
+void ring_allgather(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& block_bytes,
+                    size_t segment_bytes, TagSequence& tags, const Deadline& deadline);
+
+}  // namespace nezha::collectives::detail

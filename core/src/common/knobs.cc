@@ -1,0 +1,59 @@
+#include "common/knobs.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace nezha {
+
+const std::vector<KnobSpec>& knob_table() {
+  static const std::vector<KnobSpec> table = {
+      {"NEZHA_FUSION_THRESHOLD", "67108864", "Largest fused allreduce buffer, in bytes (0 disables fusion)."},
+      {"NEZHA_CYCLE_TIME_MS", "1", "How long the coordinator holds ready tensors while others are partially submitted, to fuse them."},
+      {"NEZHA_TIMEOUT_S", "30", "Longest wait for a peer before an operation fails with NezhaError."},
+      {"NEZHA_STALL_CHECK_S", "60", "Warn when some ranks submitted a tensor and others did not for this long (0 disables)."},
+      {"NEZHA_STALL_SHUTDOWN_S", "0", "Fail stalled tensors with NezhaError after this long (0 disables)."},
+      {"NEZHA_LOG_LEVEL", "warning", "trace, debug, info, warning or error."},
+      {"NEZHA_TIMELINE", "", "Write a Chrome-trace timeline of engine activity to this file."},
+      {"NEZHA_LOGSTEP_MAX_BYTES", "65536", "Payloads up to this size use the log-step allreduce; larger ones the pipelined ring."},
+      {"NEZHA_SEGMENT_BYTES", "1048576", "Pipeline segment size of the ring algorithms, in bytes."},
+      {"NEZHA_SOCKET_BUFFER_BYTES", "4194304", "SO_SNDBUF/SO_RCVBUF requested for data sockets."},
+      {"NEZHA_CONNECT_TIMEOUT_S", "60", "Longest wait for peers to connect at init()."},
+  };
+  return table;
+}
+
+namespace {
+const KnobSpec& find(const char* env) {
+  for (const auto& k : knob_table())
+    if (std::strcmp(k.env, env) == 0) return k;
+  throw InvalidArgument(std::string("unknown knob ") + env);
+}
+}  // namespace
+
+std::string knob_string(const char* env) {
+  const KnobSpec& spec = find(env);
+  const char* v = std::getenv(env);
+  return (v && *v) ? std::string(v) : std::string(spec.default_value);
+}
+
+int64_t knob_int(const char* env) {
+  std::string s = knob_string(env);
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (end == s.c_str() || *end != '\0')
+    throw InvalidArgument(std::string(env) + "='" + s + "' is not an integer");
+  return v;
+}
+
+double knob_double(const char* env) {
+  std::string s = knob_string(env);
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || *end != '\0')
+    throw InvalidArgument(std::string(env) + "='" + s + "' is not a number");
+  return v;
+}
+
+}  // namespace nezha

@@ -1,0 +1,41 @@
+// Reuses large scratch buffers (fusion buffers, reduce-scatter scratch) across operations: a fresh
+// 64 MiB allocation per step costs more in page faults than the copy into it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace nezha::engine {
+
+class BufferPool {
+ public:
+  class Buffer {
+   public:
+    Buffer() = default;
+    Buffer(BufferPool* pool, std::unique_ptr<uint8_t[]> mem, size_t capacity)
+        : pool_(pool), mem_(std::move(mem)), capacity_(capacity) {}
+    Buffer(Buffer&&) = default;
+    Buffer& operator=(Buffer&&) = default;
+    ~Buffer() { if (pool_ && mem_) pool_->give_back(std::move(mem_), capacity_); }
+    uint8_t* data() const { return mem_.get(); }
+
+   private:
+    BufferPool* pool_ = nullptr;
+    std::unique_ptr<uint8_t[]> mem_;
+    size_t capacity_ = 0;
+  };
+
+  explicit BufferPool(size_t max_cached = 4) : max_cached_(max_cached) {}
+  Buffer acquire(size_t bytes);
+
+ private:
+  void give_back(std::unique_ptr<uint8_t[]> mem, size_t capacity);
+  std::mutex mu_;
+  size_t max_cached_;
+  std::vector<std::pair<size_t, std::unique_ptr<uint8_t[]>>> free_;
+};
+
+}  // namespace nezha::engine

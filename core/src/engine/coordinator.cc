@@ -1,0 +1,365 @@
+#include "engine/coordinator.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/logging.h"
+
+namespace nezha::engine {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+std::string ranks_str(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
+  return os.str();
+}
+
+// Groups ranks by the value of one field; a mismatch message lists each value with its ranks.
+template <typename F>
+std::optional<std::string> check_field(const std::string& tensor, const char* field,
+                                       const std::vector<std::optional<Request>>& by_rank, F value) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int r = 0; r < static_cast<int>(by_rank.size()); ++r) {
+    if (!by_rank[r]) continue;
+    std::string v = value(*by_rank[r]);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == v; });
+    if (it == groups.end()) groups.push_back({v, {r}});
+    else it->second.push_back(r);
+  }
+  if (groups.size() <= 1) return std::nullopt;
+  std::ostringstream os;
+  os << "tensor '" << tensor << "': mismatched " << field << " across ranks: ";
+  for (size_t i = 0; i < groups.size(); ++i)
+    os << (i ? "; " : "") << groups[i].first << " on " << ranks_str(groups[i].second);
+  return os.str();
+}
+
+bool is_reduction(OpType t) { return t == OpType::kAllreduce || t == OpType::kReducescatter; }
+
+}  // namespace
+
+Coordinator::Coordinator(CoordinatorOptions opt) : opt_(opt), joined_(opt.size, false) {}
+
+void Coordinator::submit(int rank, std::vector<Request> requests, Clock::time_point now) {
+  for (auto& req : requests) {
+    bool cached = req.cache_id >= 0;
+    if (cached) {
+      if (req.cache_id >= static_cast<int32_t>(cache_.size()) ||
+          cache_[req.cache_id][rank].name != req.name)
+        throw ProtocolError("rank " + std::to_string(rank) + " sent unknown cache id " +
+                            std::to_string(req.cache_id) + " for tensor '" + req.name + "'");
+      req = cache_[req.cache_id][rank];
+    }
+    if (req.type == OpType::kJoin) {
+      add_join(rank);
+      continue;
+    }
+    Pending& p = pending_[req.name];
+    if (p.by_rank.empty()) {
+      p.by_rank.resize(opt_.size);
+      p.from_cache.resize(opt_.size, false);
+      p.first_seen = now;
+    }
+    if (p.by_rank[rank]) {
+      // The engine refuses a name reused while in flight, so this is a misbehaving peer.
+      throw ProtocolError("rank " + std::to_string(rank) + " submitted tensor '" + req.name +
+                          "' twice");
+    }
+    p.from_cache[rank] = cached;
+    p.by_rank[rank] = std::move(req);
+    p.submitted++;
+  }
+  promote_ready(now);
+}
+
+void Coordinator::add_join(int rank) {
+  if (!joined_[rank]) {
+    joined_[rank] = true;
+    last_joined_ = rank;
+  }
+}
+
+bool Coordinator::complete(const Pending& p) const {
+  int covered = 0;
+  for (int r = 0; r < opt_.size; ++r) covered += (p.by_rank[r] || joined_[r]) ? 1 : 0;
+  return covered == opt_.size;
+}
+
+void Coordinator::promote_ready(Clock::time_point now) {
+  std::vector<std::string> done;
+  for (auto& [name, p] : pending_)
+    if (complete(p)) done.push_back(name);
+  // Grouped tensors become ready together, only once every member is complete.
+  std::map<std::string, std::vector<std::string>> groups;
+  std::vector<std::string> promote;
+  for (const auto& name : done) {
+    const Pending& p = pending_[name];
+    const Request* any = nullptr;
+    for (const auto& r : p.by_rank)
+      if (r) { any = &*r; break; }
+    if (any && !any->group.empty()) {
+      auto& members = groups[any->group];
+      members.push_back(name);
+      if (static_cast<int32_t>(members.size()) >= any->group_size)
+        promote.insert(promote.end(), members.begin(), members.end());
+    } else {
+      promote.push_back(name);
+    }
+  }
+  std::stable_sort(promote.begin(), promote.end(), [&](const std::string& a, const std::string& b) {
+    return pending_[a].first_seen < pending_[b].first_seen;
+  });
+  for (const auto& name : promote) {
+    auto it = pending_.find(name);
+    ready_.emplace_back(name, std::move(it->second));
+    pending_.erase(it);
+    if (!oldest_ready_) oldest_ready_ = now;
+  }
+}
+
+std::optional<std::string> Coordinator::validate(const std::string& name, const Pending& p) const {
+  const Request* first = nullptr;
+  std::vector<int> joined_ranks;
+  for (int r = 0; r < opt_.size; ++r) {
+    if (p.by_rank[r] && !first) first = &*p.by_rank[r];
+    if (!p.by_rank[r]) joined_ranks.push_back(r);
+  }
+  if (!first) return "tensor '" + name + "': no rank submitted it";
+  bool all_cached = joined_ranks.empty() &&
+                    std::all_of(p.from_cache.begin(), p.from_cache.end(), [](bool b) { return b; });
+  if (all_cached) return std::nullopt;  // validated when it was cached
+
+  auto& by = p.by_rank;
+  if (auto e = check_field(name, "operation", by, [](const Request& r) { return std::string(op_type_name(r.type)); })) return e;
+  if (!joined_ranks.empty() && first->type != OpType::kAllreduce)
+    return "tensor '" + name + "': " + op_type_name(first->type) + " cannot run while " +
+           ranks_str(joined_ranks) + " joined; only allreduce can";
+  if (auto e = check_field(name, "dtype", by, [](const Request& r) { return std::string(dtype_name(r.dtype)); })) return e;
+  if (auto e = check_field(name, "group", by, [](const Request& r) { return r.group + "/" + std::to_string(r.group_size); })) return e;
+  switch (first->type) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+    case OpType::kBroadcast:
+      if (auto e = check_field(name, "shape", by, [](const Request& r) { return shape_str(r.shape); })) return e;
+      break;
+    case OpType::kAllgather:
+    case OpType::kAlltoall:
+      if (auto e = check_field(name, "shape beyond the first dimension", by, [](const Request& r) {
+            return shape_str(std::vector<int64_t>(r.shape.begin() + std::min<size_t>(1, r.shape.size()), r.shape.end()));
+          })) return e;
+      if (auto e = check_field(name, "number of dimensions", by, [](const Request& r) { return std::to_string(r.shape.size()); })) return e;
+      break;
+    default:
+      break;
+  }
+  if (is_reduction(first->type)) {
+    if (auto e = check_field(name, "reduce op", by, [](const Request& r) { return std::string(reduce_op_name(r.op)); })) return e;
+    if (auto e = check_field(name, "prescale factor", by, [](const Request& r) { std::ostringstream o; o << r.prescale; return o.str(); })) return e;
+    if (auto e = check_field(name, "postscale factor", by, [](const Request& r) { std::ostringstream o; o << r.postscale; return o.str(); })) return e;
+  }
+  if (first->type == OpType::kBroadcast) {
+    if (auto e = check_field(name, "root rank", by, [](const Request& r) { return std::to_string(r.root); })) return e;
+    if (first->root < 0 || first->root >= opt_.size)
+      return "tensor '" + name + "': root rank " + std::to_string(first->root) +
+             " is out of range for " + std::to_string(opt_.size) + " ranks";
+  }
+  if (first->type == OpType::kAlltoall) {
+    for (int r = 0; r < opt_.size; ++r) {
+      const Request& q = *by[r];
+      if (static_cast<int>(q.splits.size()) != opt_.size)
+        return "tensor '" + name + "': rank " + std::to_string(r) + " gave " +
+               std::to_string(q.splits.size()) + " splits for " + std::to_string(opt_.size) + " ranks";
+    }
+  }
+  return std::nullopt;
+}
+
+Response Coordinator::build(const std::string& name, Pending& p) {
+  Response resp;
+  resp.names = {name};
+  if (auto err = validate(name, p)) {
+    resp.kind = Response::Kind::kError;
+    resp.error = *err;
+    for (const auto& r : p.by_rank)
+      if (r) { resp.type = r->type; break; }
+    resp.cache_ids = {-1};
+    return resp;
+  }
+  const Request* first = nullptr;
+  for (const auto& r : p.by_rank)
+    if (r) { first = &*r; break; }
+  resp.type = first->type;
+  resp.dtype = first->dtype;
+  resp.op = first->op;
+  resp.prescale = first->prescale;
+  resp.postscale = first->postscale;
+  resp.root = first->root;
+  switch (first->type) {
+    case OpType::kAllreduce:
+    case OpType::kBroadcast:
+      resp.counts = {first->num_elements()};
+      break;
+    case OpType::kAllgather:
+      resp.row_elements = {first->row_elements()};
+      for (const auto& r : p.by_rank) resp.rank_rows.push_back(r->shape.empty() ? 1 : r->shape[0]);
+      break;
+    case OpType::kAlltoall:
+      resp.row_elements = {first->row_elements()};
+      for (const auto& r : p.by_rank)
+        resp.splits_matrix.insert(resp.splits_matrix.end(), r->splits.begin(), r->splits.end());
+      break;
+    case OpType::kReducescatter: {
+      resp.counts = {first->num_elements()};
+      resp.row_elements = {first->row_elements()};
+      int64_t rows = first->shape.empty() ? 1 : first->shape[0];
+      for (int r = 0; r < opt_.size; ++r)
+        resp.rank_rows.push_back(rows / opt_.size + (r < rows % opt_.size ? 1 : 0));
+      break;
+    }
+    default:
+      break;
+  }
+  remember(name, p, resp);
+  return resp;
+}
+
+void Coordinator::remember(const std::string& name, const Pending& p, Response& r) {
+  int32_t id = -1;
+  bool everyone = std::all_of(p.by_rank.begin(), p.by_rank.end(), [](const auto& q) { return q.has_value(); });
+  if (everyone) {
+    auto it = cache_index_.find(name);
+    if (it != cache_index_.end()) {
+      id = it->second;
+    } else if (cache_.size() < opt_.cache_capacity) {
+      id = static_cast<int32_t>(cache_.size());
+      cache_index_[name] = id;
+      cache_.emplace_back(opt_.size);
+    }
+    if (id >= 0)
+      for (int rank = 0; rank < opt_.size; ++rank) {
+        cache_[id][rank] = *p.by_rank[rank];
+        cache_[id][rank].cache_id = -1;
+      }
+  }
+  r.cache_ids = {id};
+}
+
+std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
+  std::vector<Response> out;
+  size_t out_bytes = 0;
+  for (auto& r : in) {
+    bool fusable = r.kind == Response::Kind::kExecute && r.type == OpType::kAllreduce;
+    size_t bytes = fusable ? static_cast<size_t>(r.counts[0]) * dtype_size(r.dtype) : 0;
+    if (fusable && !out.empty()) {
+      Response& last = out.back();
+      if (last.kind == Response::Kind::kExecute && last.type == OpType::kAllreduce &&
+          last.dtype == r.dtype && last.op == r.op && last.prescale == r.prescale &&
+          last.postscale == r.postscale && out_bytes + bytes <= opt_.fusion_threshold) {
+        last.names.push_back(r.names[0]);
+        last.counts.push_back(r.counts[0]);
+        last.cache_ids.push_back(r.cache_ids[0]);
+        out_bytes += bytes;
+        continue;
+      }
+    }
+    out.push_back(std::move(r));
+    out_bytes = bytes;
+  }
+  return out;
+}
+
+std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
+  std::vector<Response> out;
+  bool all_joined = std::all_of(joined_.begin(), joined_.end(), [](bool b) { return b; });
+  if (!ready_.empty()) {
+    size_t ready_bytes = 0;
+    for (auto& [name, p] : ready_)
+      for (const auto& r : p.by_rank)
+        if (r) { ready_bytes += r->bytes(); break; }
+    bool hold = !pending_.empty() && !all_joined && oldest_ready_ &&
+                now - *oldest_ready_ < std::chrono::duration<double>(opt_.cycle_time_s) &&
+                ready_bytes < opt_.fusion_threshold;
+    if (hold) return out;
+    std::vector<Response> single;
+    for (auto& [name, p] : ready_) single.push_back(build(name, p));
+    ready_.clear();
+    oldest_ready_.reset();
+    out = fuse(std::move(single));
+  }
+  if (all_joined) {
+    Response join;
+    join.type = OpType::kJoin;
+    join.names = {kJoinTensorName};
+    join.cache_ids = {-1};
+    join.last_joined_rank = last_joined_;
+    out.push_back(join);
+    std::fill(joined_.begin(), joined_.end(), false);
+    last_joined_ = -1;
+  }
+  return out;
+}
+
+std::optional<Clock::time_point> Coordinator::next_wakeup(Clock::time_point now) const {
+  std::optional<Clock::time_point> t;
+  auto earlier = [&](Clock::time_point c) { if (!t || c < *t) t = c; };
+  if (oldest_ready_)
+    earlier(*oldest_ready_ + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(opt_.cycle_time_s)));
+  for (const auto& [name, p] : pending_) {
+    if (opt_.stall_check_s > 0 && !p.stall_warned)
+      earlier(p.first_seen + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(opt_.stall_check_s)));
+    if (opt_.stall_shutdown_s > 0)
+      earlier(p.first_seen + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(opt_.stall_shutdown_s)));
+  }
+  return t;
+}
+
+std::string Coordinator::missing_ranks(const Pending& p) const {
+  std::vector<int> missing;
+  for (int r = 0; r < opt_.size; ++r)
+    if (!p.by_rank[r] && !joined_[r]) missing.push_back(r);
+  return ranks_str(missing);
+}
+
+std::vector<Response> Coordinator::check_stalls(Clock::time_point now) {
+  std::vector<Response> failed;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    auto& [name, p] = *it;
+    double age = std::chrono::duration<double>(now - p.first_seen).count();
+    if (opt_.stall_check_s > 0 && age >= opt_.stall_check_s && !p.stall_warned) {
+      p.stall_warned = true;
+      NZ_LOG(Warning) << "stall: tensor '" << name << "' was submitted by some ranks "
+                      << static_cast<int>(age) << " s ago but " << missing_ranks(p)
+                      << " have not submitted it";
+    }
+    if (opt_.stall_shutdown_s > 0 && age >= opt_.stall_shutdown_s) {
+      Response r;
+      r.kind = Response::Kind::kError;
+      for (const auto& q : p.by_rank)
+        if (q) { r.type = q->type; break; }
+      r.names = {name};
+      r.cache_ids = {-1};
+      r.error = "tensor '" + name + "' stalled for " + std::to_string(static_cast<int>(age)) +
+                " s: " + missing_ranks(p) + " never submitted it (NEZHA_STALL_SHUTDOWN_S)";
+      failed.push_back(std::move(r));
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return failed;
+}
+
+}  // namespace nezha::engine

@@ -1,0 +1,87 @@
+// The negotiation logic that runs on rank 0 (pure: no sockets, no threads, time passed in).
+//
+// Every rank sends the coordinator the metadata of each tensor it submits. A tensor is *ready*
+// when every rank has submitted it (ranks that called join() count as having submitted any
+// allreduce, contributing zeros). Ready tensors are validated (a shape/dtype/op/root mismatch
+// becomes an error response naming the tensor, the field and the ranks), fused (consecutive
+// allreduces of the same dtype/op/scales up to the fusion threshold) and returned in the order every
+// rank must execute them. Ranks may submit names in any order.
+//
+// When to dispatch. A lone ready tensor goes out at once (no fixed cycle delay). While other
+// tensors are only partially submitted, ready ones are held up to cycle_time so they can be fused
+// with tensors about to become ready (gradients arrive in bursts).
+//
+// Response cache. Once a tensor has gone through negotiation, each rank remembers the id the
+// coordinator gave it; the next submission with identical metadata sends only (name, id). When
+// every rank submits by id, validation and metadata transfer are skipped.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/deadline.h"
+#include "engine/request.h"
+
+namespace nezha::engine {
+
+struct CoordinatorOptions {
+  int size = 1;
+  size_t fusion_threshold = 64 << 20;
+  double cycle_time_s = 0.001;
+  double stall_check_s = 60;
+  double stall_shutdown_s = 0;  // 0: never fail stalled tensors
+  size_t cache_capacity = 4096;
+};
+
+class Coordinator {
+ public:
+  explicit Coordinator(CoordinatorOptions opt);
+
+  // Records rank's submissions. Throws ProtocolError for a cache id the coordinator never issued.
+  void submit(int rank, std::vector<Request> requests, Clock::time_point now);
+
+  // Responses to execute now, in order. Empty while holding ready tensors for fusion.
+  std::vector<Response> take_ready(Clock::time_point now);
+
+  // When take_ready (or check_stalls) must run again even if no message arrives.
+  std::optional<Clock::time_point> next_wakeup(Clock::time_point now) const;
+
+  // Warns once per tensor that some ranks submitted and others did not for stall_check_s; with
+  // stall_shutdown_s returns error responses for tensors stalled that long.
+  std::vector<Response> check_stalls(Clock::time_point now);
+
+  bool has_pending() const { return !pending_.empty() || !ready_.empty(); }
+
+ private:
+  struct Pending {
+    std::vector<std::optional<Request>> by_rank;
+    std::vector<bool> from_cache;
+    int submitted = 0;
+    Clock::time_point first_seen;
+    bool stall_warned = false;
+  };
+
+  void add_join(int rank);
+  void promote_ready(Clock::time_point now);
+  bool complete(const Pending& p) const;
+  std::optional<std::string> validate(const std::string& name, const Pending& p) const;
+  Response build(const std::string& name, Pending& p);
+  void remember(const std::string& name, const Pending& p, Response& r);
+  std::vector<Response> fuse(std::vector<Response> in) const;
+  std::string missing_ranks(const Pending& p) const;
+
+  CoordinatorOptions opt_;
+  std::map<std::string, Pending> pending_;
+  std::vector<std::pair<std::string, Pending>> ready_;  // in the order they became ready
+  std::optional<Clock::time_point> oldest_ready_;
+  std::vector<bool> joined_;
+  int last_joined_ = -1;
+  std::unordered_map<std::string, int32_t> cache_index_;
+  std::vector<std::vector<Request>> cache_;  // [id][rank]
+};
+
+}  // namespace nezha::engine

@@ -1,0 +1,387 @@
+#include "engine/engine.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/knobs.h"
+#include "common/logging.h"
+#include "engine/message_codec.h"
+
+namespace nezha::engine {
+namespace {
+
+constexpr const char* kJoinName = kJoinTensorName;
+constexpr double kIdleWakeS = 1.0;  // the loop re-checks shutdown/stall state at least this often
+
+std::string rank_prefix(int rank) { return "rank " + std::to_string(rank) + ": "; }
+
+}  // namespace
+
+EngineConfig EngineConfig::from_knobs() {
+  EngineConfig c;
+  c.fusion_threshold = static_cast<size_t>(std::max<int64_t>(0, knob_int("NEZHA_FUSION_THRESHOLD")));
+  c.cycle_time_ms = knob_double("NEZHA_CYCLE_TIME_MS");
+  c.timeout_s = knob_double("NEZHA_TIMEOUT_S");
+  c.connect_timeout_s = knob_double("NEZHA_CONNECT_TIMEOUT_S");
+  c.stall_check_s = knob_double("NEZHA_STALL_CHECK_S");
+  c.stall_shutdown_s = knob_double("NEZHA_STALL_SHUTDOWN_S");
+  c.logstep_max_bytes = static_cast<size_t>(knob_int("NEZHA_LOGSTEP_MAX_BYTES"));
+  c.segment_bytes = static_cast<size_t>(std::max<int64_t>(64, knob_int("NEZHA_SEGMENT_BYTES")));
+  c.socket_buffer_bytes = static_cast<size_t>(knob_int("NEZHA_SOCKET_BUFFER_BYTES"));
+  return c;
+}
+
+Engine::Engine(EngineConfig config) : config_(std::move(config)) {
+  if (config_.size < 1 || config_.rank < 0 || config_.rank >= config_.size)
+    throw InvalidArgument("rank " + std::to_string(config_.rank) + " is out of range for size " +
+                          std::to_string(config_.size));
+  if (config_.rails.empty()) config_.rails.push_back({"lo", "127.0.0.1", "tcp"});
+  auto make_rail = [&](const RailConfig& rc, int index) {
+    transport::TcpRailConfig tc;
+    tc.name = rc.name;
+    tc.local_addr = rc.local_addr;
+    tc.rail_index = index;
+    tc.mptcp = rc.protocol == "mptcp";
+    tc.socket_buffer_bytes = config_.socket_buffer_bytes;
+    tc.secret = config_.secret;
+    return std::make_unique<transport::TcpRail>(tc, config_.rank, config_.size);
+  };
+  // The control channel rides on the first rail's address with its own connections, so
+  // negotiation never queues behind bulk data.
+  control_ = make_rail({"control", config_.rails[0].local_addr, "tcp"}, -1);
+  for (size_t i = 0; i < config_.rails.size(); ++i)
+    rails_.push_back(make_rail(config_.rails[i], static_cast<int>(i)));
+  costs_.resize(rails_.size());
+  share_bytes_.assign(rails_.size(), 0);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw NezhaError(std::string("eventfd failed: ") + std::strerror(errno));
+}
+
+Engine::~Engine() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    NZ_LOG(Error) << rank_prefix(config_.rank) << "shutdown failed: " << e.what();
+  }
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+std::vector<std::string> Engine::listen_addresses() const {
+  std::vector<std::string> out{control_->listen_address()};
+  for (const auto& r : rails_) out.push_back(r->listen_address());
+  return out;
+}
+
+void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addrs_by_rank) {
+  if (static_cast<int>(addrs_by_rank.size()) != config_.size)
+    throw InvalidArgument("expected addresses of " + std::to_string(config_.size) + " ranks, got " +
+                          std::to_string(addrs_by_rank.size()));
+  auto column = [&](size_t i) {
+    std::vector<std::string> col;
+    for (int r = 0; r < config_.size; ++r) {
+      if (addrs_by_rank[r].size() != rails_.size() + 1)
+        throw InvalidArgument("rank " + std::to_string(r) + " has " +
+                              std::to_string(addrs_by_rank[r].size() - 1) + " rails, rank " +
+                              std::to_string(config_.rank) + " has " + std::to_string(rails_.size()));
+      col.push_back(addrs_by_rank[r][i]);
+    }
+    return col;
+  };
+  Deadline deadline = Deadline::after_seconds(config_.connect_timeout_s);
+  control_->connect_all(column(0), deadline);
+  for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect_all(column(i + 1), deadline);
+
+  ExecutorOptions eo;
+  eo.rank = config_.rank;
+  eo.size = config_.size;
+  eo.timeout_s = config_.timeout_s;
+  eo.segment_bytes = config_.segment_bytes;
+  eo.logstep_max_bytes = config_.logstep_max_bytes;
+  std::vector<transport::Rail*> rails;
+  for (auto& r : rails_) rails.push_back(r.get());
+  executor_ = std::make_unique<Executor>(eo, rails, [this](int rail, size_t bytes, double s) {
+    observe_share(rail, bytes, s);
+  });
+  if (config_.rank == 0) {
+    CoordinatorOptions co;
+    co.size = config_.size;
+    co.fusion_threshold = config_.fusion_threshold;
+    co.cycle_time_s = config_.cycle_time_ms / 1000.0;
+    co.stall_check_s = config_.stall_check_s;
+    co.stall_shutdown_s = config_.stall_shutdown_s;
+    coordinator_ = std::make_unique<Coordinator>(co);
+  }
+  peer_shutdown_.assign(config_.size, false);
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::wake() {
+  uint64_t one = 1;
+  ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+  (void)n;  // EAGAIN means a wakeup is already pending
+}
+
+std::shared_ptr<OpHandle> Engine::enqueue(TensorEntry entry) {
+  if (!thread_.joinable()) throw InvalidArgument("nezha engine is not started; call nezha.init() first");
+  auto handle = std::make_shared<OpHandle>();
+  entry.handle = handle;
+  if (entry.req.type == OpType::kJoin) entry.req.name = kJoinName;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.empty()) throw NezhaError(failure_);
+    if (shutdown_requested_) throw InvalidArgument("nezha has been shut down");
+    if (in_flight_.count(entry.req.name))
+      throw InvalidArgument("tensor name '" + entry.req.name +
+                            "' is already in flight; wait for it before reusing the name");
+    std::string name = entry.req.name;
+    in_flight_.emplace(name, std::move(entry));
+    new_names_.push_back(name);
+  }
+  wake();
+  return handle;
+}
+
+void Engine::shutdown() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_requested_ = true;
+  }
+  wake();
+  thread_.join();
+  if (executor_) executor_->stop();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [name, e] : in_flight_)
+    if (e.handle) e.handle->complete("nezha shut down before tensor '" + name + "' was processed");
+  in_flight_.clear();
+  control_->close();
+  for (auto& r : rails_) r->close();
+}
+
+void Engine::fail_everything(const std::string& reason) {
+  NZ_LOG(Error) << rank_prefix(config_.rank) << reason;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_.empty()) failure_ = reason;
+  for (auto& [name, e] : in_flight_)
+    if (e.handle) e.handle->complete("tensor '" + name + "': " + reason);
+  in_flight_.clear();
+  new_names_.clear();
+  control_->abort(reason);
+  for (auto& r : rails_) r->abort(reason);
+}
+
+void Engine::forward_new_work() {
+  RequestList list;
+  bool send_shutdown = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& name : new_names_) {
+      auto it = in_flight_.find(name);
+      if (it == in_flight_.end()) continue;
+      const Request& req = it->second.req;
+      auto c = cache_.find(name);
+      if (c != cache_.end() && c->second.second.same_metadata(req)) {
+        Request brief;
+        brief.name = name;
+        brief.cache_id = c->second.first;
+        list.requests.push_back(std::move(brief));
+      } else {
+        list.requests.push_back(req);
+      }
+    }
+    new_names_.clear();
+    if (shutdown_requested_ && !shutdown_sent_) send_shutdown = shutdown_sent_ = true;
+  }
+  if (list.requests.empty() && !send_shutdown) return;
+  if (config_.rank == 0) {
+    coordinator_->submit(0, std::move(list.requests), Clock::now());
+    if (send_shutdown) peer_shutdown_[0] = true;
+  } else {
+    list.shutdown = send_shutdown;
+    control_->send_message(0, encode(list), Deadline::after_seconds(config_.timeout_s));
+  }
+}
+
+std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
+  if (rails_.size() == 1 || r.kind != Response::Kind::kExecute) return {};
+  size_t count = 0;
+  for (int64_t c : r.counts) count += static_cast<size_t>(c);
+  std::vector<multirail::RailEstimate> est;
+  {
+    std::lock_guard<std::mutex> lock(cost_mu_);
+    for (const auto& c : costs_) est.push_back(c.estimate());
+  }
+  multirail::PlanRequest pr;
+  pr.count = r.type == OpType::kAllreduce ? count : 0;
+  pr.elem_size = dtype_size(r.dtype);
+  pr.rails = est;
+  pr.usable.assign(rails_.size(), true);
+  if (r.type == OpType::kAllreduce) {
+    multirail::Plan plan = multirail::plan_split(pr);
+    NZ_LOG(Debug) << rank_prefix(config_.rank) << "plan for " << count << " elements: "
+                  << (plan.striped ? "striped" : "single rail") << " (" << plan.why << ")";
+    return plan.shares;
+  }
+  // Other collectives run whole on the rail the planner would pick for a cold payload.
+  pr.count = 1;
+  multirail::Plan plan = multirail::plan_split(pr);
+  int rail = plan.shares.empty() ? 0 : plan.shares[0].rail;
+  return {multirail::RailShare{rail, 0, count}};
+}
+
+void Engine::observe_share(int rail, size_t bytes, double seconds) {
+  std::lock_guard<std::mutex> lock(cost_mu_);
+  costs_[rail].observe(bytes, seconds);
+  share_bytes_[rail] += bytes;
+}
+
+void Engine::dispatch(std::vector<Response> responses) {
+  if (responses.empty()) return;
+  ResponseList list;
+  for (auto& r : responses) {
+    r.plan = plan_for(r);
+    list.responses.push_back(std::move(r));
+  }
+  std::string bytes = encode(list);
+  for (int peer = 1; peer < config_.size; ++peer)
+    control_->send_message(peer, bytes, Deadline::after_seconds(config_.timeout_s));
+  execute_locally(list);
+}
+
+void Engine::execute_locally(const ResponseList& list) {
+  for (const Response& resp : list.responses) {
+    std::vector<TensorEntry> entries;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bool joined = in_flight_.count(kJoinName) > 0 && resp.type != OpType::kJoin;
+      bool missing = false;
+      for (size_t i = 0; i < resp.names.size(); ++i) {
+        auto it = in_flight_.find(resp.names[i]);
+        if (it == in_flight_.end()) {
+          if (!(joined && resp.type == OpType::kAllreduce)) missing = true;
+          entries.emplace_back();  // joined: contributes zeros, no handle
+          continue;
+        }
+        if (i < resp.cache_ids.size() && resp.cache_ids[i] >= 0)
+          cache_[resp.names[i]] = {resp.cache_ids[i], it->second.req};
+        entries.push_back(std::move(it->second));
+        in_flight_.erase(it);
+      }
+      if (missing && resp.kind == Response::Kind::kExecute) {
+        // Only possible if ranks disagree about what was negotiated: a bug or a corrupt peer.
+        throw ProtocolError("coordinator scheduled tensor(s) this rank never submitted");
+      }
+    }
+    if (resp.kind == Response::Kind::kError) {
+      NZ_LOG(Warning) << rank_prefix(config_.rank) << resp.error;
+    }
+    executor_->execute(resp, std::move(entries));
+  }
+}
+
+void Engine::on_control_message(int peer, const std::string& payload) {
+  if (config_.rank == 0) {
+    RequestList list = decode_request_list(payload);
+    coordinator_->submit(peer, std::move(list.requests), Clock::now());
+    if (list.shutdown) peer_shutdown_[peer] = true;
+  } else {
+    ResponseList list = decode_response_list(payload);
+    execute_locally(list);
+    if (list.shutdown) finished_ = true;
+  }
+}
+
+void Engine::loop() {
+  std::optional<Clock::time_point> shutdown_deadline;
+  try {
+    while (!finished_) {
+      forward_new_work();
+      Clock::time_point now = Clock::now();
+      if (config_.rank == 0) {
+        dispatch(coordinator_->take_ready(now));
+        dispatch(coordinator_->check_stalls(now));
+        if (std::all_of(peer_shutdown_.begin(), peer_shutdown_.end(), [](bool b) { return b; })) {
+          ResponseList bye;
+          bye.shutdown = true;
+          std::string bytes = encode(bye);
+          for (int peer = 1; peer < config_.size; ++peer)
+            control_->send_message(peer, bytes, Deadline::after_seconds(config_.timeout_s));
+          break;
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (shutdown_requested_ && !shutdown_deadline)
+          shutdown_deadline = now + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(config_.timeout_s));
+      }
+      if (shutdown_deadline && now >= *shutdown_deadline) {
+        NZ_LOG(Warning) << rank_prefix(config_.rank)
+                        << "shutdown: not every rank shut down within " << config_.timeout_s
+                        << " s; closing anyway";
+        break;
+      }
+      // Sleep until a control message, new work, or the next timer.
+      Clock::time_point until = now + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(kIdleWakeS));
+      if (coordinator_)
+        if (auto t = coordinator_->next_wakeup(now)) until = std::min(until, *t);
+      if (shutdown_deadline) until = std::min(until, *shutdown_deadline);
+      double wait_s = std::max(0.0, std::chrono::duration<double>(until - now).count());
+      if (config_.size > 1) {
+        try {
+          auto msg = control_->recv_message_any(wake_fd_, Deadline::after_seconds(wait_s));
+          if (msg) on_control_message(msg->peer, msg->payload);
+        } catch (const PeerError& e) {
+          // Workers talk only to rank 0, and a rank that already said goodbye may close: neither
+          // loss matters. Anything else means a rank is gone.
+          bool expected = config_.rank == 0 ? peer_shutdown_[e.peer()] : e.peer() != 0;
+          if (!expected) throw;
+          NZ_LOG(Debug) << rank_prefix(config_.rank) << "control connection closed: " << e.what();
+        }
+      } else {
+        pollfd pfd{wake_fd_, POLLIN, 0};
+        ::poll(&pfd, 1, static_cast<int>(wait_s * 1000) + 1);
+      }
+      uint64_t drained;
+      while (::read(wake_fd_, &drained, sizeof(drained)) > 0) {
+      }
+    }
+  } catch (const PeerError& e) {
+    fail_everything("rank " + std::to_string(e.peer()) + " is unreachable: " + e.what());
+  } catch (const std::exception& e) {
+    fail_everything(std::string("engine stopped: ") + e.what());
+  }
+  finished_ = true;
+}
+
+std::vector<RailStat> Engine::rail_stats() const {
+  std::vector<RailStat> out;
+  std::lock_guard<std::mutex> lock(cost_mu_);
+  uint64_t total = 0;
+  for (uint64_t b : share_bytes_) total += b;
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    RailStat s;
+    const auto& props = rails_[i]->properties();
+    s.name = props.name;
+    s.local_addr = props.local_addr;
+    s.protocol = props.protocol;
+    s.state = "up";
+    auto c = rails_[i]->counters();
+    s.bytes_sent = c.bytes_sent;
+    s.bytes_received = c.bytes_received;
+    auto est = costs_[i].estimate();
+    s.alpha_us = est.alpha_us;
+    s.beta_gbps = est.beta_gbps;
+    s.share = total ? static_cast<double>(share_bytes_[i]) / total : (i == 0 ? 1.0 : 0.0);
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace nezha::engine

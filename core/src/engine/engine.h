@@ -1,0 +1,126 @@
+// The per-process engine: owns the rails, the background thread and the executor. No globals: tests
+// run several engines (ranks) in one process.
+//
+// Why the background loop looks the way it does:
+//  1. Callers submit from any thread and must never block on the network: enqueue() only appends
+//     to a queue and wakes the loop through an eventfd.
+//  2. A lone operation must not wait for a timer: the loop sleeps in poll() on the control
+//     connections and that eventfd, and forwards new work the moment it wakes.
+//  3. Rank 0 must stay responsive as coordinator while data moves: execution happens on per-rail
+//     worker threads, never on the loop.
+//  4. Every wait is bounded: control messages, connections and collectives all carry deadlines,
+//     and a peer lost on the control channel fails every pending operation with its name.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/coordinator.h"
+#include "engine/executor.h"
+#include "engine/message_codec.h"
+#include "engine/handle.h"
+#include "engine/request.h"
+#include "multirail/cost_model.h"
+#include "transport/tcp/tcp_rail.h"
+
+namespace nezha::engine {
+
+struct RailConfig {
+  std::string name;
+  std::string local_addr;
+  std::string protocol = "tcp";  // "tcp" or "mptcp"
+};
+
+struct EngineConfig {
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;
+  int cross_rank = 0, cross_size = 1;
+  std::vector<RailConfig> rails;
+  std::string secret;
+  size_t fusion_threshold = 64 << 20;
+  double cycle_time_ms = 1;
+  double timeout_s = 30;
+  double connect_timeout_s = 60;
+  double stall_check_s = 60;
+  double stall_shutdown_s = 0;
+  size_t logstep_max_bytes = 65536;
+  size_t segment_bytes = 1 << 20;
+  size_t socket_buffer_bytes = 4 << 20;
+
+  // Defaults from the knob table (NEZHA_* environment variables).
+  static EngineConfig from_knobs();
+};
+
+struct RailStat {
+  std::string name, local_addr, protocol, state;
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  double alpha_us = 0, beta_gbps = 0, share = 0;
+};
+
+class Engine {
+ public:
+  explicit Engine(EngineConfig config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Addresses other ranks connect to: [control, rail 0, rail 1, ...], each "ip:port".
+  std::vector<std::string> listen_addresses() const;
+  // addrs_by_rank[r] is rank r's listen_addresses(). Forms every connection, starts the loop.
+  void connect_and_start(const std::vector<std::vector<std::string>>& addrs_by_rank);
+
+  // Submits one tensor. Throws InvalidArgument for bad input (name in flight, engine stopped).
+  std::shared_ptr<OpHandle> enqueue(TensorEntry entry);
+
+  // Finishes local work, agrees with the other ranks to stop (bounded by timeout_s), closes.
+  void shutdown();
+
+  std::vector<RailStat> rail_stats() const;
+  const EngineConfig& config() const { return config_; }
+
+ private:
+  void loop();
+  void forward_new_work();
+  void on_control_message(int peer, const std::string& payload);
+  void dispatch(std::vector<Response> responses);
+  void execute_locally(const ResponseList& list);
+  void fail_everything(const std::string& reason);
+  void wake();
+  std::vector<multirail::RailShare> plan_for(const Response& r);
+  void observe_share(int rail, size_t bytes, double seconds);
+
+  EngineConfig config_;
+  std::unique_ptr<transport::TcpRail> control_;
+  std::vector<std::unique_ptr<transport::TcpRail>> rails_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  int wake_fd_ = -1;
+
+  // Shared between callers and the loop.
+  std::mutex mu_;
+  std::deque<std::string> new_names_;                         // submitted, not yet forwarded
+  std::unordered_map<std::string, TensorEntry> in_flight_;   // submitted, not yet executed
+  bool shutdown_requested_ = false;
+  std::string failure_;                                       // set once the engine is unusable
+
+  // Loop thread only.
+  std::unordered_map<std::string, std::pair<int32_t, Request>> cache_;
+  std::vector<bool> peer_shutdown_;
+  bool shutdown_sent_ = false;
+  std::atomic<bool> finished_{false};
+  std::thread thread_;
+
+  // Cost model per rail (fed by rail workers, read by the planner on rank 0).
+  mutable std::mutex cost_mu_;
+  std::vector<multirail::RailCostModel> costs_;
+  std::vector<uint64_t> share_bytes_;
+};
+
+}  // namespace nezha::engine

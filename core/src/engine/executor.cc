@@ -1,0 +1,243 @@
+#include "engine/executor.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+
+#include "collectives/collectives.h"
+#include "collectives/reduce.h"
+#include "common/error.h"
+#include "common/logging.h"
+
+namespace nezha::engine {
+namespace {
+
+std::string names_str(const Response& r) {
+  std::string s;
+  for (size_t i = 0; i < r.names.size() && i < 4; ++i) s += (i ? ", '" : "'") + r.names[i] + "'";
+  if (r.names.size() > 4) s += " and " + std::to_string(r.names.size() - 4) + " more";
+  return s;
+}
+
+double effective_postscale(const Response& r, int size) {
+  return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
+}
+
+}  // namespace
+
+// One (possibly fused) allreduce in flight, shared by the rail jobs that carry its shares.
+struct Executor::AllreduceJob {
+  Response resp;
+  std::vector<TensorEntry> entries;
+  BufferPool::Buffer fusion;      // empty when a lone tensor is reduced in its own output
+  uint8_t* data = nullptr;
+  int size = 1;
+  std::atomic<int> parts_left{0};
+  std::mutex mu;
+  std::string error;
+};
+
+Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, ShareObserver observer)
+    : opt_(opt), rails_(std::move(rails)), observer_(std::move(observer)), seq_(rails_.size(), 0) {
+  for (size_t i = 0; i < rails_.size(); ++i) workers_.push_back(std::make_unique<RailWorker>());
+}
+
+Executor::~Executor() { stop(); }
+
+void Executor::stop() {
+  for (auto& w : workers_) w->stop();
+}
+
+void Executor::execute(const Response& resp, std::vector<TensorEntry> entries) {
+  if (resp.kind == Response::Kind::kError) {
+    for (auto& e : entries)
+      if (e.handle) e.handle->complete(resp.error);
+    return;
+  }
+  switch (resp.type) {
+    case OpType::kAllreduce:
+      run_allreduce(resp, std::move(entries));
+      return;
+    case OpType::kBarrier:
+      for (auto& e : entries) e.handle->complete();
+      return;
+    case OpType::kJoin:
+      for (auto& e : entries) {
+        e.handle->result().last_joined_rank = resp.last_joined_rank;
+        e.handle->complete();
+      }
+      return;
+    default:
+      run_on_one_rail(resp, std::move(entries));
+  }
+}
+
+void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entries) {
+  auto job = std::make_shared<AllreduceJob>();
+  job->resp = resp;
+  job->entries = std::move(entries);
+  job->size = opt_.size;
+  const size_t esize = dtype_size(resp.dtype);
+  size_t total = 0;
+  for (int64_t c : resp.counts) total += static_cast<size_t>(c);
+
+  TensorEntry* lone = job->entries.size() == 1 && job->entries[0].handle ? &job->entries[0] : nullptr;
+  if (lone && lone->output) {
+    // Zero-copy path: reduce in the caller's output buffer.
+    if (lone->output != lone->input) std::memcpy(lone->output, lone->input, total * esize);
+    job->data = static_cast<uint8_t*>(lone->output);
+  } else {
+    job->fusion = pool_.acquire(total * esize);
+    job->data = job->fusion.data();
+    size_t off = 0;
+    for (size_t i = 0; i < job->entries.size(); ++i) {
+      size_t bytes = static_cast<size_t>(resp.counts[i]) * esize;
+      if (job->entries[i].handle) std::memcpy(job->data + off, job->entries[i].input, bytes);
+      else std::memset(job->data + off, 0, bytes);  // joined rank: contributes zeros
+      off += bytes;
+    }
+  }
+  if (resp.prescale != 1.0) collectives::scale(job->data, total, resp.dtype, resp.prescale);
+
+  std::vector<multirail::RailShare> plan = resp.plan;
+  if (plan.empty()) plan.push_back({0, 0, total});
+  job->parts_left = static_cast<int>(plan.size());
+  for (const auto& share : plan) {
+    int r = share.rail;
+    collectives::CollectiveOptions copt;
+    copt.seq = seq_[r]++;
+    copt.segment_bytes = opt_.segment_bytes;
+    copt.logstep_max_bytes = opt_.logstep_max_bytes;
+    transport::Rail* rail = rails_[r];
+    workers_[r]->post([this, job, share, copt, rail, esize]() mutable {
+      auto start = std::chrono::steady_clock::now();
+      copt.deadline = Deadline::after_seconds(opt_.timeout_s);
+      try {
+        collectives::allreduce(*rail, job->data + share.offset * esize, share.count,
+                               job->resp.dtype, job->resp.op, copt);
+        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (observer_) observer_(share.rail, share.count * esize, secs);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(job->mu);
+        if (job->error.empty())
+          job->error = "allreduce of " + names_str(job->resp) + " failed on rail '" +
+                       rail->properties().name + "': " + e.what();
+      }
+      if (--job->parts_left == 0) finish_allreduce(*job);
+    });
+  }
+}
+
+void Executor::finish_allreduce(AllreduceJob& job) {
+  if (!job.error.empty()) {
+    NZ_LOG(Error) << job.error;
+    for (auto& e : job.entries)
+      if (e.handle) e.handle->complete(job.error);
+    return;
+  }
+  const Response& resp = job.resp;
+  const size_t esize = dtype_size(resp.dtype);
+  double post = effective_postscale(resp, job.size);
+  size_t off = 0;
+  for (size_t i = 0; i < job.entries.size(); ++i) {
+    size_t count = static_cast<size_t>(resp.counts[i]);
+    TensorEntry& e = job.entries[i];
+    if (e.handle) {
+      uint8_t* out = static_cast<uint8_t*>(e.output);
+      if (out != job.data + off) std::memcpy(out, job.data + off, count * esize);
+      if (post != 1.0) collectives::scale(out, count, resp.dtype, post);
+      e.handle->complete();
+    }
+    off += count * esize;
+  }
+}
+
+void Executor::run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries) {
+  int r = resp.plan.empty() ? 0 : resp.plan[0].rail;
+  uint64_t seq = seq_[r]++;
+  auto shared = std::make_shared<std::vector<TensorEntry>>(std::move(entries));
+  workers_[r]->post([this, r, seq, resp, shared]() {
+    TensorEntry& e = (*shared)[0];
+    try {
+      collectives::CollectiveOptions copt;
+      copt.seq = seq;
+      copt.segment_bytes = opt_.segment_bytes;
+      copt.logstep_max_bytes = opt_.logstep_max_bytes;
+      copt.deadline = Deadline::after_seconds(opt_.timeout_s);
+      transport::Rail& rail = *rails_[r];
+      const size_t esize = dtype_size(resp.dtype);
+      const int me = opt_.rank, n = opt_.size;
+      OpResult& res = e.handle->result();
+      const std::vector<int64_t>& shape = e.req.shape;
+      auto out_shape = [&](int64_t rows) {
+        std::vector<int64_t> s = shape.empty() ? std::vector<int64_t>{1} : shape;
+        s[0] = rows;
+        return s;
+      };
+      switch (resp.type) {
+        case OpType::kBroadcast: {
+          size_t bytes = static_cast<size_t>(resp.counts[0]) * esize;
+          if (me == resp.root && e.output != e.input) std::memcpy(e.output, e.input, bytes);
+          collectives::broadcast(rail, e.output, bytes, resp.root, copt);
+          break;
+        }
+        case OpType::kAllgather: {
+          size_t row_bytes = static_cast<size_t>(resp.row_elements[0]) * esize;
+          std::vector<size_t> bytes(n);
+          int64_t rows = 0;
+          for (int i = 0; i < n; ++i) {
+            bytes[i] = static_cast<size_t>(resp.rank_rows[i]) * row_bytes;
+            rows += resp.rank_rows[i];
+          }
+          res.output.resize(static_cast<size_t>(rows) * row_bytes);
+          collectives::allgatherv(rail, e.input, res.output.data(), bytes, copt);
+          res.output_shape = out_shape(rows);
+          break;
+        }
+        case OpType::kAlltoall: {
+          size_t row_bytes = static_cast<size_t>(resp.row_elements[0]) * esize;
+          std::vector<size_t> send(n), recv(n);
+          int64_t rows = 0;
+          res.received_splits.assign(n, 0);
+          for (int i = 0; i < n; ++i) {
+            send[i] = static_cast<size_t>(resp.splits_matrix[me * n + i]) * row_bytes;
+            res.received_splits[i] = resp.splits_matrix[i * n + me];
+            recv[i] = static_cast<size_t>(res.received_splits[i]) * row_bytes;
+            rows += res.received_splits[i];
+          }
+          res.output.resize(static_cast<size_t>(rows) * row_bytes);
+          collectives::alltoallv(rail, e.input, send, res.output.data(), recv, copt);
+          res.output_shape = out_shape(rows);
+          break;
+        }
+        case OpType::kReducescatter: {
+          size_t total = static_cast<size_t>(resp.counts[0]);
+          size_t row = static_cast<size_t>(resp.row_elements[0]);
+          std::vector<size_t> counts(n);
+          for (int i = 0; i < n; ++i) counts[i] = static_cast<size_t>(resp.rank_rows[i]) * row;
+          BufferPool::Buffer scratch = pool_.acquire(total * esize);
+          std::memcpy(scratch.data(), e.input, total * esize);
+          if (resp.prescale != 1.0) collectives::scale(scratch.data(), total, resp.dtype, resp.prescale);
+          res.output.resize(counts[me] * esize);
+          collectives::reducescatterv(rail, scratch.data(), res.output.data(), counts, resp.dtype,
+                                      resp.op, copt);
+          double post = effective_postscale(resp, n);
+          if (post != 1.0) collectives::scale(res.output.data(), counts[me], resp.dtype, post);
+          res.output_shape = out_shape(resp.rank_rows[me]);
+          break;
+        }
+        default:
+          throw NezhaError(std::string("unexpected operation ") + op_type_name(resp.type));
+      }
+      e.handle->complete();
+    } catch (const std::exception& ex) {
+      std::string msg = std::string(op_type_name(resp.type)) + " of " + names_str(resp) +
+                        " failed on rail '" + rails_[r]->properties().name + "': " + ex.what();
+      NZ_LOG(Error) << msg;
+      e.handle->complete(msg);
+    }
+  });
+}
+
+}  // namespace nezha::engine

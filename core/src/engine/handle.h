@@ -1,0 +1,39 @@
+// Completion state of one submitted tensor. The engine completes it exactly once, from whichever
+// thread finished the operation; callers poll or wait with a timeout.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace nezha::engine {
+
+struct OpResult {
+  std::vector<uint8_t> output;          // engine-allocated output (allgather, alltoall, reducescatter)
+  std::vector<int64_t> output_shape;    // shape of `output`
+  std::vector<int64_t> received_splits; // alltoall: rows received from each rank
+  int32_t last_joined_rank = -1;        // join
+};
+
+class OpHandle {
+ public:
+  bool poll() const;
+  // True when done within timeout_s; false when the timeout passed first.
+  bool wait_for(double timeout_s) const;
+  // Meaningful once done: empty on success, else the message to raise.
+  std::string error() const;
+  OpResult& result() { return result_; }  // read after done; written before complete()
+
+  void complete(std::string error = {});
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  std::string error_;
+  OpResult result_;
+};
+
+}  // namespace nezha::engine

@@ -1,0 +1,223 @@
+#include "engine/message_codec.h"
+
+#include <cstring>
+#include <type_traits>
+
+#include "common/error.h"
+
+namespace nezha::engine {
+namespace {
+
+constexpr uint8_t kRequestListTag = 0xA1;
+constexpr uint8_t kResponseListTag = 0xB2;
+constexpr uint32_t kMaxItems = 1u << 20;      // tensors, dims, ranks: far above any real job
+constexpr uint32_t kMaxString = 1u << 16;     // tensor names, error messages
+
+class Writer {
+ public:
+  template <typename T>
+  void put(T v) {
+    static_assert(std::is_trivially_copyable<T>::value, "POD only");
+    char b[sizeof(T)];
+    std::memcpy(b, &v, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+    out_.append(b, sizeof(T));
+  }
+  void put_string(const std::string& s) {
+    put<uint32_t>(static_cast<uint32_t>(s.size()));
+    out_.append(s);
+  }
+  template <typename T>
+  void put_vector(const std::vector<T>& v) {
+    put<uint32_t>(static_cast<uint32_t>(v.size()));
+    for (const T& x : v) put<T>(x);
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& s) : data_(s), pos_(0) {}
+  template <typename T>
+  T get() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, data_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  uint32_t get_count(uint32_t max, const char* what) {
+    uint32_t n = get<uint32_t>();
+    if (n > max) throw ProtocolError(std::string("control message: ") + what + " count " +
+                                     std::to_string(n) + " exceeds the limit");
+    return n;
+  }
+  std::string get_string() {
+    uint32_t n = get_count(kMaxString, "string");
+    need(n);
+    std::string s = data_.substr(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  template <typename T>
+  std::vector<T> get_vector() {
+    uint32_t n = get_count(kMaxItems, "vector");
+    need(static_cast<size_t>(n) * sizeof(T));
+    std::vector<T> v(n);
+    for (auto& x : v) x = get<T>();
+    return v;
+  }
+  void expect_end() {
+    if (pos_ != data_.size())
+      throw ProtocolError("control message: " + std::to_string(data_.size() - pos_) +
+                          " trailing bytes");
+  }
+
+ private:
+  void need(size_t n) {
+    if (data_.size() - pos_ < n) throw ProtocolError("control message truncated");
+  }
+  const std::string& data_;
+  size_t pos_;
+};
+
+template <typename E>
+E checked_enum(uint8_t raw, int limit, const char* what) {
+  if (raw >= limit) throw ProtocolError(std::string("control message: bad ") + what + " " +
+                                        std::to_string(raw));
+  return static_cast<E>(raw);
+}
+
+void put_request(Writer& w, const Request& r) {
+  w.put<int32_t>(r.cache_id);
+  w.put_string(r.name);
+  if (r.cache_id >= 0) return;  // the coordinator has the rest
+  w.put<uint8_t>(static_cast<uint8_t>(r.type));
+  w.put<uint8_t>(static_cast<uint8_t>(r.dtype));
+  w.put_vector<int64_t>(r.shape);
+  w.put<uint8_t>(static_cast<uint8_t>(r.op));
+  w.put<double>(r.prescale);
+  w.put<double>(r.postscale);
+  w.put<int32_t>(r.root);
+  w.put_vector<int64_t>(r.splits);
+  w.put_string(r.group);
+  w.put<int32_t>(r.group_size);
+}
+
+Request get_request(Reader& rd) {
+  Request r;
+  r.cache_id = rd.get<int32_t>();
+  r.name = rd.get_string();
+  if (r.cache_id >= 0) return r;
+  r.type = checked_enum<OpType>(rd.get<uint8_t>(), 7, "op type");
+  r.dtype = checked_enum<DataType>(rd.get<uint8_t>(), kNumDataTypes, "dtype");
+  r.shape = rd.get_vector<int64_t>();
+  r.op = checked_enum<ReduceOp>(rd.get<uint8_t>(), kNumReduceOps, "reduce op");
+  r.prescale = rd.get<double>();
+  r.postscale = rd.get<double>();
+  r.root = rd.get<int32_t>();
+  r.splits = rd.get_vector<int64_t>();
+  r.group = rd.get_string();
+  r.group_size = rd.get<int32_t>();
+  return r;
+}
+
+void put_response(Writer& w, const Response& r) {
+  w.put<uint8_t>(static_cast<uint8_t>(r.kind));
+  w.put<uint8_t>(static_cast<uint8_t>(r.type));
+  w.put<uint32_t>(static_cast<uint32_t>(r.names.size()));
+  for (const auto& n : r.names) w.put_string(n);
+  w.put_vector<int64_t>(r.counts);
+  w.put<uint8_t>(static_cast<uint8_t>(r.dtype));
+  w.put<uint8_t>(static_cast<uint8_t>(r.op));
+  w.put<double>(r.prescale);
+  w.put<double>(r.postscale);
+  w.put<int32_t>(r.root);
+  w.put_vector<int64_t>(r.row_elements);
+  w.put_vector<int64_t>(r.rank_rows);
+  w.put_vector<int64_t>(r.splits_matrix);
+  w.put<int32_t>(r.last_joined_rank);
+  w.put_vector<int32_t>(r.cache_ids);
+  w.put<uint32_t>(static_cast<uint32_t>(r.plan.size()));
+  for (const auto& s : r.plan) {
+    w.put<int32_t>(s.rail);
+    w.put<uint64_t>(s.offset);
+    w.put<uint64_t>(s.count);
+  }
+  w.put_string(r.error);
+}
+
+Response get_response(Reader& rd) {
+  Response r;
+  r.kind = checked_enum<Response::Kind>(rd.get<uint8_t>(), 2, "response kind");
+  r.type = checked_enum<OpType>(rd.get<uint8_t>(), 7, "op type");
+  uint32_t n = rd.get_count(kMaxItems, "names");
+  for (uint32_t i = 0; i < n; ++i) r.names.push_back(rd.get_string());
+  r.counts = rd.get_vector<int64_t>();
+  r.dtype = checked_enum<DataType>(rd.get<uint8_t>(), kNumDataTypes, "dtype");
+  r.op = checked_enum<ReduceOp>(rd.get<uint8_t>(), kNumReduceOps, "reduce op");
+  r.prescale = rd.get<double>();
+  r.postscale = rd.get<double>();
+  r.root = rd.get<int32_t>();
+  r.row_elements = rd.get_vector<int64_t>();
+  r.rank_rows = rd.get_vector<int64_t>();
+  r.splits_matrix = rd.get_vector<int64_t>();
+  r.last_joined_rank = rd.get<int32_t>();
+  r.cache_ids = rd.get_vector<int32_t>();
+  uint32_t np = rd.get_count(kMaxItems, "plan");
+  for (uint32_t i = 0; i < np; ++i) {
+    multirail::RailShare s;
+    s.rail = rd.get<int32_t>();
+    s.offset = rd.get<uint64_t>();
+    s.count = rd.get<uint64_t>();
+    r.plan.push_back(s);
+  }
+  r.error = rd.get_string();
+  return r;
+}
+
+}  // namespace
+
+std::string encode(const RequestList& list) {
+  Writer w;
+  w.put<uint8_t>(kRequestListTag);
+  w.put<uint8_t>(list.shutdown ? 1 : 0);
+  w.put<uint32_t>(static_cast<uint32_t>(list.requests.size()));
+  for (const auto& r : list.requests) put_request(w, r);
+  return w.take();
+}
+
+std::string encode(const ResponseList& list) {
+  Writer w;
+  w.put<uint8_t>(kResponseListTag);
+  w.put<uint8_t>(list.shutdown ? 1 : 0);
+  w.put<uint32_t>(static_cast<uint32_t>(list.responses.size()));
+  for (const auto& r : list.responses) put_response(w, r);
+  return w.take();
+}
+
+RequestList decode_request_list(const std::string& bytes) {
+  Reader rd(bytes);
+  if (rd.get<uint8_t>() != kRequestListTag) throw ProtocolError("control message: not a request list");
+  RequestList list;
+  list.shutdown = rd.get<uint8_t>() != 0;
+  uint32_t n = rd.get_count(kMaxItems, "requests");
+  for (uint32_t i = 0; i < n; ++i) list.requests.push_back(get_request(rd));
+  rd.expect_end();
+  return list;
+}
+
+ResponseList decode_response_list(const std::string& bytes) {
+  Reader rd(bytes);
+  if (rd.get<uint8_t>() != kResponseListTag) throw ProtocolError("control message: not a response list");
+  ResponseList list;
+  list.shutdown = rd.get<uint8_t>() != 0;
+  uint32_t n = rd.get_count(kMaxItems, "responses");
+  for (uint32_t i = 0; i < n; ++i) list.responses.push_back(get_response(rd));
+  rd.expect_end();
+  return list;
+}
+
+}  // namespace nezha::engine

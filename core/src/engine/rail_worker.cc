@@ -1,0 +1,45 @@
+#include "engine/rail_worker.h"
+
+namespace nezha::engine {
+
+RailWorker::RailWorker() : thread_([this] { run(); }) {}
+
+RailWorker::~RailWorker() { stop(); }
+
+void RailWorker::post(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+void RailWorker::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+size_t RailWorker::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return jobs_.size();
+}
+
+void RailWorker::run() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();  // jobs catch their own exceptions and complete their handles
+  }
+}
+
+}  // namespace nezha::engine

@@ -1,0 +1,74 @@
+// What a rank submits (Request) and what the coordinator decides (Response). Both travel on the
+// control channel (message_codec.h); the numeric values of OpType are part of the wire protocol.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "multirail/planner.h"
+
+namespace nezha::engine {
+
+enum class OpType : uint8_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kAlltoall = 3,
+  kReducescatter = 4,
+  kBarrier = 5,
+  kJoin = 6,
+};
+const char* op_type_name(OpType t);
+
+// The name a join() travels under: ranks that joined appear with this entry in flight.
+constexpr const char* kJoinTensorName = "__nezha_join__";
+
+// Metadata of one submitted tensor; identical on every rank except where an op allows otherwise
+// (allgather's first dimension, alltoall's splits).
+struct Request {
+  OpType type = OpType::kAllreduce;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = -1;              // broadcast
+  std::vector<int64_t> splits;    // alltoall: rows of dim 0 sent to each rank
+  std::string group;              // grouped allreduce: all members are negotiated as one unit
+  int32_t group_size = 0;
+  // Response cache: >= 0 means "the same metadata I sent last time under this name"; only the name
+  // and this id travel, and the coordinator skips validation (see coordinator.h).
+  int32_t cache_id = -1;
+
+  bool same_metadata(const Request& o) const;
+  int64_t num_elements() const;
+  int64_t row_elements() const;   // elements per index of dim 0 (1 for a scalar)
+  size_t bytes() const { return static_cast<size_t>(num_elements()) * dtype_size(dtype); }
+};
+
+// One operation every rank executes, in the order the coordinator sent it.
+struct Response {
+  enum class Kind : uint8_t { kExecute = 0, kError = 1 };
+  Kind kind = Kind::kExecute;
+  OpType type = OpType::kAllreduce;
+  std::vector<std::string> names;       // several for a fused allreduce
+  std::vector<int64_t> counts;          // allreduce: elements per tensor (lets joined ranks take part)
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = -1;
+  std::vector<int64_t> row_elements;    // allgather/alltoall/reducescatter: elements per dim-0 row
+  std::vector<int64_t> rank_rows;       // allgather: dim 0 of each rank; reducescatter: rows per rank
+  std::vector<int64_t> splits_matrix;   // alltoall: size*size, [src*size + dst] rows
+  int32_t last_joined_rank = -1;        // join
+  std::vector<int32_t> cache_ids;       // per name: id to use for it next time (-1: not cached)
+  std::vector<multirail::RailShare> plan;  // allreduce: element ranges per rail; else one entry
+  std::string error;                    // kError: the message every rank raises
+};
+
+}  // namespace nezha::engine

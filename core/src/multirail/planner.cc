@@ -1,0 +1,228 @@
+#include "multirail/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace nezha::multirail {
+
+namespace {
+
+// A usable, known rail in SI units.
+struct Lane {
+  int rail;
+  double alpha_s;    // seconds
+  double beta_Bps;   // bytes per second
+};
+
+Lane to_lane(int rail, const RailEstimate& e) {
+  return Lane{rail, e.alpha_us * 1e-6, e.beta_gbps * 1e9 / 8};
+}
+
+// Usable, known rails sorted by alpha (ties: lower index first, so the order is deterministic).
+std::vector<Lane> known_lanes(const std::vector<RailEstimate>& rails,
+                              const std::vector<bool>& usable) {
+  std::vector<Lane> lanes;
+  for (size_t i = 0; i < rails.size() && i < usable.size(); ++i)
+    if (usable[i] && rails[i].known()) lanes.push_back(to_lane(static_cast<int>(i), rails[i]));
+  std::stable_sort(lanes.begin(), lanes.end(),
+                   [](const Lane& a, const Lane& b) { return a.alpha_s < b.alpha_s; });
+  return lanes;
+}
+
+// Water level: the common finish time T when `bytes` are shared so that all rails with alpha < T
+// finish together. `active` receives how many lanes (a prefix of the alpha-sorted list) take part.
+double water_level(const std::vector<Lane>& lanes, double bytes, size_t* active = nullptr) {
+  double sum_beta = 0, sum_alpha_beta = 0, level = 0;
+  for (size_t k = 0; k < lanes.size(); ++k) {
+    sum_beta += lanes[k].beta_Bps;
+    sum_alpha_beta += lanes[k].alpha_s * lanes[k].beta_Bps;
+    level = (bytes + sum_alpha_beta) / sum_beta;
+    if (k + 1 == lanes.size() || level <= lanes[k + 1].alpha_s) {
+      if (active) *active = k + 1;
+      return level;
+    }
+  }
+  return level;  // not reached: lanes is never empty here
+}
+
+double best_single_time(const std::vector<Lane>& lanes, double bytes) {
+  double best = std::numeric_limits<double>::infinity();
+  for (const Lane& l : lanes) best = std::min(best, l.alpha_s + bytes / l.beta_Bps);
+  return best;
+}
+
+// >= 0 where striping saves at least kMinStripingGain over the best single rail.
+double striping_margin(const std::vector<Lane>& lanes, double bytes) {
+  return (1 - kMinStripingGain) * best_single_time(lanes, bytes) - water_level(lanes, bytes);
+}
+
+size_t ceil_to_size(double bytes) {
+  const double c = std::ceil(bytes);
+  if (!(c < 0x1p63)) return SIZE_MAX;
+  return static_cast<size_t>(std::max(c, 0.0));
+}
+
+}  // namespace
+
+size_t striping_threshold_bytes(const std::vector<RailEstimate>& rails,
+                                const std::vector<bool>& usable) {
+  const std::vector<Lane> lanes = known_lanes(rails, usable);
+  if (lanes.size() < 2) return SIZE_MAX;
+
+  // Both the striped time and the best single-rail time are piecewise linear in the payload; between
+  // consecutive breakpoints the margin is linear, so the first crossing is found exactly.
+  std::vector<double> points{0.0};
+  for (size_t k = 1; k < lanes.size(); ++k) {  // water level reaches lane k's alpha
+    double p = 0;
+    for (size_t i = 0; i < k; ++i) p += (lanes[k].alpha_s - lanes[i].alpha_s) * lanes[i].beta_Bps;
+    points.push_back(p);
+  }
+  for (size_t i = 0; i < lanes.size(); ++i) {  // the best single rail changes
+    for (size_t j = i + 1; j < lanes.size(); ++j) {
+      const double inv_diff = 1 / lanes[i].beta_Bps - 1 / lanes[j].beta_Bps;
+      if (inv_diff == 0) continue;
+      const double p = (lanes[j].alpha_s - lanes[i].alpha_s) / inv_diff;
+      if (p > 0 && std::isfinite(p)) points.push_back(p);
+    }
+  }
+  std::sort(points.begin(), points.end());
+  points.erase(std::unique(points.begin(), points.end()), points.end());
+
+  for (size_t s = 0; s < points.size(); ++s) {
+    const double lo = points[s];
+    const double f_lo = striping_margin(lanes, lo);
+    if (f_lo >= 0) return ceil_to_size(lo);
+    // The last segment is unbounded; it is still linear, so any second point gives its slope.
+    const double hi = s + 1 < points.size() ? points[s + 1] : lo + std::max(lo, 1.0);
+    const double f_hi = striping_margin(lanes, hi);
+    if (f_hi > f_lo && (f_hi >= 0 || s + 1 == points.size()))
+      return ceil_to_size(lo + (hi - lo) * (-f_lo) / (f_hi - f_lo));
+  }
+  return SIZE_MAX;
+}
+
+namespace {
+
+Plan whole_on(int rail, size_t count, std::string why) {
+  Plan plan;
+  plan.shares.push_back(RailShare{rail, 0, count});
+  plan.striped = false;
+  plan.why = std::move(why);
+  return plan;
+}
+
+// Shares of `count` elements in whole alignment units, water-filled over the first `active` lanes.
+Plan water_fill(const std::vector<Lane>& lanes, size_t active, double level, size_t count,
+                size_t elem_size, size_t unit_elems, size_t n_rails) {
+  const size_t unit_bytes = unit_elems * elem_size;
+  const size_t total_units = count / unit_elems;
+  const size_t tail = count % unit_elems;
+
+  std::vector<size_t> units(n_rails, 0);
+  size_t assigned = 0;
+  size_t fastest = 0;  // among the active lanes: highest beta, then lowest rail index
+  for (size_t k = 0; k < active; ++k) {
+    const Lane& l = lanes[k];
+    const double share_units = std::max(0.0, (level - l.alpha_s) * l.beta_Bps) / unit_bytes;
+    const size_t u = std::min(static_cast<size_t>(std::floor(share_units)), total_units);
+    units[l.rail] = u;
+    assigned += u;
+    const Lane& f = lanes[fastest];
+    if (l.beta_Bps > f.beta_Bps || (l.beta_Bps == f.beta_Bps && l.rail < f.rail)) fastest = k;
+  }
+  const int fastest_rail = lanes[fastest].rail;
+  // Rounding down leaves a few units over; floating-point error may (rarely) overshoot by one.
+  if (assigned <= total_units) {
+    units[fastest_rail] += total_units - assigned;
+  } else {
+    size_t excess = assigned - total_units;
+    for (size_t k = 0; k < active && excess > 0; ++k) {
+      size_t& u = units[lanes[k].rail];
+      const size_t take = std::min(u, excess);
+      u -= take;
+      excess -= take;
+    }
+  }
+
+  std::vector<size_t> counts(n_rails, 0);
+  int last_rail = -1;
+  for (size_t r = 0; r < n_rails; ++r) {
+    counts[r] = units[r] * unit_elems;
+    if (counts[r] > 0) last_rail = static_cast<int>(r);
+  }
+  // The tail shorter than one alignment unit goes last, so every share starts aligned.
+  counts[last_rail >= 0 ? last_rail : fastest_rail] += tail;
+
+  Plan plan;
+  size_t offset = 0;
+  for (size_t r = 0; r < n_rails; ++r) {
+    if (counts[r] == 0) continue;
+    plan.shares.push_back(RailShare{static_cast<int>(r), offset, counts[r]});
+    offset += counts[r];
+  }
+  plan.striped = plan.shares.size() > 1;
+  return plan;
+}
+
+}  // namespace
+
+Plan plan_split(const PlanRequest& req) {
+  if (req.elem_size == 0) throw InvalidArgument("plan_split: elem_size is 0");
+  if (req.align_bytes == 0) throw InvalidArgument("plan_split: align_bytes is 0");
+  if (req.rails.size() != req.usable.size())
+    throw InvalidArgument("plan_split: " + std::to_string(req.rails.size()) + " rail estimates but " +
+                          std::to_string(req.usable.size()) + " usable flags");
+  if (req.count > SIZE_MAX / req.elem_size)
+    throw InvalidArgument("plan_split: " + std::to_string(req.count) + " elements of " +
+                          std::to_string(req.elem_size) + " bytes overflow size_t");
+  if (req.count == 0) return Plan{{}, false, "empty payload"};
+
+  int first_usable = -1;
+  bool any_unknown = false;
+  for (size_t i = 0; i < req.rails.size(); ++i) {
+    if (!req.usable[i]) continue;
+    if (first_usable < 0) first_usable = static_cast<int>(i);
+    if (!req.rails[i].known()) any_unknown = true;
+  }
+  if (first_usable < 0)
+    throw NezhaError("plan_split: none of the " + std::to_string(req.rails.size()) +
+                     " rails is usable");
+
+  const std::vector<Lane> lanes = known_lanes(req.rails, req.usable);
+  // Lowest alpha among the usable known rails (lanes is alpha-sorted, ties by index).
+  const int cold_rail = lanes.empty() ? first_usable : lanes.front().rail;
+  const size_t bytes = req.count * req.elem_size;
+  std::ostringstream why;
+  if (any_unknown) {
+    why << "cold: a usable rail has no estimate yet; all " << bytes << " B on rail " << cold_rail;
+    return whole_on(cold_rail, req.count, why.str());
+  }
+  const size_t threshold = striping_threshold_bytes(req.rails, req.usable);
+  if (bytes < threshold) {
+    why << "cold: " << bytes << " B below striping threshold ";
+    if (threshold == SIZE_MAX)
+      why << "(never)";
+    else
+      why << threshold << " B";
+    why << "; all on rail " << cold_rail;
+    return whole_on(cold_rail, req.count, why.str());
+  }
+
+  const size_t unit_bytes = std::lcm(req.elem_size, req.align_bytes);
+  size_t active = 0;
+  const double level = water_level(lanes, static_cast<double>(bytes), &active);
+  Plan plan = water_fill(lanes, active, level, req.count, req.elem_size, unit_bytes / req.elem_size,
+                         req.rails.size());
+  why << "hot: " << bytes << " B over " << plan.shares.size() << " of " << lanes.size()
+      << " rails, predicted " << level * 1e6 << " us";
+  plan.why = why.str();
+  return plan;
+}
+
+}  // namespace nezha::multirail

@@ -1,0 +1,60 @@
+// Split planner: how one (fused) buffer is divided among the rails.
+//
+// The coordinator (rank 0) computes the plan for each fused buffer and sends it with the negotiation
+// response, so every rank uses the same split; plan_split() is also deterministic (same input, same
+// output, bit for bit) so any rank recomputing it from the same estimates agrees.
+//
+//  * cold: some usable rail has no estimate yet, or the payload is below striping_threshold_bytes():
+//    the whole payload goes to the usable rail with the lowest alpha (the lowest-index usable rail
+//    when no usable rail is known).
+//  * hot: water filling. Rails take shares so that they all finish at the same time T:
+//    share_i = max(0, (T - alpha_i) * beta_i), summing to the payload; a rail whose alpha exceeds T
+//    gets nothing. Shares are rounded down to whole elements and to align_bytes; the whole aligned
+//    units left over go to the fastest rail (highest beta), and the final sub-alignment tail of the
+//    buffer (count not a multiple of the alignment) to the last share, so every share starts at an
+//    aligned offset. Shares are contiguous in rail order; zero-count shares are omitted.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "multirail/cost_model.h"
+
+namespace nezha::multirail {
+
+struct RailShare {
+  int rail;       // index into PlanRequest::rails
+  size_t offset;  // in elements, from the start of the buffer
+  size_t count;   // in elements
+};
+
+struct PlanRequest {
+  size_t count = 0;      // elements in the buffer
+  size_t elem_size = 0;  // bytes per element
+  std::vector<RailEstimate> rails;
+  std::vector<bool> usable;  // same length as rails: up and allowed to carry this operation
+  size_t align_bytes = 64;   // every share starts at a multiple of this (and of elem_size)
+};
+
+struct Plan {
+  std::vector<RailShare> shares;  // in rail order; counts sum to PlanRequest::count
+  bool striped = false;           // more than one rail carries data
+  std::string why;                // one line for logs and the timeline
+};
+
+// Throws InvalidArgument for elem_size or align_bytes 0, rails/usable of different lengths, or a
+// payload whose size overflows size_t; NezhaError when no rail is usable. count == 0 -> empty plan.
+Plan plan_split(const PlanRequest& request);
+
+// Smallest payload (bytes) from which striping over the usable, known rails is predicted to be at
+// least kMinStripingGain faster than the best single rail; SIZE_MAX if it never is (fewer than two
+// usable known rails, or the other rails add too little bandwidth). Derived from the estimates.
+size_t striping_threshold_bytes(const std::vector<RailEstimate>& rails,
+                                const std::vector<bool>& usable);
+
+// Striping must save at least this fraction of the best single rail's predicted time. Below it the
+// gain is within the model's error, and it would cost the per-rail bookkeeping the model ignores.
+constexpr double kMinStripingGain = 0.05;
+
+}  // namespace nezha::multirail

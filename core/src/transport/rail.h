@@ -1,0 +1,72 @@
+// Rail: one network plane joining this rank to every other rank of the job.
+//
+// What it is for. The engine stripes every collective across all rails a job has; each rail runs its
+// share of the work on its own worker thread, over its own connections, so rails never wait on each
+// other. Collective algorithms (core/src/collectives/) are written against this interface only.
+//
+// What it promises.
+//  * Point-to-point, message oriented: a send of N bytes with tag T to peer P is received by exactly
+//    one recv(P', T, N) on P, in order per (sender, receiver) pair. The receiver always knows the
+//    exact size and tag it expects (the algorithms are deterministic); any other frame is rejected
+//    with ProtocolError naming the peer and rail. Nothing is silently dropped or truncated.
+//  * send/recv/sendrecv block until complete, the deadline passes (TimeoutError naming peer and
+//    rail), the peer fails (PeerError), or abort() is called (NezhaError with the abort reason).
+//    A rail never busy-polls: it sleeps in poll() (or the transport's equivalent) while waiting.
+//  * sendrecv progresses its send and its receive together, so two ranks exchanging large
+//    messages with each other (or around a ring) cannot deadlock on full socket buffers.
+//  * Data moves straight from/to the caller's buffers where the transport allows (no staging copy).
+//
+// Threads. Data calls (send, recv, sendrecv) are made by one thread at a time: the rail's worker.
+// properties(), counters() and abort() are thread-safe and may be called from any thread.
+//
+// Failures. After a PeerError or ProtocolError on a peer, that peer's connection on this rail is
+// closed; later calls to that peer throw PeerError at once. abort() poisons the whole rail: every
+// pending and future data call throws. Errors never escape as crashes; the engine decides whether the
+// job can go on (another rail) or must fail (every rail to a peer lost).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/deadline.h"
+
+namespace nezha::transport {
+
+// What the scheduler may read about a rail. It never asks "what type are you": capabilities only.
+struct RailProperties {
+  std::string name;          // as the user named it: an interface ("eth1") or a subnet ("10.50.0.0/24")
+  std::string local_addr;    // IP address this rail's sockets are bound to
+  std::string protocol;      // "tcp", "mptcp", ... (informational, shown in rail_stats())
+  double nominal_gbps = 0;   // link speed if the transport knows it, else 0
+  bool in_network_reduce = false;  // true only for aggregation rails
+};
+
+struct RailCounters {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+};
+
+class Rail {
+ public:
+  virtual ~Rail() = default;
+
+  virtual const RailProperties& properties() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual void send(int peer, uint64_t tag, const void* data, size_t bytes,
+                    const Deadline& deadline) = 0;
+  virtual void recv(int peer, uint64_t tag, void* data, size_t bytes,
+                    const Deadline& deadline) = 0;
+  // Sends send_bytes to send_peer while receiving recv_bytes from recv_peer (may be the same peer),
+  // both under the same tag. Either size may be zero (a zero-byte message is still exchanged).
+  virtual void sendrecv(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
+                        void* recv_data, size_t recv_bytes, uint64_t tag,
+                        const Deadline& deadline) = 0;
+
+  virtual RailCounters counters() const = 0;
+  virtual void abort(const std::string& reason) = 0;
+};
+
+}  // namespace nezha::transport

@@ -1,0 +1,419 @@
+#include "transport/tcp/tcp_rail.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/logging.h"
+
+namespace nezha::transport {
+
+using tcp::Fd;
+using tcp::FrameReceiver;
+using tcp::FrameSender;
+using tcp::SocketFailure;
+
+namespace {
+
+std::string seconds_since(Clock::time_point start) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f",
+                std::chrono::duration<double>(Clock::now() - start).count());
+  return buf;
+}
+
+Deadline earlier(const Deadline& a, const Deadline& b) { return a.at() < b.at() ? a : b; }
+
+// Errors after which retrying the connect makes sense: the peer may not be listening yet.
+bool retryable_connect_error(int err) {
+  return err == ECONNREFUSED || err == ECONNRESET || err == EHOSTUNREACH || err == ENETUNREACH ||
+         err == EAGAIN;
+}
+
+}  // namespace
+
+struct TcpRail::Outgoing {
+  int peer;
+  FrameSender sender;
+};
+
+struct TcpRail::Incoming {
+  int peer;
+  FrameReceiver receiver;
+  FrameReceiver::HeaderHandler on_header;
+};
+
+TcpRail::TcpRail(TcpRailConfig config, int rank, int size)
+    : config_(std::move(config)), rank_(rank), size_(size), peers_(size > 0 ? size : 0) {
+  if (size <= 0 || rank < 0 || rank >= size)
+    throw InvalidArgument("TcpRail: rank " + std::to_string(rank) + " is outside a job of " +
+                          std::to_string(size) + " ranks");
+  properties_.name = config_.name;
+  properties_.local_addr = config_.local_addr;
+  properties_.protocol = config_.mptcp ? "mptcp" : "tcp";
+
+  abort_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!abort_fd_.valid()) throw NezhaError("rail " + config_.name + ": eventfd() failed: " + tcp::errno_text(errno));
+
+  Fd listener = tcp::open_stream_socket(config_.mptcp);
+  int one = 1;
+  setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  tcp::tune_socket(listener.get(), config_.socket_buffer_bytes);  // inherited by accepted sockets
+  const sockaddr_in addr = tcp::ipv4_address(config_.local_addr, 0);
+  if (::bind(listener.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
+    throw NezhaError("rail " + config_.name + ": cannot bind " + config_.local_addr + ": " +
+                     tcp::errno_text(errno));
+  if (::listen(listener.get(), SOMAXCONN) != 0)
+    throw NezhaError("rail " + config_.name + ": listen() on " + config_.local_addr + " failed: " +
+                     tcp::errno_text(errno));
+  listen_address_ = tcp::local_endpoint(listener.get());
+
+  HandshakeParams params{config_.secret, rank_, size_, config_.rail_index};
+  acceptor_ = std::make_unique<tcp::Acceptor>(
+      std::move(listener), params, config_.name, config_.handshake_timeout_s,
+      config_.socket_buffer_bytes,
+      [this](int peer, Fd fd, const std::string& remote) { admit(peer, std::move(fd), remote); });
+}
+
+TcpRail::~TcpRail() { close(); }
+
+std::string TcpRail::listen_address() const { return listen_address_; }
+
+std::string TcpRail::rank_name(int peer) const { return "rank " + std::to_string(peer); }
+
+void TcpRail::admit(int peer, Fd fd, const std::string& remote) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!admitting_ || peer < rank_ || peers_[peer].fd.valid()) {
+    // Re-admitting a reconnecting peer mid-job is later work; until then the running connection wins.
+    NZ_LOG(Warning) << "rail " << config_.name << ": dropped authenticated connection from rank "
+                    << peer << " at " << remote << ": "
+                    << (peer < rank_ ? "lower ranks are dialed by this rank, not accepted"
+                                     : "that rank is already connected");
+    return;
+  }
+  peers_[peer].fd = std::move(fd);
+  admitted_.notify_all();
+}
+
+void TcpRail::connect_to(int peer, const std::string& endpoint, const Deadline& deadline) {
+  const sockaddr_in to = tcp::parse_ipv4_endpoint(endpoint);
+  const sockaddr_in from = tcp::ipv4_address(config_.local_addr, 0);
+  const std::string who = rank_name(peer) + " at " + endpoint;
+  int backoff_ms = 10;
+  for (;;) {
+    throw_if_aborted();
+    Fd fd = tcp::open_stream_socket(config_.mptcp);
+    tcp::tune_socket(fd.get(), config_.socket_buffer_bytes);
+    // Bind the source address so this rail's traffic leaves on this rail's interface.
+    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&from), sizeof from) != 0)
+      throw NezhaError("cannot bind source address " + config_.local_addr + " to reach " + who + ": " +
+                       tcp::errno_text(errno));
+    const int err = tcp::connect_with_deadline(fd.get(), to, abort_fd_.get(), deadline);
+    if (err == ECANCELED) throw_if_aborted();
+    if (err != 0) {
+      if (retryable_connect_error(err) && !deadline.expired()) {
+        bool woken = false;
+        tcp::poll_one(abort_fd_.get(), POLLIN, -1,
+                      earlier(deadline, Deadline::after_seconds(backoff_ms / 1000.0)), &woken);
+        backoff_ms = std::min(backoff_ms * 2, 500);
+        continue;
+      }
+      throw NezhaError("cannot connect to " + who + ": " + tcp::errno_text(err));
+    }
+
+    const Deadline step = earlier(deadline, Deadline::after_seconds(config_.handshake_timeout_s));
+    ConnectorHandshake handshake(HandshakeParams{config_.secret, rank_, size_, config_.rail_index}, peer);
+    std::string payload;
+    auto expect = [&](FrameType type) {
+      const FrameHeader h = tcp::read_frame(fd.get(), kMaxHandshakePayloadBytes, &payload, abort_fd_.get(), step);
+      if (h.type != type)
+        throw ProtocolError(std::string("got a ") + frame_type_name(h.type) + " frame where a " +
+                            frame_type_name(type) + " was expected");
+    };
+    try {
+      tcp::write_frame(fd.get(), FrameType::kHello, handshake.hello(), abort_fd_.get(), step);
+      expect(FrameType::kChallenge);
+      std::string response;
+      try {
+        response = handshake.on_challenge(payload);
+      } catch (const AuthenticationError&) {
+        try {  // tell the acceptor why we hang up, so its log names the problem too
+          tcp::write_frame(fd.get(), FrameType::kAuthResult, auth_result_payload(false), -1,
+                           Deadline::after_seconds(0.1));
+        } catch (...) {
+        }
+        throw;
+      }
+      tcp::write_frame(fd.get(), FrameType::kAuthResponse, response, abort_fd_.get(), step);
+      expect(FrameType::kAuthResult);
+      handshake.on_result(payload);
+    } catch (const SocketFailure& f) {
+      if (f.err == ECANCELED) throw_if_aborted();
+      throw NezhaError("handshake with " + who + " failed: " +
+                       (f.err == ETIMEDOUT ? "no answer within " + std::to_string(config_.handshake_timeout_s) + " s"
+                                           : f.describe()));
+    } catch (const ProtocolError& e) {
+      throw NezhaError("handshake with " + who + " failed: " + e.what());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    peers_[peer].fd = std::move(fd);
+    return;
+  }
+}
+
+void TcpRail::connect_all(const std::vector<std::string>& listen_addrs_by_rank, const Deadline& deadline) {
+  if (static_cast<int>(listen_addrs_by_rank.size()) != size_)
+    throw InvalidArgument("rail " + config_.name + ": connect_all() got " +
+                          std::to_string(listen_addrs_by_rank.size()) + " addresses for " +
+                          std::to_string(size_) + " ranks");
+  std::vector<std::string> failures;  // "rank P: why"
+  for (int peer = 0; peer < rank_; ++peer) {
+    try {
+      connect_to(peer, listen_addrs_by_rank[peer], deadline);
+    } catch (const NezhaError& e) {
+      throw_if_aborted();
+      failures.push_back(e.what());
+    }
+  }
+
+  std::unique_lock<std::mutex> lock(mu_);
+  auto all_higher_admitted = [&] {
+    for (int peer = rank_ + 1; peer < size_; ++peer)
+      if (!peers_[peer].fd.valid()) return false;
+    return true;
+  };
+  // Bounded slices rather than wait_until(deadline): Deadline::never() is time_point::max.
+  while (failures.empty() && !all_higher_admitted() && !aborted_ && !deadline.expired())
+    admitted_.wait_for(lock, std::chrono::milliseconds(deadline.remaining_ms()));
+  admitting_ = false;
+  for (int peer = rank_ + 1; peer < size_; ++peer)
+    if (!peers_[peer].fd.valid())
+      failures.push_back(rank_name(peer) + " never connected to " + listen_address_);
+  lock.unlock();
+  throw_if_aborted();
+  if (!failures.empty()) {
+    std::ostringstream msg;
+    msg << "rail " << config_.name << ": rank " << rank_ << " could not connect to all ranks: ";
+    for (size_t i = 0; i < failures.size(); ++i) msg << (i ? "; " : "") << failures[i];
+    throw NezhaError(msg.str());
+  }
+}
+
+void TcpRail::throw_if_aborted() const {
+  if (!aborted_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  throw NezhaError("rail " + config_.name + " aborted: " + abort_reason_);
+}
+
+void TcpRail::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return;
+    abort_reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
+    admitted_.notify_all();
+  }
+  const uint64_t one = 1;
+  if (::write(abort_fd_.get(), &one, sizeof one) < 0) {
+    // Only fails on counter overflow, i.e. the eventfd is already readable.
+  }
+}
+
+RailCounters TcpRail::counters() const {
+  return RailCounters{bytes_sent_.load(std::memory_order_relaxed),
+                      bytes_received_.load(std::memory_order_relaxed)};
+}
+
+int TcpRail::live_fd(int peer, const char* what) {
+  if (peer < 0 || peer >= size_ || peer == rank_)
+    throw InvalidArgument("rail " + config_.name + ": cannot " + what + " rank " + std::to_string(peer) +
+                          " from rank " + std::to_string(rank_) + " of " + std::to_string(size_));
+  Peer& p = peers_[peer];
+  if (!p.fd.valid())
+    throw PeerError(peer, "rail " + config_.name + ": no connection to " + rank_name(peer) + ": " +
+                              (p.closed_reason.empty() ? "connect_all() has not connected it"
+                                                       : "closed after an earlier error: " + p.closed_reason));
+  return p.fd.get();
+}
+
+void TcpRail::close_peer(int peer, const std::string& why) {
+  Peer& p = peers_[peer];
+  if (p.closed_reason.empty()) p.closed_reason = why;
+  p.fd.reset();
+  p.control_rx.reset();
+  NZ_LOG(Debug) << why;
+}
+
+void TcpRail::fail_peer(int peer, const std::string& what) {
+  close_peer(peer, what);
+  throw PeerError(peer, what);
+}
+
+void TcpRail::transfer(Outgoing* out, Incoming* in, uint64_t tag, const Deadline& deadline) {
+  const auto start = Clock::now();
+  const int out_fd = out ? live_fd(out->peer, "send to") : -1;
+  const int in_fd = in ? live_fd(in->peer, "receive from") : -1;
+  for (;;) {
+    throw_if_aborted();
+    if (out && !out->sender.done()) {
+      try {
+        bytes_sent_.fetch_add(out->sender.progress(out_fd), std::memory_order_relaxed);
+      } catch (const SocketFailure& f) {
+        fail_peer(out->peer, "rail " + config_.name + ": sending to " + rank_name(out->peer) +
+                                 " failed (tag " + format_tag(tag) + "): " + f.describe());
+      }
+    }
+    if (in && !in->receiver.done()) {
+      try {
+        bytes_received_.fetch_add(in->receiver.progress(in_fd, in->on_header), std::memory_order_relaxed);
+      } catch (const SocketFailure& f) {
+        fail_peer(in->peer, "rail " + config_.name + ": receiving from " + rank_name(in->peer) +
+                                " failed (tag " + format_tag(tag) + "): " + f.describe());
+      } catch (const ProtocolError& e) {
+        close_peer(in->peer, e.what());
+        throw;
+      }
+    }
+    const bool sending = out && !out->sender.done();
+    const bool receiving = in && !in->receiver.done();
+    if (!sending && !receiving) return;
+
+    if (deadline.expired()) {
+      // A half-moved frame leaves the stream out of step, so the connection cannot be reused.
+      const int peer = receiving ? in->peer : out->peer;
+      std::string what = "rail " + config_.name + ": timed out after " + seconds_since(start) +
+                         " s waiting for " + rank_name(peer) + " (tag " + format_tag(tag) + ")";
+      if (receiving)
+        what += in->receiver.started() ? "; " + std::to_string(in->receiver.payload_received()) +
+                                             " payload bytes of the frame received"
+                                       : "; no frame started";
+      if (sending) close_peer(out->peer, what);
+      if (receiving) close_peer(in->peer, what);
+      throw TimeoutError(peer, what);
+    }
+
+    pollfd fds[3];
+    nfds_t n = 0;
+    fds[n++] = {abort_fd_.get(), POLLIN, 0};
+    if (sending && receiving && out_fd == in_fd) {
+      fds[n++] = {out_fd, POLLIN | POLLOUT, 0};
+    } else {
+      if (sending) fds[n++] = {out_fd, POLLOUT, 0};
+      if (receiving) fds[n++] = {in_fd, POLLIN, 0};
+    }
+    if (::poll(fds, n, deadline.remaining_ms()) < 0 && errno != EINTR)
+      throw NezhaError("rail " + config_.name + ": poll() failed: " + tcp::errno_text(errno));
+    // POLLERR/POLLHUP need no special case: the next sendmsg/recv reports the error or EOF.
+  }
+}
+
+void TcpRail::send(int peer, uint64_t tag, const void* data, size_t bytes, const Deadline& deadline) {
+  Outgoing out{peer, FrameSender(FrameType::kData, tag, data, bytes)};
+  transfer(&out, nullptr, tag, deadline);
+}
+
+namespace {
+
+FrameReceiver::HeaderHandler data_header_handler(int peer, uint64_t tag, void* data, size_t bytes,
+                                                 const std::string& rail) {
+  return [=](const uint8_t* raw, uint64_t* length) {
+    const FrameHeader h = parse_header(raw, peer, rail);
+    check_header(h, FrameType::kData, tag, bytes, /*exact=*/true, peer, rail);
+    *length = h.length;
+    return static_cast<uint8_t*>(data);
+  };
+}
+
+}  // namespace
+
+void TcpRail::recv(int peer, uint64_t tag, void* data, size_t bytes, const Deadline& deadline) {
+  Incoming in{peer, FrameReceiver(), data_header_handler(peer, tag, data, bytes, config_.name)};
+  transfer(nullptr, &in, tag, deadline);
+}
+
+void TcpRail::sendrecv(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
+                       void* recv_data, size_t recv_bytes, uint64_t tag, const Deadline& deadline) {
+  Outgoing out{send_peer, FrameSender(FrameType::kData, tag, send_data, send_bytes)};
+  Incoming in{recv_peer, FrameReceiver(), data_header_handler(recv_peer, tag, recv_data, recv_bytes, config_.name)};
+  transfer(&out, &in, tag, deadline);
+}
+
+void TcpRail::send_message(int peer, const std::string& payload, const Deadline& deadline) {
+  if (payload.size() > kMaxControlPayloadBytes)
+    throw InvalidArgument("rail " + config_.name + ": control message of " + std::to_string(payload.size()) +
+                          " bytes to " + rank_name(peer) + " exceeds the " +
+                          std::to_string(kMaxControlPayloadBytes) + " byte limit");
+  live_fd(peer, "send to");
+  const uint64_t seq = peers_[peer].control_sent;
+  Outgoing out{peer, FrameSender(FrameType::kControl, seq, payload.data(), payload.size())};
+  transfer(&out, nullptr, seq, deadline);
+  peers_[peer].control_sent = seq + 1;
+}
+
+std::optional<TcpRail::Message> TcpRail::recv_message_any(int wake_fd, const Deadline& deadline) {
+  std::vector<pollfd> fds;
+  std::vector<int> fd_peer;
+  for (;;) {
+    throw_if_aborted();
+    fds.assign({{abort_fd_.get(), POLLIN, 0}, {wake_fd, POLLIN, 0}});  // poll ignores fd -1
+    fd_peer.assign(2, -1);
+    // Round robin: start after the peer served last, so one chatty peer cannot starve the others.
+    for (int i = 0; i < size_; ++i) {
+      const int peer = static_cast<int>((next_control_peer_ + i) % size_);
+      if (peer != rank_ && peers_[peer].fd.valid()) {
+        fds.push_back({peers_[peer].fd.get(), POLLIN, 0});
+        fd_peer.push_back(peer);
+      }
+    }
+    const int n = ::poll(fds.data(), fds.size(), deadline.remaining_ms());
+    if (n < 0 && errno != EINTR)
+      throw NezhaError("rail " + config_.name + ": poll() failed: " + tcp::errno_text(errno));
+    throw_if_aborted();
+    for (size_t i = 2; n > 0 && i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      const int peer = fd_peer[i];
+      Peer& p = peers_[peer];
+      try {
+        bytes_received_.fetch_add(
+            p.control_rx.progress(p.fd.get(),
+                                  [&](const uint8_t* raw, uint64_t* length) {
+                                    const FrameHeader h = parse_header(raw, peer, config_.name);
+                                    check_header(h, FrameType::kControl, p.control_received,
+                                                 kMaxControlPayloadBytes, /*exact=*/false, peer, config_.name);
+                                    p.control_payload.assign(h.length, '\0');
+                                    *length = h.length;
+                                    return reinterpret_cast<uint8_t*>(p.control_payload.data());
+                                  }),
+            std::memory_order_relaxed);
+      } catch (const SocketFailure& f) {
+        fail_peer(peer, "rail " + config_.name + ": receiving a control message from " + rank_name(peer) +
+                            " failed: " + f.describe());
+      } catch (const ProtocolError& e) {
+        close_peer(peer, e.what());
+        throw;
+      }
+      if (p.control_rx.done()) {
+        p.control_rx.reset();
+        ++p.control_received;
+        next_control_peer_ = static_cast<size_t>(peer + 1) % size_;
+        return Message{peer, std::move(p.control_payload)};
+      }
+    }
+    if (fds[1].revents & POLLIN) return std::nullopt;
+    if (deadline.expired()) return std::nullopt;
+  }
+}
+
+void TcpRail::close() {
+  abort("rail closed");
+  if (acceptor_) acceptor_->stop();
+  for (Peer& p : peers_) p.fd.reset();
+}
+
+}  // namespace nezha::transport

@@ -1,0 +1,132 @@
+// TcpRail: a Rail over one TCP (or MPTCP) connection per peer, all bound to one local address so
+// the rail's traffic leaves on its own NIC.
+//
+// Connections. The constructor binds and listens on local_addr:0 and starts the accept thread
+// (tcp/acceptor.h). connect_all() dials every lower rank and waits for every higher rank; every
+// connection is authenticated (auth.h) before it carries a byte of data. The listener stays open for
+// the life of the rail: strangers and failed handshakes are logged and dropped there, so they never
+// disturb a running job.
+//
+// Data path. send/recv/sendrecv/send_message/recv_message_any are made by one thread at a time (the
+// rail's worker, per rail.h). Each runs a poll() loop over the sockets it needs plus the abort
+// eventfd, so abort() from any thread wakes it at once; frames go out with one sendmsg() from the
+// caller's buffer and come in straight to it once their header has been checked (frame.h).
+//
+// Control messages (kControl frames, variable length up to kMaxControlPayloadBytes) carry the
+// engine's negotiation. Their tag is a per-peer sequence number, so a lost or duplicated message is a
+// ProtocolError. A message is sent whole before send_message returns; keep messages well below the
+// socket buffer size when two ranks may send to each other without receiving (negotiation messages
+// are a few KB). Data and control frames to the same peer must not be interleaved while a control
+// message is half received.
+//
+// Failures. A reset, EOF, protocol violation or timeout closes that peer's connection; later calls
+// to the peer throw PeerError at once, naming the first failure. abort() poisons the whole rail.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "transport/auth.h"
+#include "transport/rail.h"
+#include "transport/tcp/acceptor.h"
+#include "transport/tcp/frame_stream.h"
+#include "transport/tcp/socket.h"
+
+namespace nezha::transport {
+
+struct TcpRailConfig {
+  std::string name;          // user-visible rail name ("lo", "eth1", "10.50.0.0/24", "control")
+  std::string local_addr;    // IPv4 address to bind (listen and connect source), e.g. "127.0.0.1"
+  int rail_index = 0;        // identifies the rail in the handshake (control channel uses -1)
+  bool mptcp = false;        // open sockets as IPPROTO_MPTCP (Linux; fails with a clear error)
+  size_t socket_buffer_bytes = 4 << 20;
+  std::string secret;        // job secret for the HMAC handshake
+  double handshake_timeout_s = 5.0;  // longest a single handshake may take (either side)
+};
+
+class TcpRail : public Rail {
+ public:
+  TcpRail(TcpRailConfig config, int rank, int size);
+  ~TcpRail() override;
+  TcpRail(const TcpRail&) = delete;
+  TcpRail& operator=(const TcpRail&) = delete;
+
+  std::string listen_address() const;  // "ip:port"
+
+  // Full mesh: connect to every lower rank, accept every higher rank (authenticated). Strangers and
+  // failed handshakes are dropped and logged, and accepting continues. Throws NezhaError naming the
+  // ranks still missing (and why) when the deadline passes.
+  void connect_all(const std::vector<std::string>& listen_addrs_by_rank, const Deadline& deadline);
+
+  const RailProperties& properties() const override { return properties_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void send(int peer, uint64_t tag, const void* data, size_t bytes, const Deadline& deadline) override;
+  void recv(int peer, uint64_t tag, void* data, size_t bytes, const Deadline& deadline) override;
+  void sendrecv(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
+                void* recv_data, size_t recv_bytes, uint64_t tag, const Deadline& deadline) override;
+
+  RailCounters counters() const override;
+  void abort(const std::string& reason) override;
+
+  void send_message(int peer, const std::string& payload, const Deadline& deadline);
+  struct Message {
+    int peer;
+    std::string payload;
+  };
+  // Waits until one whole kControl message has arrived from any peer (returns it), or wake_fd (may
+  // be -1) becomes readable (returns std::nullopt without reading wake_fd), or the deadline passes
+  // (std::nullopt). Messages from one peer arrive in order; peers are served round robin.
+  // Partially received messages are kept across calls.
+  std::optional<Message> recv_message_any(int wake_fd, const Deadline& deadline);
+
+  // Idempotent; also run by the destructor. Must not race a data call (use abort() for that).
+  void close();
+
+ private:
+  struct Peer {
+    tcp::Fd fd;
+    std::string closed_reason;  // why fd was closed after an error; empty while healthy
+    uint64_t control_sent = 0;  // sequence numbers (frame tags) of control messages
+    uint64_t control_received = 0;
+    tcp::FrameReceiver control_rx;
+    std::string control_payload;
+  };
+  struct Outgoing;
+  struct Incoming;
+
+  void connect_to(int peer, const std::string& endpoint, const Deadline& deadline);
+  void admit(int peer, tcp::Fd fd, const std::string& remote);
+  void transfer(Outgoing* out, Incoming* in, uint64_t tag, const Deadline& deadline);
+  int live_fd(int peer, const char* what);
+  void close_peer(int peer, const std::string& why);  // keeps the first reason
+  [[noreturn]] void fail_peer(int peer, const std::string& what);  // close_peer + PeerError
+  void throw_if_aborted() const;
+  std::string rank_name(int peer) const;
+
+  TcpRailConfig config_;
+  RailProperties properties_;
+  int rank_;
+  int size_;
+  std::string listen_address_;
+  std::vector<Peer> peers_;
+  tcp::Fd abort_fd_;  // eventfd, readable once abort() was called; in every poll set
+  std::atomic<bool> aborted_{false};
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+  size_t next_control_peer_ = 0;  // round-robin start for recv_message_any
+
+  mutable std::mutex mu_;  // guards the fields below, and peers_[*].fd while admitting_
+  std::condition_variable admitted_;
+  bool admitting_ = true;  // true until connect_all() returns
+  std::string abort_reason_;
+  std::unique_ptr<tcp::Acceptor> acceptor_;
+};
+
+}  // namespace nezha::transport

@@ -1,0 +1,66 @@
+// Runs one function per rank on its own thread over a fresh MemoryWorld (Gloo's base_test style:
+// ranks as threads, no globals in the core).
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "collectives/collectives.h"
+#include "memory_rail.h"
+
+namespace nezha::testing {
+
+// Deadline for every test collective: long enough never to fire on a correct run, short enough
+// that a bug fails the test instead of hanging the suite.
+inline Deadline test_deadline() { return Deadline::after_seconds(20); }
+
+// Returns the exception each rank threw (null where it returned normally).
+inline std::vector<std::exception_ptr> run_ranks_collect(
+    int size, const std::function<void(transport::Rail&)>& body) {
+  MemoryWorld world(size);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(world.rail(r));
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // A completed collective consumed every message it sent.
+  bool all_ok = true;
+  for (auto& e : errors) all_ok = all_ok && !e;
+  if (all_ok) EXPECT_EQ(world.undelivered(), 0u) << "messages left in mailboxes";
+  return errors;
+}
+
+// Runs body on every rank and fails the test with each rank's error message if any rank threw.
+inline void run_ranks(int size, const std::function<void(transport::Rail&)>& body) {
+  const auto errors = run_ranks_collect(size, body);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << " of " << size << " threw: " << e.what();
+    }
+  }
+}
+
+inline collectives::CollectiveOptions test_options(uint64_t seq = 7, size_t segment_bytes = 1 << 20) {
+  collectives::CollectiveOptions opt;
+  opt.seq = seq;
+  opt.deadline = test_deadline();
+  opt.segment_bytes = segment_bytes;
+  return opt;
+}
+
+}  // namespace nezha::testing

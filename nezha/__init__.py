@@ -1,0 +1,28 @@
+"""Nezha: multi-rail, Horovod-style data-parallel training.
+
+One native engine stripes every collective across all of a cluster's network rails, balanced by
+each rail's measured cost. Use it directly on numpy arrays (this module), or through the adapters
+``nezha.torch``, ``nezha.tensorflow`` and ``nezha.jax``.
+"""
+from . import _core
+from ._core import NezhaError
+from .basics import (NotInitializedError, cross_rank, cross_size, init, is_initialized, local_rank,
+                     local_size, rail_stats, rank, shutdown, size)
+from .handle import Handle
+from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_async,
+                  allreduce, allreduce_async, alltoall, alltoall_async, barrier, broadcast,
+                  broadcast_async, grouped_allreduce, grouped_allreduce_async, join, poll,
+                  reducescatter, reducescatter_async, synchronize)
+
+DataType = _core.DataType
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "rail_stats", "NezhaError", "NotInitializedError", "Handle",
+    "ReduceOp", "DataType", "Sum", "Average", "Min", "Max", "Product",
+    "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
+    "allgather", "allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
+]

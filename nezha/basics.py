@@ -1,0 +1,159 @@
+"""Process-level state: init(), shutdown(), rank(), size(), ... and rail_stats()."""
+from __future__ import annotations
+
+import atexit
+import json
+import threading
+from typing import Any, Dict, List, Optional
+
+from . import _core, environ, rails as rails_mod
+from .rendezvous import StoreClient, StoreServer
+
+NezhaError = _core.NezhaError
+
+
+class NotInitializedError(NezhaError, ValueError):
+    """Raised by calls made before ``nezha.init()`` or after ``nezha.shutdown()``."""
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.engine: Optional[Any] = None
+        self.info: Optional[environ.WorldInfo] = None
+        self.store_server: Optional[StoreServer] = None
+        self.generation = 0
+
+
+_state = _State()
+
+
+def _engine():
+    eng = _state.engine
+    if eng is None:
+        raise NotInitializedError("nezha is not initialized: call nezha.init() first")
+    return eng
+
+
+def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None:
+    """Joins the job: finds this process's rank from the environment, meets the other ranks and
+    connects every rail.
+
+    The rank layout comes from nezharun (``NEZHA_*``), torchrun (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``), Open MPI, MPICH or Slurm; with none of these the process
+    is a job of one. ``rails`` (or ``NEZHA_RAILS``) is a comma list of interface names or subnets,
+    each optionally prefixed ``mptcp:``. ``timeout_s`` overrides ``NEZHA_TIMEOUT_S``. Calling
+    init() again while initialized does nothing.
+    """
+    with _state.lock:
+        if _state.engine is not None:
+            return
+        info = environ.detect()
+        config = _core.EngineConfig()
+        if timeout_s is not None:
+            config.timeout_s = float(timeout_s)
+        config.rank, config.size = info.rank, info.size
+        config.local_rank, config.local_size = info.local_rank, info.local_size
+        config.cross_rank, config.cross_size = info.cross_rank, info.cross_size
+        config.secret = info.secret
+        specs = rails_mod.resolve_rails(rails or info.rails, info.rendezvous_addr)
+        config.rails = [_core.RailConfig(s.name, s.local_addr, s.protocol) for s in specs]
+        engine = _core.Engine(config)
+        if info.size == 1:
+            engine.connect_and_start([engine.listen_addresses()])
+        else:
+            _meet_peers(engine, info, config.connect_timeout_s)
+        _state.engine, _state.info = engine, info
+        _state.generation += 1
+
+
+def _meet_peers(engine: Any, info: environ.WorldInfo, timeout_s: float) -> None:
+    """Publishes this rank's listen addresses in the rendezvous store and connects to everyone's."""
+    if info.host_store and info.rank == 0 and _state.store_server is None:
+        _state.store_server = StoreServer(info.rendezvous_addr, info.rendezvous_port, info.secret)
+        _state.store_server.start()
+    client = StoreClient(info.rendezvous_addr, info.rendezvous_port, info.secret, timeout_s=timeout_s)
+    try:
+        # Each init() of a job is a new generation so re-initialising never reads stale addresses.
+        generation = client.add(f"nezha/generation/{info.rank}", 1)
+        prefix = f"nezha/{generation}"
+        client.set(f"{prefix}/addrs/{info.rank}", json.dumps(engine.listen_addresses()).encode())
+        addrs = [json.loads(client.get(f"{prefix}/addrs/{r}", timeout_s=timeout_s))
+                 for r in range(info.size)]
+        engine.connect_and_start(addrs)
+        # The store must outlive every rank's reads before rank 0 may stop serving it.
+        client.add(f"{prefix}/connected", 1)
+        if info.host_store and info.rank == 0:
+            _wait_counter(client, f"{prefix}/connected", info.size, timeout_s)
+    finally:
+        client.close()
+
+
+def _wait_counter(client: StoreClient, key: str, target: int, timeout_s: float) -> None:
+    import time
+    deadline = time.monotonic() + timeout_s
+    while client.add(key, 0) < target:
+        if time.monotonic() > deadline:
+            raise NezhaError(f"timed out after {timeout_s} s waiting for all ranks to connect")
+        time.sleep(0.01)
+
+
+def shutdown() -> None:
+    """Finishes pending work, agrees with the other ranks to stop, and closes every connection.
+    Safe to call more than once; init() may be called again afterwards."""
+    with _state.lock:
+        engine, _state.engine = _state.engine, None
+        if engine is not None:
+            engine.shutdown()
+        if _state.store_server is not None:
+            _state.store_server.stop()
+            _state.store_server = None
+
+
+atexit.register(shutdown)
+
+
+def is_initialized() -> bool:
+    """True between init() and shutdown()."""
+    return _state.engine is not None
+
+
+def _info() -> environ.WorldInfo:
+    _engine()
+    return _state.info
+
+
+def rank() -> int:
+    """This process's rank in the job, 0 <= rank < size()."""
+    return _info().rank
+
+
+def size() -> int:
+    """Number of ranks in the job."""
+    return _info().size
+
+
+def local_rank() -> int:
+    """Rank among the processes on this host."""
+    return _info().local_rank
+
+
+def local_size() -> int:
+    """Number of ranks on this host."""
+    return _info().local_size
+
+
+def cross_rank() -> int:
+    """Index of this host among the job's hosts."""
+    return _info().cross_rank
+
+
+def cross_size() -> int:
+    """Number of hosts in the job."""
+    return _info().cross_size
+
+
+def rail_stats() -> List[Dict[str, Any]]:
+    """Per rail: name, local_addr, protocol, state ('up'/'down'/'probing'), bytes_sent,
+    bytes_received, the cost model's alpha_us and beta_gbps, and share (of bytes scheduled)."""
+    return _engine().rail_stats()

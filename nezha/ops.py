@@ -1,0 +1,224 @@
+"""Collectives on numpy arrays and any buffer-protocol or DLPack object, sync and async.
+
+Every collective is identified across ranks by its ``name``. Without a name, one is generated from
+a per-process counter per operation type, so ranks must then call unnamed collectives in the same
+order (as with Horovod).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _core
+from ._buffers import as_array, present
+from .basics import _engine, size
+from .handle import Handle
+
+ReduceOp = _core.ReduceOp
+OpType = _core.OpType
+Sum, Average, Min, Max, Product = (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Min, ReduceOp.Max,
+                                   ReduceOp.Product)
+
+_counters = {t: itertools.count() for t in ("allreduce", "grouped_allreduce", "allgather",
+                                            "broadcast", "alltoall", "reducescatter", "barrier")}
+
+
+def _auto_name(kind: str, name: Optional[str]) -> str:
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        return name
+    return f"{kind}.noname.{next(_counters[kind])}"
+
+
+def _check_op(op: Any) -> ReduceOp:
+    if not isinstance(op, ReduceOp):
+        raise ValueError(f"op must be one of nezha.Sum, Average, Min, Max, Product; got {op!r}")
+    return op
+
+
+def _output_like(arr: np.ndarray, out: Any, what: str) -> np.ndarray:
+    if out is None:
+        return np.empty_like(arr)
+    out_arr, _ = as_array(out, what)
+    if out_arr.shape != arr.shape or out_arr.dtype != arr.dtype:
+        raise ValueError(f"{what} has shape {out_arr.shape} and dtype {out_arr.dtype}; "
+                         f"expected {arr.shape} and {arr.dtype}")
+    if not out_arr.flags.writeable:
+        raise ValueError(f"{what} is read-only")
+    return out_arr
+
+
+def _engine_output(h: Any, like: np.ndarray) -> np.ndarray:
+    flat = h.take_output()
+    return flat.view(like.dtype).reshape(h.output_shape)
+
+
+# --- allreduce --------------------------------------------------------------------------------
+
+def allreduce_async(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    out: Any = None) -> Handle:
+    """Starts an allreduce; ``wait()`` returns the reduced array (``out`` if given; ``out`` may
+    be ``tensor`` itself for an in-place reduction)."""
+    op = _check_op(op)
+    name = _auto_name("allreduce", name)
+    arr, dtype = as_array(tensor)
+    result = _output_like(arr, out, "out")
+    h = _engine().submit(OpType.allreduce, name, arr, result, dtype, op,
+                         float(prescale_factor), float(postscale_factor))
+    return Handle([h], lambda: present(result, dtype), [name], keepalive=(arr, result))
+
+
+def allreduce(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, out: Any = None):
+    """Reduces ``tensor`` elementwise across all ranks (default: average) and returns the result
+    on every rank, bit-identical everywhere."""
+    return allreduce_async(tensor, op, name, prescale_factor, postscale_factor, out).wait()
+
+
+def grouped_allreduce_async(tensors: Sequence[Any], op: ReduceOp = Average,
+                            name: Optional[str] = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0,
+                            outs: Optional[Sequence[Any]] = None) -> Handle:
+    """Starts an allreduce of several tensors negotiated as one unit; ``wait()`` returns a list."""
+    op = _check_op(op)
+    tensors = list(tensors)
+    if outs is not None and len(outs) != len(tensors):
+        raise ValueError(f"got {len(outs)} outputs for {len(tensors)} tensors")
+    group = _auto_name("grouped_allreduce", name)
+    eng = _engine()
+    handles, results, keep, names = [], [], [], []
+    for i, t in enumerate(tensors):
+        arr, dtype = as_array(t, f"tensors[{i}]")
+        res = _output_like(arr, None if outs is None else outs[i], f"outs[{i}]")
+        member = f"{group}.{i}"
+        handles.append(eng.submit(OpType.allreduce, member, arr, res, dtype, op,
+                                  float(prescale_factor), float(postscale_factor), -1, [],
+                                  group, len(tensors)))
+        results.append(present(res, dtype))
+        keep.append((arr, res))
+        names.append(member)
+    return Handle(handles, lambda: results, names, keepalive=(keep, results))
+
+
+def grouped_allreduce(tensors: Sequence[Any], op: ReduceOp = Average, name: Optional[str] = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      outs: Optional[Sequence[Any]] = None) -> List[np.ndarray]:
+    """Allreduce of several tensors as one unit (fused together); returns a list of results."""
+    return grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
+                                   outs).wait()
+
+
+# --- allgather, broadcast, alltoall, reducescatter --------------------------------------------
+
+def allgather_async(tensor: Any, name: Optional[str] = None) -> Handle:
+    """Starts an allgather; ``wait()`` returns the ranks' tensors concatenated along dim 0."""
+    name = _auto_name("allgather", name)
+    arr, dtype = as_array(tensor)
+    src = arr.reshape(1) if arr.ndim == 0 else arr
+    h = _engine().submit(OpType.allgather, name, src, None, dtype)
+    return Handle([h], lambda: present(_engine_output(h, src), dtype), [name], keepalive=src)
+
+
+def allgather(tensor: Any, name: Optional[str] = None) -> np.ndarray:
+    """Concatenates every rank's tensor along the first dimension (which may differ per rank)."""
+    return allgather_async(tensor, name).wait()
+
+
+def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None,
+                    out: Any = None) -> Handle:
+    """Starts a broadcast from ``root_rank``; ``wait()`` returns the root's tensor."""
+    name = _auto_name("broadcast", name)
+    n = size()
+    if not isinstance(root_rank, (int, np.integer)) or not 0 <= int(root_rank) < n:
+        raise ValueError(f"root_rank {root_rank!r} is out of range for {n} ranks")
+    arr, dtype = as_array(tensor)
+    result = _output_like(arr, out, "out")
+    h = _engine().submit(OpType.broadcast, name, arr, result, dtype, Sum, 1.0, 1.0,
+                         int(root_rank))
+    return Handle([h], lambda: present(result, dtype), [name], keepalive=(arr, result))
+
+
+def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, out: Any = None):
+    """Copies ``root_rank``'s tensor to every rank and returns it."""
+    return broadcast_async(tensor, root_rank, name, out).wait()
+
+
+def alltoall_async(tensor: Any, splits: Optional[Sequence[int]] = None,
+                   name: Optional[str] = None) -> Handle:
+    """Starts an alltoall; ``wait()`` returns ``(output, received_splits)``."""
+    name = _auto_name("alltoall", name)
+    arr, dtype = as_array(tensor)
+    if arr.ndim == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension")
+    n = size()
+    rows = arr.shape[0]
+    if splits is None:
+        if rows % n:
+            raise ValueError(f"alltoall without splits needs dim 0 ({rows}) divisible by the "
+                             f"number of ranks ({n})")
+        splits = [rows // n] * n
+    splits = [int(s) for s in np.asarray(splits).reshape(-1)]
+    if len(splits) != n:
+        raise ValueError(f"splits has {len(splits)} entries; expected one per rank ({n})")
+    if any(s < 0 for s in splits) or sum(splits) != rows:
+        raise ValueError(f"splits {splits} must be non-negative and sum to dim 0 ({rows})")
+    h = _engine().submit(OpType.alltoall, name, arr, None, dtype, Sum, 1.0, 1.0, -1, splits)
+    return Handle([h], lambda: (present(_engine_output(h, arr), dtype),
+                                np.asarray(h.received_splits, np.int64)),
+                  [name], keepalive=arr)
+
+
+def alltoall(tensor: Any, splits: Optional[Sequence[int]] = None,
+             name: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Sends ``splits[r]`` rows of dim 0 to rank r (equal parts by default) and returns
+    ``(received rows concatenated in rank order, rows received from each rank)``."""
+    return alltoall_async(tensor, splits, name).wait()
+
+
+def reducescatter_async(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Starts a reducescatter; ``wait()`` returns this rank's block of the reduction."""
+    op = _check_op(op)
+    name = _auto_name("reducescatter", name)
+    arr, dtype = as_array(tensor)
+    src = arr.reshape(1) if arr.ndim == 0 else arr
+    h = _engine().submit(OpType.reducescatter, name, src, None, dtype, op,
+                         float(prescale_factor), float(postscale_factor))
+    return Handle([h], lambda: present(_engine_output(h, src), dtype), [name], keepalive=src)
+
+
+def reducescatter(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduces across ranks and returns this rank's block of dim 0 (split as evenly as possible;
+    lower ranks get the extra rows)."""
+    return reducescatter_async(tensor, op, name, prescale_factor, postscale_factor).wait()
+
+
+# --- synchronisation --------------------------------------------------------------------------
+
+def barrier(timeout_s: Optional[float] = None) -> None:
+    """Returns once every rank has called barrier()."""
+    name = _auto_name("barrier", None)
+    h = _engine().submit(OpType.barrier, name)
+    Handle([h], lambda: None, [name]).wait(timeout_s)
+
+
+def join(timeout_s: Optional[float] = None) -> int:
+    """Declares this rank done: until every rank has joined, it takes part in the others'
+    allreduces with zeros. Returns the rank that joined last."""
+    h = _engine().submit(OpType.join, "join")
+    return Handle([h], lambda: h.last_joined_rank, ["join"]).wait(timeout_s)
+
+
+def poll(handle: Handle) -> bool:
+    """True once the operation behind ``handle`` has finished."""
+    return handle.poll()
+
+
+def synchronize(handle: Handle, timeout_s: Optional[float] = None) -> Any:
+    """Waits for ``handle`` and returns its result (raises NezhaError if it failed)."""
+    return handle.wait(timeout_s)

@@ -1,0 +1,1 @@
+"""``nezharun``, the job launcher (entry point: ``nezha.runner.launch:main``)."""

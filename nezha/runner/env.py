@@ -1,0 +1,62 @@
+"""The environment nezharun gives each rank (the NEZHA_* contract read by ``nezha.environ``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Dict, Optional
+
+from nezha.runner.hosts import Placement
+
+SECRET_VAR = "NEZHA_SECRET"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSettings:
+    """What every rank of the job shares."""
+
+    size: int
+    rendezvous_addr: str
+    rendezvous_port: int
+    secret_hex: str = dataclasses.field(repr=False)
+    rails: Optional[str] = None
+    timeline: Optional[str] = None
+
+
+def rank_environment(placement: Placement, job: JobSettings) -> Dict[str, str]:
+    """The NEZHA_* variables of one rank, secret included (callers decide how to pass it)."""
+    env = {
+        "NEZHA_RANK": str(placement.rank),
+        "NEZHA_SIZE": str(job.size),
+        "NEZHA_LOCAL_RANK": str(placement.local_rank),
+        "NEZHA_LOCAL_SIZE": str(placement.local_size),
+        "NEZHA_CROSS_RANK": str(placement.cross_rank),
+        "NEZHA_CROSS_SIZE": str(placement.cross_size),
+        "NEZHA_RENDEZVOUS_ADDR": job.rendezvous_addr,
+        "NEZHA_RENDEZVOUS_PORT": str(job.rendezvous_port),
+        SECRET_VAR: job.secret_hex,
+        # Ranks' output goes through pipes; unbuffered Python keeps it timely and ordered.
+        "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
+    }
+    if job.rails:
+        env["NEZHA_RAILS"] = job.rails
+    if job.timeline:
+        env["NEZHA_TIMELINE"] = timeline_path(job.timeline, placement.rank)
+    return env
+
+
+def timeline_path(path: str, rank: int) -> str:
+    """Per-rank timeline file: the rank goes before the extension (``trace.json`` ->
+    ``trace.3.json``; ``trace`` -> ``trace.3``)."""
+    directory, name = os.path.split(path)
+    stem, ext = os.path.splitext(name)
+    return os.path.join(directory, f"{stem}.{rank}{ext}")
+
+
+def forwarded_knobs(environ: Dict[str, str]) -> Dict[str, str]:
+    """NEZHA_* knobs set for nezharun itself (log level, fusion threshold...) that remote ranks
+    should see too; job-layout variables and the secret are excluded (nezharun sets those)."""
+    layout = {"NEZHA_RANK", "NEZHA_SIZE", "NEZHA_LOCAL_RANK", "NEZHA_LOCAL_SIZE",
+              "NEZHA_CROSS_RANK", "NEZHA_CROSS_SIZE", "NEZHA_RENDEZVOUS_ADDR",
+              "NEZHA_RENDEZVOUS_PORT", SECRET_VAR, "NEZHA_RAILS", "NEZHA_TIMELINE"}
+    return {k: v for k, v in environ.items() if k.startswith("NEZHA_") and k not in layout}

@@ -1,0 +1,201 @@
+"""The synchronous collectives, differentiable like Horovod's.
+
+Gradient conventions (the same as horovod.torch, so scripts train the same):
+  allreduce Sum/Average -> the gradient is allreduced with the same op and scale factors;
+  allreduce Min/Max     -> the summed gradient flows to the ranks whose input was selected;
+  allreduce Product     -> the summed gradient times prod/x (undefined where x == 0);
+  allgather, broadcast  -> the gradient is averaged over ranks (Horovod >= 0.20), then sliced to this
+                           rank's rows / kept only on the root;
+  alltoall              -> the gradient goes back with alltoall using the received splits;
+  reducescatter         -> the gradient is allgathered and scaled like the forward op.
+Backward ops are named after the forward op (`<name>.grad`) when it was named.
+"""
+
+import torch
+
+from nezha.torch import mpi_ops
+from nezha.torch.basics import (Average, Max, Min, Product, Sum, check_process_set,
+                                global_process_set, rank, resolve_op, size)
+from nezha.torch.compression import Compression
+from nezha.torch.handles import synchronize
+
+
+def _grad_name(name, suffix="grad"):
+    return None if name is None else "%s.%s" % (name, suffix)
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor):
+        ctx.op, ctx.name = op, name
+        ctx.scale = (prescale_factor, postscale_factor)
+        result = synchronize(mpi_ops.allreduce_async(
+            tensor, name=name, op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor))
+        if op in (Min, Max, Product):
+            ctx.save_for_backward(tensor, result)
+        return result
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        pre, post = ctx.scale
+        name = _grad_name(ctx.name)
+        if ctx.op in (Sum, Average):
+            grad = allreduce(grad_output, name=name, op=ctx.op, prescale_factor=pre,
+                             postscale_factor=post)
+        else:
+            tensor, result = ctx.saved_tensors
+            summed = allreduce(grad_output, name=name, op=Sum)
+            if ctx.op == Product:
+                grad = summed * result / tensor
+            else:
+                grad = summed * (tensor == result).to(summed.dtype)
+        return grad, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Reduces `tensor` over all ranks into a new tensor (differentiable)."""
+    check_process_set(process_set)
+    op = resolve_op(op, average)
+    compressed, cctx = compression.compress(tensor)
+    reduced = _Allreduce.apply(compressed, op, name, prescale_factor, postscale_factor)
+    return compression.decompress(reduced, cctx)
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op, name, prescale_factor, postscale_factor, *tensors):
+        if op not in (Sum, Average):
+            raise NotImplementedError("grouped_allreduce is differentiable only for Sum and "
+                                      "Average; use grouped_allreduce_async for %s" % op)
+        ctx.op, ctx.name, ctx.scale = op, name, (prescale_factor, postscale_factor)
+        return tuple(synchronize(mpi_ops.grouped_allreduce_async(
+            tensors, name=name, op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = synchronize(mpi_ops.grouped_allreduce_async(
+            [g.contiguous() for g in grad_outputs], name=_grad_name(ctx.name), op=ctx.op,
+            prescale_factor=ctx.scale[0], postscale_factor=ctx.scale[1]))
+        return (None, None, None, None) + tuple(grads)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Reduces a list of tensors as one operation; returns a list of new tensors."""
+    check_process_set(process_set)
+    op = resolve_op(op, average)
+    compressed, cctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    reduced = _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, *compressed)
+    return [compression.decompress(r, c) for r, c in zip(reduced, cctxs)]
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.rows, ctx.name = (tensor.shape[0] if tensor.dim() else 1), name
+        return synchronize(mpi_ops.allgather_async(tensor, name=name))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, name=_grad_name(ctx.name), op=Average)
+        rows = torch.tensor([ctx.rows], dtype=torch.int64)
+        all_rows = synchronize(mpi_ops.allgather_async(rows, name=_grad_name(ctx.name, "rows")))
+        offset = int(all_rows[:rank()].sum())
+        return grad.narrow(0, offset, ctx.rows), None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenates every rank's `tensor` along dim 0 (differentiable)."""
+    check_process_set(process_set)
+    return _Allgather.apply(tensor, name)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Allgathers each tensor of a list (differentiable); returns a list."""
+    check_process_set(process_set)
+    return [allgather(t, mpi_ops._member_name(name, i)) for i, t in enumerate(tensors)]
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank, ctx.name = root_rank, name
+        return synchronize(mpi_ops.broadcast_async(tensor, root_rank, name=name))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, name=_grad_name(ctx.name), op=Average)
+        if rank() != ctx.root_rank:
+            grad = torch.zeros_like(grad)
+        return grad, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns root_rank's `tensor` on every rank as a new tensor (differentiable)."""
+    check_process_set(process_set)
+    return _Broadcast.apply(tensor, root_rank, name)
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        output, received_splits = synchronize(
+            mpi_ops.alltoall_async(tensor, splits=splits, name=name))
+        ctx.received_splits, ctx.name = received_splits, name
+        ctx.mark_non_differentiable(received_splits)
+        return output, received_splits
+
+    @staticmethod
+    def backward(ctx, grad_output, _unused):
+        grad, _ = synchronize(mpi_ops.alltoall_async(
+            grad_output.contiguous(), splits=ctx.received_splits, name=_grad_name(ctx.name)))
+        return grad, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Sends `splits[r]` rows to rank r (differentiable). Returns the gathered rows, and also the
+    received splits when `splits` was given (as Horovod does)."""
+    check_process_set(process_set)
+    output, received_splits = _Alltoall.apply(tensor, splits, name)
+    return output if splits is None else (output, received_splits)
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor):
+        if op not in (Sum, Average):
+            raise NotImplementedError("reducescatter is differentiable only for Sum and Average; "
+                                      "use reducescatter_async for %s" % op)
+        ctx.op, ctx.name = op, name
+        ctx.scale = prescale_factor * postscale_factor
+        return synchronize(mpi_ops.reducescatter_async(
+            tensor, name=name, op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = synchronize(mpi_ops.allgather_async(grad_output.contiguous(),
+                                                   name=_grad_name(ctx.name)))
+        scale = ctx.scale / (size() if ctx.op == Average else 1)
+        return (grad * scale if scale != 1 else grad), None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces `tensor` over all ranks; rank r gets block r of dim 0 (differentiable)."""
+    check_process_set(process_set)
+    op = resolve_op(op, None)
+    compressed, cctx = compression.compress(tensor)
+    reduced = _Reducescatter.apply(compressed, op, name, prescale_factor, postscale_factor)
+    return compression.decompress(reduced, cctx)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """Reducescatters each tensor of a list (differentiable); returns a list."""
+    return [reducescatter(t, mpi_ops._member_name(name, i), compression, op, process_set,
+                          prescale_factor, postscale_factor) for i, t in enumerate(tensors)]

@@ -1,0 +1,140 @@
+"""State synchronisation helpers: parameters, optimizer state and picklable objects."""
+
+import io
+import pickle
+
+import numpy as np
+import torch
+
+from nezha.torch import mpi_ops
+from nezha.torch.basics import rank, size
+from nezha.torch.handles import synchronize
+
+
+def broadcast_parameters(params, root_rank, prefix=None):
+    """Overwrites every rank's tensors with root_rank's, in place.
+
+    `params` is a `state_dict()`, or an iterable of (name, tensor) such as `named_parameters()`.
+    Names key the broadcasts, so the order of `params` does not need to match across ranks.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, list) or hasattr(params, "__iter__"):
+        items = list(params)
+        if any(not isinstance(item, tuple) or len(item) != 2 for item in items):
+            raise ValueError("broadcast_parameters expects a state_dict or (name, tensor) pairs")
+    else:
+        raise ValueError("invalid params of type: %s" % type(params))
+    base = "broadcast_parameters" if prefix is None else prefix
+    handles = [mpi_ops.broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p,
+                                        root_rank, name="%s.%s" % (base, name))
+               for name, p in items if p is not None]
+    for handle in handles:
+        synchronize(handle)
+
+
+class _TensorSlot:
+    """Stands in for one tensor of an optimizer state_dict while its structure is broadcast."""
+
+    __slots__ = ("index", "shape", "dtype")
+
+    def __init__(self, index, shape, dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+
+def _split_tensors(obj, tensors):
+    """Returns `obj` with every tensor replaced by a _TensorSlot; the tensors go to `tensors`."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+    if isinstance(obj, dict):
+        return {k: _split_tensors(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_split_tensors(v, tensors) for v in obj)
+    return obj
+
+
+def _join_tensors(obj, tensors):
+    if isinstance(obj, _TensorSlot):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return {k: _join_tensors(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_join_tensors(v, tensors) for v in obj)
+    return obj
+
+
+def broadcast_optimizer_state(optimizer, root_rank, prefix=None):
+    """Makes every rank's optimizer state (hyper-parameters, moments, step counts) root_rank's.
+
+    Ranks whose state is still empty (no step taken yet) receive it too: the state's structure is
+    broadcast as a small pickled skeleton, then its tensors are broadcast in place, without pickling.
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    base = "broadcast_optimizer_state" if prefix is None else prefix
+    local_tensors = []
+    skeleton = _split_tensors(optimizer.state_dict(), local_tensors)
+    skeleton = broadcast_object(skeleton if rank() == root_rank else None, root_rank,
+                                name=base + ".skeleton")
+    slots = []
+    _collect_slots(skeleton, slots)
+    slots.sort(key=lambda s: s.index)
+    if rank() == root_rank:
+        tensors = local_tensors
+    else:
+        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in slots]
+    handles = [mpi_ops.broadcast_async_(t, root_rank, name="%s.%d" % (base, i))
+               for i, t in enumerate(tensors)]
+    for handle in handles:
+        synchronize(handle)
+    optimizer.load_state_dict(_join_tensors(skeleton, tensors))
+
+
+def _collect_slots(obj, slots):
+    if isinstance(obj, _TensorSlot):
+        slots.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _collect_slots(v, slots)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _collect_slots(v, slots)
+
+
+def _to_bytes(obj):
+    buffer = io.BytesIO()
+    torch.save(obj, buffer, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    return np.frombuffer(buffer.getvalue(), dtype=np.uint8)
+
+
+def _from_bytes(data):
+    return torch.load(io.BytesIO(data.tobytes()), weights_only=False)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """Returns root_rank's `obj` on every rank (pickled; peers are authenticated by the engine)."""
+    base = "broadcast_object" if name is None else name
+    payload = _to_bytes(obj) if rank() == root_rank else np.zeros(0, dtype=np.uint8)
+    length = torch.tensor([payload.size], dtype=torch.int64)
+    mpi_ops.broadcast_(length, root_rank, name=base + ".length")
+    if rank() != root_rank:
+        payload = np.zeros(int(length[0]), dtype=np.uint8)
+    data = torch.from_numpy(payload.copy() if not payload.flags.writeable else payload)
+    mpi_ops.broadcast_(data, root_rank, name=base + ".data")
+    return _from_bytes(data.numpy())
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Returns the list of every rank's `obj`, in rank order."""
+    base = "allgather_object" if name is None else name
+    payload = torch.from_numpy(_to_bytes(obj).copy())
+    lengths = synchronize(mpi_ops.allgather_async(
+        torch.tensor([payload.numel()], dtype=torch.int64), name=base + ".length"))
+    data = synchronize(mpi_ops.allgather_async(payload, name=base + ".data")).numpy()
+    objects, offset = [], 0
+    for n in lengths.tolist():
+        objects.append(_from_bytes(data[offset:offset + n]))
+        offset += n
+    assert len(objects) == size()
+    return objects

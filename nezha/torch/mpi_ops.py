@@ -1,0 +1,263 @@
+"""Asynchronous and in-place collectives on torch tensors (Horovod's `*_async`, `*_` names).
+
+Thin: each function stages tensors (see _buffers), calls the matching `nezha.*_async`, and returns a
+Handle whose `finish` step delivers the result into torch tensors. Names are prefixed with the op
+(`allreduce.<name>`) as Horovod does, so one name may serve an allreduce and a broadcast.
+The differentiable synchronous forms live in autograd_ops.
+"""
+
+import numpy as np
+import torch
+
+import nezha
+
+from nezha.torch import _buffers
+from nezha.torch.basics import Average, check_process_set, global_process_set, resolve_op
+from nezha.torch.handles import CompositeHandle, Handle, synchronize
+
+
+def _op_name(kind, name):
+    return None if name is None else "%s.%s" % (kind, name)
+
+
+def _member_name(name, index):
+    return None if name is None else "%s.%d" % (name, index)
+
+
+def _outputs_for(sources, hosts_in, targets):
+    """Host buffers the engine writes results into.
+
+    In place (`targets` given): the target's own memory when it is a contiguous CPU tensor, else the
+    private staging copy of the input. Out of place: a fresh tensor for inputs the engine reads in
+    place (they must not change), else the private staging copy.
+    """
+    outs = []
+    for i, (src, host_in) in enumerate(zip(sources, hosts_in)):
+        private_copy = host_in.data_ptr() != src.data_ptr() or host_in.device != src.device
+        if targets is None:
+            outs.append(host_in if private_copy else torch.empty_like(host_in))
+        elif targets[i].device.type == "cpu" and targets[i].is_contiguous():
+            outs.append(targets[i].detach())
+        else:
+            outs.append(host_in if private_copy else _buffers.host_output(targets[i]))
+    return outs
+
+
+def _deliver(hosts_out, sources, targets):
+    if targets is None:
+        return [_buffers.to_device_of(h, s) for h, s in zip(hosts_out, sources)]
+    for h, t in zip(hosts_out, targets):
+        _buffers.copy_out(h, t)
+    return list(targets)
+
+
+def _reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor, grouped):
+    what = "grouped_allreduce" if grouped else "allreduce"
+    for t in tensors:
+        _buffers.check_supported(t, what)
+    if _buffers.needs_widening(tensors):
+        return _widened_reduce_async(tensors, targets, name, op, prescale_factor,
+                                     postscale_factor, grouped)
+    hosts_in = _buffers.stage_in(tensors)
+    hosts_out = _outputs_for(tensors, hosts_in, targets)
+    ins = [_buffers.engine_array(h) for h in hosts_in]
+    outs = [_buffers.engine_array(h) for h in hosts_out]
+    if grouped:
+        engine_handle = nezha.grouped_allreduce_async(
+            ins, op=op, name=_op_name(what, name), prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, outs=outs)
+    else:
+        engine_handle = nezha.allreduce_async(
+            ins[0], op=op, name=_op_name(what, name), prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, out=outs[0])
+
+    def finish(_):
+        results = _deliver(hosts_out, tensors, targets)
+        return results if grouped else results[0]
+
+    return Handle(engine_handle, finish, keepalive=(tensors, hosts_in, hosts_out))
+
+
+def _widened_reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor, grouped):
+    """bf16 reduction without an engine-visible bf16 dtype: reduce float32 copies in place."""
+    wide = _buffers.widen_bfloat16(tensors)
+    inner = _reduce_async(wide, wide, name, op, prescale_factor, postscale_factor, grouped)
+
+    def finish(results):
+        results = results if grouped else [results]
+        narrowed = [r.to(t.dtype) for r, t in zip(results, tensors)]
+        if targets is not None:
+            for n, t in zip(narrowed, targets):
+                t.detach().copy_(n)
+            narrowed = list(targets)
+        return narrowed if grouped else narrowed[0]
+
+    return Handle(inner, finish, keepalive=(tensors,))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Starts reducing `tensor` over all ranks into a new tensor; `tensor` is not modified."""
+    check_process_set(process_set)
+    return _reduce_async([tensor], None, name, resolve_op(op, average), prescale_factor,
+                         postscale_factor, grouped=False)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """Starts reducing `tensor` over all ranks in place."""
+    check_process_set(process_set)
+    return _reduce_async([tensor], [tensor], name, resolve_op(op, average), prescale_factor,
+                         postscale_factor, grouped=False)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """Reduces `tensor` over all ranks in place and returns it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Starts reducing a list of tensors as one operation; the handle's result is a list."""
+    check_process_set(process_set)
+    return _reduce_async(list(tensors), None, name, resolve_op(op, average), prescale_factor,
+                         postscale_factor, grouped=True)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    check_process_set(process_set)
+    tensors = list(tensors)
+    return _reduce_async(tensors, tensors, name, resolve_op(op, average), prescale_factor,
+                         postscale_factor, grouped=True)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts concatenating every rank's `tensor` along dim 0 (dim 0 may differ per rank)."""
+    check_process_set(process_set)
+    _buffers.check_supported(tensor, "allgather")
+    source = tensor.reshape(1) if tensor.dim() == 0 else tensor
+    (host_in,) = _buffers.stage_in([source])
+    engine_handle = nezha.allgather_async(_buffers.engine_array(host_in),
+                                          name=_op_name("allgather", name))
+
+    def finish(result):
+        return _buffers.to_device_of(_buffers.tensor_from_engine(result, tensor.dtype), tensor)
+
+    return Handle(engine_handle, finish, keepalive=(tensor, host_in))
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Starts one allgather per tensor; the handle's result is the list of gathered tensors."""
+    return CompositeHandle([allgather_async(t, _member_name(name, i), process_set)
+                            for i, t in enumerate(tensors)])
+
+
+def _broadcast_async(tensor, target, root_rank, name):
+    _buffers.check_supported(tensor, "broadcast")
+    (host_in,) = _buffers.stage_in([tensor])
+    targets = None if target is None else [target]
+    (host_out,) = _outputs_for([tensor], [host_in], targets)
+    engine_handle = nezha.broadcast_async(
+        _buffers.engine_array(host_in), root_rank, name=_op_name("broadcast", name),
+        out=_buffers.engine_array(host_out))
+
+    def finish(_):
+        return _deliver([host_out], [tensor], targets)[0]
+
+    return Handle(engine_handle, finish, keepalive=(tensor, host_in, host_out))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts broadcasting root_rank's `tensor` into a new tensor on every rank."""
+    check_process_set(process_set)
+    return _broadcast_async(tensor, None, root_rank, name)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts broadcasting root_rank's `tensor` into `tensor` on every rank."""
+    check_process_set(process_set)
+    return _broadcast_async(tensor, tensor, root_rank, name)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def _splits_list(splits):
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        splits = splits.detach().cpu().tolist()
+    return [int(s) for s in splits]
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts sending `splits[r]` rows of dim 0 to rank r (equal parts by default).
+
+    The handle's result is `(output, received_splits)`, received_splits an int32 CPU tensor.
+    """
+    check_process_set(process_set)
+    _buffers.check_supported(tensor, "alltoall")
+    (host_in,) = _buffers.stage_in([tensor])
+    engine_handle = nezha.alltoall_async(_buffers.engine_array(host_in),
+                                         splits=_splits_list(splits),
+                                         name=_op_name("alltoall", name))
+
+    def finish(result):
+        output, received = result
+        output = _buffers.to_device_of(_buffers.tensor_from_engine(output, tensor.dtype), tensor)
+        received = torch.from_numpy(np.asarray(received).astype(np.int32, copy=False))
+        return output, received
+
+    return Handle(engine_handle, finish, keepalive=(tensor, host_in))
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Starts reducing `tensor` over all ranks; rank r receives block r of dim 0 (lower ranks get
+    the extra rows when dim 0 does not divide evenly)."""
+    check_process_set(process_set)
+    op = resolve_op(op, None)
+    _buffers.check_supported(tensor, "reducescatter")
+    if _buffers.needs_widening([tensor]):
+        inner = reducescatter_async(tensor.detach().float(), name, op, process_set,
+                                    prescale_factor, postscale_factor)
+        return Handle(inner, lambda result: result.to(tensor.dtype), keepalive=(tensor,))
+    (host_in,) = _buffers.stage_in([tensor])
+    engine_handle = nezha.reducescatter_async(
+        _buffers.engine_array(host_in), op=op, name=_op_name("reducescatter", name),
+        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+    def finish(result):
+        return _buffers.to_device_of(_buffers.tensor_from_engine(result, tensor.dtype), tensor)
+
+    return Handle(engine_handle, finish, keepalive=(tensor, host_in))
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    return CompositeHandle([
+        reducescatter_async(t, _member_name(name, i), op, process_set, prescale_factor,
+                            postscale_factor)
+        for i, t in enumerate(tensors)])
+
+
+def join(device=-1):
+    """Marks this rank as out of data; returns the rank that joined last (Horovod semantics).
+    `device` is accepted for compatibility: Nezha's zero tensors for joined ranks live on the host."""
+    return int(nezha.join())
+
+
+def barrier(process_set=global_process_set):
+    """Returns when every rank has called barrier()."""
+    check_process_set(process_set)
+    nezha.barrier()

@@ -1,0 +1,46 @@
+"""Shared fixtures: launching real multi-process jobs with nezharun on this machine."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+class JobResult:
+    def __init__(self, returncode: int, output: str) -> None:
+        self.returncode = returncode
+        self.output = output
+
+    def lines(self, rank: int, stream: str = "stdout") -> List[str]:
+        prefix = f"[{rank}]<{stream}>: "
+        return [l[len(prefix):] for l in self.output.splitlines() if l.startswith(prefix)]
+
+
+def run_job(np_: int, argv: List[str], env: Optional[Dict[str, str]] = None,
+            timeout: float = 120, nezharun_args: Optional[List[str]] = None) -> JobResult:
+    """Runs `nezharun -np N argv...` and returns its exit code and combined output."""
+    full_env = dict(os.environ)
+    full_env.setdefault("NEZHA_TIMEOUT_S", "20")
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", str(np_), *(nezharun_args or []),
+           "--", *argv]
+    proc = subprocess.run(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return JobResult(proc.returncode, proc.stdout)
+
+
+def run_worker(np_: int, script: str, *args: str, **kwargs) -> JobResult:
+    """Runs tests/workers/<script> under nezharun with np_ ranks."""
+    return run_job(np_, [sys.executable, str(WORKERS / script), *args], **kwargs)
+
+
+@pytest.fixture
+def job():
+    return run_worker

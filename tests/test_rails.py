@@ -1,0 +1,95 @@
+"""resolve_rails(): interface names, subnets, the mptcp prefix, defaults and clear errors."""
+
+import ipaddress
+import socket
+
+import psutil
+import pytest
+
+from nezha.rails import RailSpec, resolve_rails, route_source_address
+
+
+def _non_loopback_ipv4():
+    """(interface, address) of some non-loopback IPv4 address on this machine, if any."""
+    for name, addrs in sorted(psutil.net_if_addrs().items()):
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return name, a.address, a.netmask
+    return None
+
+
+def test_loopback_interface_by_name():
+    assert resolve_rails("lo", "127.0.0.1") == [RailSpec("lo", "127.0.0.1", "tcp")]
+
+
+def test_loopback_subnet():
+    assert resolve_rails("127.0.0.0/8", "127.0.0.1") == [RailSpec("127.0.0.0/8", "127.0.0.1",
+                                                                  "tcp")]
+
+
+def test_mptcp_prefix_and_whitespace():
+    assert resolve_rails(" mptcp:lo ", "127.0.0.1") == [RailSpec("lo", "127.0.0.1", "mptcp")]
+    assert resolve_rails("MPTCP:127.0.0.0/8", "127.0.0.1")[0].protocol == "mptcp"
+
+
+def test_several_loopback_rails_for_single_machine_multi_rail_tests():
+    rails = resolve_rails("127.0.0.1/32,127.0.0.2/32,mptcp:127.0.0.3", "127.0.0.1")
+    assert [(r.local_addr, r.protocol) for r in rails] == [
+        ("127.0.0.1", "tcp"), ("127.0.0.2", "tcp"), ("127.0.0.3", "mptcp")]
+    with socket.socket() as s:  # the kernel agrees that these addresses are local
+        s.bind((rails[1].local_addr, 0))
+
+
+def test_unknown_interface_lists_what_exists():
+    with pytest.raises(ValueError, match=r"rail nosuchnic0: no such network interface.*lo 127"):
+        resolve_rails("lo,nosuchnic0", "127.0.0.1")
+
+
+def test_subnet_without_a_local_address():
+    with pytest.raises(ValueError,
+                       match=r"rail 10\.254\.77\.0/24: no local address in that subnet; "
+                             r"local addresses: .*127\.0\.0\.1"):
+        resolve_rails("10.254.77.0/24", "127.0.0.1")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("lo,,lo", "empty item"),
+    ("mptcp:", "expected"),
+    ("300.1.2.0/24", "not a valid IPv4 subnet"),
+])
+def test_malformed_specs(spec, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_rails(spec, "127.0.0.1")
+
+
+def test_duplicate_rails_are_rejected():
+    with pytest.raises(ValueError, match="'lo' and '127.0.0.0/8' both resolve to local address"):
+        resolve_rails("lo,127.0.0.0/8", "127.0.0.1")
+    with pytest.raises(ValueError, match="both resolve"):
+        resolve_rails("lo,mptcp:lo", "127.0.0.1")
+
+
+def test_default_rail_for_a_loopback_rendezvous():
+    assert resolve_rails(None, "127.0.0.1") == [RailSpec("lo", "127.0.0.1", "tcp")]
+    assert resolve_rails("", "localhost")[0].local_addr == "127.0.0.1"
+
+
+def test_non_loopback_interface_and_its_subnet_agree():
+    found = _non_loopback_ipv4()
+    if found is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    name, address, netmask = found
+    subnet = str(ipaddress.ip_interface(f"{address}/{netmask}").network)
+    by_name = resolve_rails(name, "127.0.0.1")
+    by_subnet = resolve_rails(subnet, "127.0.0.1")
+    assert by_name[0].local_addr == address
+    assert by_subnet == [RailSpec(subnet, address, "tcp")]
+    # Routing toward another host of that subnet leaves from this address.
+    peer = next(h for h in ipaddress.ip_network(subnet).hosts() if str(h) != address)
+    assert route_source_address(str(peer)) == address
+    assert resolve_rails(None, str(peer)) == [RailSpec(name, address, "tcp")]
+
+
+def test_unresolvable_rendezvous_host():
+    with pytest.raises(ValueError, match="cannot resolve"):
+        route_source_address("no-such-host.invalid")

@@ -1,0 +1,21 @@
+"""nezha.torch collectives, each op x dtype against a torch reference, on 2 real ranks."""
+
+import pytest
+
+from torch_workers.harness import passed_checks, run_workers
+
+pytest.importorskip("torch")
+
+EXPECTED = {"allreduce %s" % d for d in ("torch.float16", "torch.bfloat16", "torch.float32",
+                                         "torch.float64", "torch.uint8", "torch.int8",
+                                         "torch.int32", "torch.int64")} | {
+    "allreduce bool", "allreduce variants", "grouped_allreduce", "allgather", "broadcast",
+    "alltoall", "reducescatter", "objects and barrier", "errors"}
+
+
+@pytest.mark.timeout(180)
+def test_collectives_match_torch_reference_on_every_rank():
+    output = run_workers("w_ops.py", num_ranks=2, timeout_s=150)
+    for rank in range(2):
+        missing = EXPECTED - passed_checks(output, rank)
+        assert not missing, "rank %d did not pass %s:\n%s" % (rank, sorted(missing), output)

@@ -1,0 +1,36 @@
+"""Runs a torch worker script on N ranks under nezharun and checks that every rank passed.
+
+Workers print one `PASS <check>` line per check and exit non-zero on the first failure; the
+launcher's exit code and the PASS lines of every rank are both asserted, so a worker that silently
+skips checks fails the test.
+"""
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def run_workers(script, num_ranks=2, timeout_s=120, args=(), env=None):
+    """Returns the combined output; raises AssertionError (with the output) on failure/timeout."""
+    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", str(num_ranks),
+           sys.executable, os.path.join(HERE, script), *args]
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.setdefault("NEZHA_TIMEOUT_S", "20")
+    full_env.update(env or {})
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError("%s did not finish in %ds:\n%s" % (script, timeout_s, exc.output))
+    assert proc.returncode == 0, "%s exited %d:\n%s" % (script, proc.returncode, proc.stdout)
+    return proc.stdout
+
+
+def passed_checks(output, rank):
+    """The checks rank `rank` reported as passed."""
+    prefix = "PASS[%d] " % rank
+    return {line.split(prefix, 1)[1].strip() for line in output.splitlines() if prefix in line}

@@ -1,0 +1,175 @@
+"""Runs every collective across the job's ranks and checks each result against numpy.
+
+Every rank can compute every other rank's input (seeded by rank), so each checks its own result
+against an independent numpy reference, then all ranks compare digests to prove the results are
+bit-identical everywhere. Exits non-zero (AssertionError) on the first wrong result.
+"""
+import hashlib
+import sys
+
+import ml_dtypes
+import numpy as np
+
+import nezha
+
+nezha.init()
+RANK, SIZE = nezha.rank(), nezha.size()
+SIZES = [0, 1, 7, (1 << 20) // 4 + 1]  # elements: empty, one, odd, >= 1 MiB + 1 of float32
+DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, ml_dtypes.bfloat16, np.float32,
+          np.float64, np.bool_]
+OPS = {"Sum": nezha.Sum, "Average": nezha.Average, "Min": nezha.Min, "Max": nezha.Max,
+       "Product": nezha.Product}
+checks = 0
+
+
+def make_input(rank, n, dtype, op_name, salt=0):
+    rng = np.random.default_rng(1000 * rank + 17 * n + salt)
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return rng.integers(0, 2, n).astype(np.bool_)
+    if op_name == "Product":  # keep products small and exact
+        vals = rng.choice([1, 2], n) if dt.kind in "ui" else rng.uniform(0.9, 1.1, n)
+        return np.asarray(vals).astype(dt)
+    if dt.kind == "u":
+        return rng.integers(0, 4, n).astype(dt)
+    if dt.kind == "i":
+        return rng.integers(-3, 4, n).astype(dt)
+    return rng.standard_normal(n).astype(dt)
+
+
+def reference(inputs, dt, op_name):
+    wide = np.float64 if dt.kind == "f" or dt == np.dtype(ml_dtypes.bfloat16) else None
+    stack = np.stack([x.astype(wide) if wide else x for x in inputs])
+    if dt == np.bool_:
+        fn = {"Sum": np.any, "Max": np.any, "Min": np.all, "Product": np.all}[op_name]
+        return fn(stack, axis=0)
+    if op_name in ("Sum", "Average"):
+        total = stack.sum(axis=0, dtype=wide or np.int64)
+        if op_name == "Average":
+            total = total.astype(np.float64) / SIZE
+            if not wide:
+                total = np.trunc(total)
+        return total
+    return {"Min": np.min, "Max": np.max, "Product": np.prod}[op_name](stack, axis=0)
+
+
+def assert_close(got, want, dt, what):
+    global checks
+    checks += 1
+    if dt.kind in "uib":
+        expect = want.astype(dt) if dt.kind != "b" else want
+        assert np.array_equal(got, expect), f"{what}: got {got[:8]}, want {expect[:8]}"
+        return
+    tol = {2: 2e-2, 4: 1e-5, 8: 1e-12}[dt.itemsize]
+    g, w = got.astype(np.float64), np.asarray(want, np.float64)
+    assert np.allclose(g, w, rtol=tol, atol=tol * SIZE), f"{what}: max err {np.abs(g - w).max()}"
+
+
+def digest(arr):
+    return np.frombuffer(hashlib.sha256(np.ascontiguousarray(arr).tobytes()).digest()[:16], np.uint8)
+
+
+def assert_identical_everywhere(arr, what):
+    global checks
+    checks += 1
+    d = nezha.allgather(digest(arr)[None, :], name=f"digest.{what}")
+    assert all(np.array_equal(d[0], d[r]) for r in range(SIZE)), f"{what}: ranks differ"
+
+
+# allreduce: every dtype x op x size
+for dtype in DTYPES:
+    dt = np.dtype(dtype)
+    for op_name, op in OPS.items():
+        if dt == np.bool_ and op_name == "Average":
+            continue
+        for n in SIZES:
+            if n > 1000 and (dt.itemsize < 4 or op_name in ("Min", "Product")):
+                continue  # large case once per 4/8-byte dtype and op family keeps the run short
+            inputs = [make_input(r, n, dt, op_name) for r in range(SIZE)]
+            name = f"ar.{dt.name}.{op_name}.{n}"
+            got = nezha.allreduce(inputs[RANK], op=op, name=name)
+            assert got.dtype == dt and got.shape == (n,), (name, got.dtype, got.shape)
+            assert_close(got, reference(inputs, dt, op_name), dt, name)
+            if dt.kind == "f" and n > 1:
+                assert_identical_everywhere(got, name)
+
+# prescale / postscale, in place
+x = make_input(RANK, 1000, np.float64, "Sum")
+want = sum(make_input(r, 1000, np.float64, "Sum") * 0.5 for r in range(SIZE)) * 3.0
+out = nezha.allreduce(x, op=nezha.Sum, name="scaled", prescale_factor=0.5, postscale_factor=3.0,
+                      out=x)
+assert out is x
+assert_close(x, want, np.dtype(np.float64), "scaled in place")
+
+# many small tensors in flight at once: fused by the engine
+handles = []
+for i in range(60):
+    n = 1 + (i * 37) % 500
+    handles.append((i, n, nezha.allreduce_async(make_input(RANK, n, np.float32, "Sum", i),
+                                                op=nezha.Sum, name=f"fused.{i}")))
+for i, n, h in handles:
+    ref = reference([make_input(r, n, np.float32, "Sum", i) for r in range(SIZE)],
+                    np.dtype(np.float32), "Sum")
+    assert_close(h.wait(), ref, np.dtype(np.float32), f"fused.{i}")
+
+# grouped allreduce
+xs = [make_input(RANK, n, np.float32, "Sum", 99) for n in (3, 0, 1000)]
+outs = nezha.grouped_allreduce(xs, op=nezha.Average, name="group")
+for n, got in zip((3, 0, 1000), outs):
+    ref = reference([make_input(r, n, np.float32, "Sum", 99) for r in range(SIZE)],
+                    np.dtype(np.float32), "Average")
+    assert_close(got, ref, np.dtype(np.float32), f"group.{n}")
+
+# allgather: dim 0 differs per rank (rank 0 contributes no rows)
+for dtype in (np.float32, np.int64, np.uint8):
+    for row_shape in ((), (3,), (2, 5)):
+        rows = [r % 3 for r in range(SIZE)]
+        parts = [np.full((rows[r],) + row_shape, r + 1, dtype=dtype) for r in range(SIZE)]
+        got = nezha.allgather(parts[RANK], name=f"ag.{np.dtype(dtype).name}.{len(row_shape)}")
+        want = np.concatenate(parts, axis=0)
+        assert got.shape == want.shape and np.array_equal(got, want), ("allgather", got, want)
+        checks += 1
+big = make_input(RANK, (1 << 20) + 1, np.uint8, "Sum")
+got = nezha.allgather(big, name="ag.big")
+assert np.array_equal(got, np.concatenate([make_input(r, (1 << 20) + 1, np.uint8, "Sum")
+                                           for r in range(SIZE)]))
+
+# broadcast from every root
+for root in range(SIZE):
+    for n in (0, 1, 7, (1 << 18) + 1):
+        x = make_input(RANK, n, np.float32, "Sum", root)
+        got = nezha.broadcast(x, root_rank=root, name=f"bc.{root}.{n}")
+        assert np.array_equal(got, make_input(root, n, np.float32, "Sum", root)), ("bcast", root, n)
+        checks += 1
+
+# alltoall with uneven splits: rank r sends (r + d) % 3 rows to rank d
+def a2a_block(src, dst, rows):
+    return np.full((rows, 2), 100 * src + dst, dtype=np.int32)
+
+splits = [(RANK + d) % 3 for d in range(SIZE)]
+x = np.concatenate([a2a_block(RANK, d, splits[d]) for d in range(SIZE)])
+got, received = nezha.alltoall(x, splits=splits, name="a2a")
+want_splits = [(s + RANK) % 3 for s in range(SIZE)]
+want = np.concatenate([a2a_block(s, RANK, want_splits[s]) for s in range(SIZE)])
+assert list(received) == want_splits and np.array_equal(got, want), ("alltoall", got, want)
+checks += 1
+
+# reducescatter: rows not divisible by the number of ranks
+for rows in (SIZE * 3 + 1, 1, (1 << 16) + 3):
+    inputs = [make_input(r, rows * 4, np.float32, "Sum", rows).reshape(rows, 4) for r in range(SIZE)]
+    got = nezha.reducescatter(inputs[RANK], op=nezha.Sum, name=f"rs.{rows}")
+    full = reference(inputs, np.dtype(np.float32), "Sum")
+    counts = [rows // SIZE + (1 if r < rows % SIZE else 0) for r in range(SIZE)]
+    start = sum(counts[:RANK])
+    assert got.shape == (counts[RANK], 4), (got.shape, counts)
+    assert_close(got, full[start:start + counts[RANK]], np.dtype(np.float32), f"rs.{rows}")
+
+# join: rank r does r extra allreduces; the others take part with zeros
+for i in range(RANK):
+    got = nezha.allreduce(np.ones(4, np.float32), op=nezha.Sum, name=f"uneven.{i}")
+    assert np.array_equal(got, np.full(4, SIZE - 1 - i, np.float32)), ("join", i, got)
+last = nezha.join()
+assert last == SIZE - 1, last
+nezha.barrier()
+print(f"OK rank {RANK}: {checks} checks", flush=True)
+nezha.shutdown()
