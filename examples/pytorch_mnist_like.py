@@ -63,6 +63,8 @@ def main():
     args = parser.parse_args()
 
     hvd.init()
+    # One intra-op thread per rank: several ranks share the host's cores (as Horovod's examples do).
+    torch.set_num_threads(1)
     torch.manual_seed(1234 + hvd.rank())  # deliberately different: broadcast makes them equal
     train_x, train_y = make_dataset(args.train_samples, seed=1)
     test_x, test_y = make_dataset(args.test_samples, seed=2)

@@ -9,6 +9,7 @@ Reports images/sec per rank and in total, plus the share of each step spent wait
 """
 
 import argparse
+import os
 import time
 import timeit
 
@@ -94,6 +95,10 @@ def main():
     hvd.init()
     if args.cuda:
         torch.cuda.set_device(hvd.local_rank())
+    else:
+        # Ranks on one host share its cores; oversubscribed OpenMP threads spin against each other
+        # and against the engine's threads.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
 
     build, sample_shape = MODELS[args.model]
     torch.manual_seed(0)

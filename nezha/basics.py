@@ -7,7 +7,7 @@ import threading
 from typing import Any, Dict, List, Optional
 
 from . import _core, environ, rails as rails_mod
-from .rendezvous import StoreClient, StoreServer
+from .rendezvous import bootstrap
 
 NezhaError = _core.NezhaError
 
@@ -21,7 +21,6 @@ class _State:
         self.lock = threading.Lock()
         self.engine: Optional[Any] = None
         self.info: Optional[environ.WorldInfo] = None
-        self.store_server: Optional[StoreServer] = None
         self.generation = 0
 
 
@@ -68,12 +67,13 @@ def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None
 
 
 def _meet_peers(engine: Any, info: environ.WorldInfo, timeout_s: float) -> None:
-    """Publishes this rank's listen addresses in the rendezvous store and connects to everyone's."""
-    if info.host_store and info.rank == 0 and _state.store_server is None:
-        _state.store_server = StoreServer(info.rendezvous_addr, info.rendezvous_port, info.secret)
-        _state.store_server.start()
-    client = StoreClient(info.rendezvous_addr, info.rendezvous_port, info.secret, timeout_s=timeout_s)
+    """Publishes this rank's listen addresses in the rendezvous store and connects to everyone's.
+
+    Rank 0 serves the store itself when no launcher does (torchrun, MPI, Slurm); it keeps serving
+    until every rank has read the addresses it needs."""
+    rv = bootstrap.join(info, timeout_s)
     try:
+        client = rv.client
         # Each init() of a job is a new generation so re-initialising never reads stale addresses.
         generation = client.add(f"nezha/generation/{info.rank}", 1)
         prefix = f"nezha/{generation}"
@@ -81,21 +81,11 @@ def _meet_peers(engine: Any, info: environ.WorldInfo, timeout_s: float) -> None:
         addrs = [json.loads(client.get(f"{prefix}/addrs/{r}", timeout_s=timeout_s))
                  for r in range(info.size)]
         engine.connect_and_start(addrs)
-        # The store must outlive every rank's reads before rank 0 may stop serving it.
-        client.add(f"{prefix}/connected", 1)
-        if info.host_store and info.rank == 0:
-            _wait_counter(client, f"{prefix}/connected", info.size, timeout_s)
+        client.set(f"{prefix}/connected/{info.rank}", b"")
+        if rv.server is not None:
+            client.wait([f"{prefix}/connected/{r}" for r in range(info.size)], timeout_s=timeout_s)
     finally:
-        client.close()
-
-
-def _wait_counter(client: StoreClient, key: str, target: int, timeout_s: float) -> None:
-    import time
-    deadline = time.monotonic() + timeout_s
-    while client.add(key, 0) < target:
-        if time.monotonic() > deadline:
-            raise NezhaError(f"timed out after {timeout_s} s waiting for all ranks to connect")
-        time.sleep(0.01)
+        rv.close()
 
 
 def shutdown() -> None:
@@ -105,9 +95,6 @@ def shutdown() -> None:
         engine, _state.engine = _state.engine, None
         if engine is not None:
             engine.shutdown()
-        if _state.store_server is not None:
-            _state.store_server.stop()
-            _state.store_server = None
 
 
 atexit.register(shutdown)

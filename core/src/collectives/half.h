@@ -1,19 +1,15 @@
 // IEEE float16 and bfloat16 <-> float32 conversions for the reduction kernels.
 //
 // Why not _Float16 / __bf16: their availability and arithmetic support vary by compiler and target,
-// and the wire format is plain uint16_t anyway. The portable code below is branch-free enough for
-// the compiler to vectorise the array loops; where the target has F16C (__F16C__, e.g. built with
-// -march=native) the float16 array conversions use it. Both paths round to nearest even and handle
-// infinities, NaNs (returned quiet, sign kept) and subnormals.
+// and the wire format is plain uint16_t anyway. The code below is branch-free so the compiler
+// vectorises the array loops with baseline SSE2; half_convert.h adds an F16C version chosen at run
+// time. All paths round to nearest even and handle infinities, NaNs (returned quiet, sign kept) and
+// subnormals.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-
-#ifdef __F16C__
-#include <immintrin.h>
-#endif
 
 namespace nezha::collectives {
 
@@ -88,27 +84,13 @@ inline uint16_t float_to_bfloat16(float value) {
   return static_cast<uint16_t>((u + rounding_bias) >> 16);
 }
 
-// Array conversions used by the chunked kernels.
+// Portable array conversions; half_convert.h picks these or a faster CPU-specific version.
 inline void half_to_float_n(const uint16_t* in, float* out, size_t n) {
-  size_t i = 0;
-#ifdef __F16C__
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
-  }
-#endif
-  for (; i < n; ++i) out[i] = half_to_float(in[i]);
+  for (size_t i = 0; i < n; ++i) out[i] = half_to_float(in[i]);
 }
 
 inline void float_to_half_n(const float* in, uint16_t* out, size_t n) {
-  size_t i = 0;
-#ifdef __F16C__
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
-  }
-#endif
-  for (; i < n; ++i) out[i] = float_to_half(in[i]);
+  for (size_t i = 0; i < n; ++i) out[i] = float_to_half(in[i]);
 }
 
 inline void bfloat16_to_float_n(const uint16_t* in, float* out, size_t n) {

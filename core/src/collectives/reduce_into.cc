@@ -2,7 +2,7 @@
 #include <cstdint>
 #include <string>
 
-#include "collectives/half.h"
+#include "collectives/half_convert.h"
 #include "collectives/reduce.h"
 #include "collectives/reduce_ops.h"
 #include "common/error.h"
@@ -26,11 +26,13 @@ void reduce_typed(void* dst, const void* src, size_t count, DataType dtype) {
     case DataType::kFloat64:
       return ops::apply_n<Op>(static_cast<double*>(dst), static_cast<const double*>(src), count);
     case DataType::kFloat16:
-      return ops::apply_n_via_float<Op, half_to_float_n, float_to_half_n>(
-          static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count);
+      return ops::apply_n_via_float<Op>(static_cast<uint16_t*>(dst),
+                                        static_cast<const uint16_t*>(src), count,
+                                        float16_converters());
     case DataType::kBFloat16:
-      return ops::apply_n_via_float<Op, bfloat16_to_float_n, float_to_bfloat16_n>(
-          static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count);
+      return ops::apply_n_via_float<Op>(static_cast<uint16_t*>(dst),
+                                        static_cast<const uint16_t*>(src), count,
+                                        bfloat16_converters());
     case DataType::kBool:
       break;  // handled by reduce_bool
   }

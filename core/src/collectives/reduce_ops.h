@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "collectives/half.h"
+#include "collectives/half_convert.h"
 
 namespace nezha::collectives::ops {
 
@@ -71,20 +71,17 @@ void apply_n(T* __restrict dst, const T* __restrict src, size_t n) {
 
 // float16/bfloat16: widen a chunk of both operands to float32, reduce, round back once. Chunks keep
 // the working set in L1 and every inner loop simple enough to vectorise.
-using WidenFn = void (*)(const uint16_t*, float*, size_t);
-using NarrowFn = void (*)(const float*, uint16_t*, size_t);
-
-template <typename Op, WidenFn widen, NarrowFn narrow>
-void apply_n_via_float(uint16_t* dst, const uint16_t* src, size_t n) {
+template <typename Op>
+void apply_n_via_float(uint16_t* dst, const uint16_t* src, size_t n, const HalfArrayConverters& cvt) {
   constexpr size_t kChunk = 512;
   float a[kChunk];
   float b[kChunk];
   for (size_t base = 0; base < n; base += kChunk) {
     const size_t m = std::min(kChunk, n - base);
-    widen(dst + base, a, m);
-    widen(src + base, b, m);
+    cvt.widen(dst + base, a, m);
+    cvt.widen(src + base, b, m);
     apply_n<Op, float>(a, b, m);
-    narrow(a, dst + base, m);
+    cvt.narrow(a, dst + base, m);
   }
 }
 

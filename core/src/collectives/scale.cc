@@ -6,7 +6,7 @@
 #include <limits>
 #include <string>
 
-#include "collectives/half.h"
+#include "collectives/half_convert.h"
 #include "collectives/reduce.h"
 #include "common/error.h"
 
@@ -20,19 +20,15 @@ void scale_floating(T* __restrict buf, size_t n, double factor) {
   for (size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
 }
 
-using WidenFn = void (*)(const uint16_t*, float*, size_t);
-using NarrowFn = void (*)(const float*, uint16_t*, size_t);
-
-template <WidenFn widen, NarrowFn narrow>
-void scale_via_float(uint16_t* buf, size_t n, double factor) {
+void scale_via_float(uint16_t* buf, size_t n, double factor, const HalfArrayConverters& cvt) {
   constexpr size_t kChunk = 512;
   const float f = static_cast<float>(factor);
   float tmp[kChunk];
   for (size_t base = 0; base < n; base += kChunk) {
     const size_t m = std::min(kChunk, n - base);
-    widen(buf + base, tmp, m);
+    cvt.widen(buf + base, tmp, m);
     for (size_t i = 0; i < m; ++i) tmp[i] *= f;
-    narrow(tmp, buf + base, m);
+    cvt.narrow(tmp, buf + base, m);
   }
 }
 
@@ -74,11 +70,9 @@ void scale(void* buf, size_t count, DataType dtype, double factor) {
     case DataType::kFloat32: return scale_floating(static_cast<float*>(buf), count, factor);
     case DataType::kFloat64: return scale_floating(static_cast<double*>(buf), count, factor);
     case DataType::kFloat16:
-      return scale_via_float<half_to_float_n, float_to_half_n>(static_cast<uint16_t*>(buf), count,
-                                                               factor);
+      return scale_via_float(static_cast<uint16_t*>(buf), count, factor, float16_converters());
     case DataType::kBFloat16:
-      return scale_via_float<bfloat16_to_float_n, float_to_bfloat16_n>(
-          static_cast<uint16_t*>(buf), count, factor);
+      return scale_via_float(static_cast<uint16_t*>(buf), count, factor, bfloat16_converters());
     case DataType::kBool:
       break;  // rejected above
   }

@@ -1,4 +1,5 @@
 #include "collectives/half.h"
+#include "collectives/half_convert.h"
 
 #include <cmath>
 #include <cstdint>
@@ -87,24 +88,40 @@ TEST(Half, AgreesWithCompilerFloat16) {
 }
 #endif
 
-TEST(Half, ArrayConversionsMatchScalar) {
-  std::vector<uint16_t> halves(0x10000 + 5);
+// Every float16 array converter set (portable, and F16C where this CPU has it) against the scalar
+// functions, which the tests above check against the independent reference.
+std::vector<const HalfArrayConverters*> float16_converter_sets() {
+  std::vector<const HalfArrayConverters*> sets = {&float16_portable_converters()};
+  if (const HalfArrayConverters* f16c = float16_f16c_converters()) sets.push_back(f16c);
+  return sets;
+}
+
+TEST(Half, ArrayConvertersMatchScalar) {
+  std::vector<uint16_t> halves(0x10000 + 5);  // +5: a length that is not a multiple of 8
   for (size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(i * 40503u);
-  std::vector<float> floats(halves.size());
-  half_to_float_n(halves.data(), floats.data(), halves.size());
-  for (size_t i = 0; i < halves.size(); ++i) {
-    ASSERT_TRUE(same_value(floats[i], decode_small_float(halves[i], kHalfFormat))) << i;
-  }
   const std::vector<float> probes = rounding_probes(kHalfFormat);
-  std::vector<uint16_t> narrowed(probes.size());
-  float_to_half_n(probes.data(), narrowed.data(), probes.size());
-  for (size_t i = 0; i < probes.size(); ++i) {
-    if (std::isnan(probes[i])) {
-      ASSERT_TRUE(std::isnan(half_to_float(narrowed[i])));
-    } else {
-      ASSERT_EQ(narrowed[i], float_to_half(probes[i])) << probes[i];
+  for (const HalfArrayConverters* cvt : float16_converter_sets()) {
+    SCOPED_TRACE(cvt->name);
+    std::vector<float> floats(halves.size());
+    cvt->widen(halves.data(), floats.data(), halves.size());
+    for (size_t i = 0; i < halves.size(); ++i) {
+      ASSERT_TRUE(same_value(floats[i], decode_small_float(halves[i], kHalfFormat))) << i;
+    }
+    std::vector<uint16_t> narrowed(probes.size());
+    cvt->narrow(probes.data(), narrowed.data(), probes.size());
+    for (size_t i = 0; i < probes.size(); ++i) {
+      if (std::isnan(probes[i])) {
+        ASSERT_TRUE(std::isnan(half_to_float(narrowed[i])));
+      } else {
+        ASSERT_EQ(narrowed[i], float_to_half(probes[i])) << probes[i];
+      }
     }
   }
+}
+
+TEST(Half, FastestConvertersAreUsed) {
+  const HalfArrayConverters* f16c = float16_f16c_converters();
+  EXPECT_STREQ(float16_converters().name, f16c ? "f16c" : "portable");
 }
 
 TEST(BFloat16, EveryValueDecodesExactlyAndRoundTrips) {
