@@ -190,7 +190,8 @@ def test_cli_defaults_and_options():
 
 
 @pytest.mark.parametrize("argv", [["--op", "gather"], ["--sizes", "1X"], ["--iters", "0"],
-                                  ["--gloo-ifname", "eth0"], ["--warmup", "-1"], ["--dtype", "complex64"]])
+                                  ["--gloo-ifname", "eth0"], ["--warmup", "-1"], ["--dtype", "complex64"],
+                                  ["--baseline", "gloo", "--impl-label", "gloo"]])
 def test_cli_rejects_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.parse_args(argv)
@@ -490,6 +491,16 @@ def test_targets_are_evaluated_from_the_records():
     verdicts = [(t.case, met) for t, (met, _) in matrix_report.evaluate_targets(_sample_results())]
     assert verdicts == [("a", True), ("a", True), ("b", False), ("b", True), ("c", False), ("c", None)]
     assert all(met is None for _, (met, _) in matrix_report.evaluate_targets([]))
+
+
+def test_bandwidth_targets_use_the_largest_size_when_big_enough():
+    case_a = matrix_cases.build_cases(SUBNETS, quick=True)[0]
+    quick = matrix_report.CaseResult(case_a, records=[_rec("nezha-2rails", 16 << 20, 1000.0),
+                                                      _rec("gloo-rail0", 16 << 20, 2000.0)])
+    met, detail = matrix_report.evaluate_targets([quick])[0][1]
+    assert met is True and "at 16M" in detail
+    small = matrix_report.CaseResult(case_a, records=[_rec("nezha-2rails", 1 << 20, 10.0)])
+    assert matrix_report.evaluate_targets([small])[0][1][0] is None
 
 
 def test_results_markdown_has_commands_tables_and_targets():

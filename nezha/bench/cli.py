@@ -63,6 +63,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error("--warmup must be >= 0")
     if args.gloo_ifname and not args.baseline:
         parser.error("--gloo-ifname needs --baseline gloo")
+    if args.baseline and baseline_label(args) == args.impl_label:
+        parser.error(f"--impl-label and the baseline's label are both {args.impl_label!r}")
     try:
         numpy_dtype(args.dtype)
     except ValueError as exc:

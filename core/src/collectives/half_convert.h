@@ -17,7 +17,7 @@ using NarrowFn = void (*)(const float* in, uint16_t* out, size_t n);
 struct HalfArrayConverters {
   WidenFn widen;
   NarrowFn narrow;
-  const char* name;  // "portable" or "f16c" (for tests and logs)
+  const char* name;  // "portable", "f16c", "avx2" (for tests and logs)
 };
 
 // Fastest float16 converters this CPU supports.
@@ -27,6 +27,10 @@ const HalfArrayConverters& float16_portable_converters();
 // F16C converters, or nullptr when the CPU (or the build target) lacks F16C.
 const HalfArrayConverters* float16_f16c_converters();
 
+// bfloat16 conversion is shifts and one add, which SSE2 already vectorises; the AVX2 build of the
+// same loops doubles the lanes.
 const HalfArrayConverters& bfloat16_converters();
+const HalfArrayConverters& bfloat16_portable_converters();
+const HalfArrayConverters* bfloat16_avx2_converters();  // nullptr without AVX2
 
 }  // namespace nezha::collectives

@@ -57,7 +57,8 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   for (size_t i = 0; i < config_.rails.size(); ++i)
     rails_.push_back(make_rail(config_.rails[i], static_cast<int>(i)));
   costs_.resize(rails_.size());
-  share_bytes_.assign(rails_.size(), 0);
+  current_share_.assign(rails_.size(), 0.0);
+  current_share_[0] = 1.0;
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw NezhaError(std::string("eventfd failed: ") + std::strerror(errno));
 }
@@ -117,6 +118,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
     coordinator_ = std::make_unique<Coordinator>(co);
   }
   peer_shutdown_.assign(config_.size, false);
+  calibrate_rails();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -223,8 +225,11 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
   pr.usable.assign(rails_.size(), true);
   if (r.type == OpType::kAllreduce) {
     multirail::Plan plan = multirail::plan_split(pr);
-    NZ_LOG(Debug) << rank_prefix(config_.rank) << "plan for " << count << " elements: "
-                  << (plan.striped ? "striped" : "single rail") << " (" << plan.why << ")";
+    if (plan.striped != last_plan_striped_) {
+      NZ_LOG(Debug) << rank_prefix(config_.rank) << (plan.striped ? "cold -> hot" : "hot -> cold")
+                    << " at " << count * pr.elem_size << " bytes: " << plan.why;
+      last_plan_striped_ = plan.striped;
+    }
     return plan.shares;
   }
   // Other collectives run whole on the rail the planner would pick for a cold payload.
@@ -237,7 +242,23 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
 void Engine::observe_share(int rail, size_t bytes, double seconds) {
   std::lock_guard<std::mutex> lock(cost_mu_);
   costs_[rail].observe(bytes, seconds);
-  share_bytes_[rail] += bytes;
+}
+
+void Engine::calibrate_rails() {
+  // One rail needs no model. With several, each gets a few timed allreduces of a small and two
+  // larger sizes (alpha from the first, beta from the others) before any user traffic, so the
+  // very first large payload can already be striped. Every rank runs the same sequence.
+  if (rails_.size() < 2 || config_.size < 2) return;
+  for (size_t rail = 0; rail < rails_.size(); ++rail)
+    for (size_t bytes : {size_t{4096}, size_t{4096}, size_t{256} << 10, size_t{1} << 20,
+                         size_t{1} << 20})
+      executor_->calibrate(static_cast<int>(rail), bytes);
+  for (size_t rail = 0; rail < rails_.size(); ++rail) {
+    auto est = costs_[rail].estimate();
+    NZ_LOG(Info) << rank_prefix(config_.rank) << "rail '" << rails_[rail]->properties().name
+                 << "' calibrated: alpha " << est.alpha_us << " us, beta " << est.beta_gbps
+                 << " Gbit/s";
+  }
 }
 
 void Engine::dispatch(std::vector<Response> responses) {
@@ -247,6 +268,10 @@ void Engine::dispatch(std::vector<Response> responses) {
     r.plan = plan_for(r);
     list.responses.push_back(std::move(r));
   }
+  if (rails_.size() > 1) {
+    std::lock_guard<std::mutex> lock(cost_mu_);
+    for (const auto& c : costs_) list.estimates.push_back(c.estimate());
+  }
   std::string bytes = encode(list);
   for (int peer = 1; peer < config_.size; ++peer)
     control_->send_message(peer, bytes, Deadline::after_seconds(config_.timeout_s));
@@ -254,7 +279,19 @@ void Engine::dispatch(std::vector<Response> responses) {
 }
 
 void Engine::execute_locally(const ResponseList& list) {
+  if (!list.estimates.empty()) {
+    std::lock_guard<std::mutex> lock(cost_mu_);
+    shared_estimates_ = list.estimates;
+  }
   for (const Response& resp : list.responses) {
+    if (resp.type == OpType::kAllreduce && !resp.plan.empty()) {
+      size_t total = 0;
+      for (const auto& sh : resp.plan) total += sh.count;
+      std::lock_guard<std::mutex> lock(cost_mu_);
+      std::fill(current_share_.begin(), current_share_.end(), 0.0);
+      for (const auto& sh : resp.plan)
+        if (total) current_share_[sh.rail] += static_cast<double>(sh.count) / total;
+    }
     std::vector<TensorEntry> entries;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -363,8 +400,6 @@ void Engine::loop() {
 std::vector<RailStat> Engine::rail_stats() const {
   std::vector<RailStat> out;
   std::lock_guard<std::mutex> lock(cost_mu_);
-  uint64_t total = 0;
-  for (uint64_t b : share_bytes_) total += b;
   for (size_t i = 0; i < rails_.size(); ++i) {
     RailStat s;
     const auto& props = rails_[i]->properties();
@@ -375,10 +410,11 @@ std::vector<RailStat> Engine::rail_stats() const {
     auto c = rails_[i]->counters();
     s.bytes_sent = c.bytes_sent;
     s.bytes_received = c.bytes_received;
-    auto est = costs_[i].estimate();
+    // Every rank reports the coordinator's model (the one that decides the splits).
+    auto est = i < shared_estimates_.size() ? shared_estimates_[i] : costs_[i].estimate();
     s.alpha_us = est.alpha_us;
     s.beta_gbps = est.beta_gbps;
-    s.share = total ? static_cast<double>(share_bytes_[i]) / total : (i == 0 ? 1.0 : 0.0);
+    s.share = current_share_[i];
     out.push_back(s);
   }
   return out;

@@ -95,6 +95,7 @@ class Engine {
   void wake();
   std::vector<multirail::RailShare> plan_for(const Response& r);
   void observe_share(int rail, size_t bytes, double seconds);
+  void calibrate_rails();
 
   EngineConfig config_;
   std::unique_ptr<transport::TcpRail> control_;
@@ -120,7 +121,9 @@ class Engine {
   // Cost model per rail (fed by rail workers, read by the planner on rank 0).
   mutable std::mutex cost_mu_;
   std::vector<multirail::RailCostModel> costs_;
-  std::vector<uint64_t> share_bytes_;
+  std::vector<multirail::RailEstimate> shared_estimates_;  // rank 0's, as last received
+  std::vector<double> current_share_;                     // of the last allreduce plan
+  bool last_plan_striped_ = false;                        // rank 0: for cold/hot transition logs
 };
 
 }  // namespace nezha::engine

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <mutex>
 
 #include "collectives/collectives.h"
@@ -73,6 +74,32 @@ void Executor::execute(const Response& resp, std::vector<TensorEntry> entries) {
   }
 }
 
+void Executor::calibrate(int rail_index, size_t bytes) {
+  const size_t count = bytes / sizeof(float);
+  collectives::CollectiveOptions copt;
+  copt.seq = seq_[rail_index]++;
+  copt.segment_bytes = opt_.segment_bytes;
+  copt.logstep_max_bytes = opt_.logstep_max_bytes;
+  std::promise<void> done;
+  auto result = done.get_future();
+  workers_[rail_index]->post([&, rail_index, count, copt]() mutable {
+    try {
+      BufferPool::Buffer buf = pool_.acquire(count * sizeof(float));
+      std::memset(buf.data(), 0, count * sizeof(float));
+      copt.deadline = Deadline::after_seconds(opt_.timeout_s);
+      auto start = std::chrono::steady_clock::now();
+      collectives::allreduce(*rails_[rail_index], buf.data(), count, DataType::kFloat32,
+                             ReduceOp::kSum, copt);
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (observer_) observer_(rail_index, count * sizeof(float), secs);
+      done.set_value();
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+  });
+  result.get();
+}
+
 void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entries) {
   auto job = std::make_shared<AllreduceJob>();
   job->resp = resp;
@@ -110,7 +137,7 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
     copt.segment_bytes = opt_.segment_bytes;
     copt.logstep_max_bytes = opt_.logstep_max_bytes;
     transport::Rail* rail = rails_[r];
-    workers_[r]->post([this, job, share, copt, rail, esize]() mutable {
+    auto run = [this, job, share, copt, rail, esize]() mutable {
       auto start = std::chrono::steady_clock::now();
       copt.deadline = Deadline::after_seconds(opt_.timeout_s);
       try {
@@ -125,7 +152,11 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
                        rail->properties().name + "': " + e.what();
       }
       if (--job->parts_left == 0) finish_allreduce(*job);
-    });
+    };
+    // Small lone payloads run on the engine thread when the rail is idle: a thread handoff costs
+    // more than the whole log-step exchange.
+    bool small = plan.size() == 1 && share.count * esize <= opt_.inline_max_bytes;
+    if (!(small && workers_[r]->try_run_inline(run))) workers_[r]->post(std::move(run));
   }
 }
 

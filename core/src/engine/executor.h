@@ -32,6 +32,7 @@ struct ExecutorOptions {
   double timeout_s = 30;
   size_t segment_bytes = 1 << 20;
   size_t logstep_max_bytes = 65536;
+  size_t inline_max_bytes = 65536;  // allreduces up to this size may run on the engine thread
 };
 
 // Called from rail workers after each share: (rail index, bytes, seconds). Feeds the cost model.
@@ -45,6 +46,10 @@ class Executor {
   // entries[i] belongs to resp.names[i]; an entry with no handle means this rank has joined and
   // takes part with zeros.
   void execute(const Response& resp, std::vector<TensorEntry> entries);
+
+  // Times a float32 allreduce of `bytes` on one rail (all ranks call it in the same order) and
+  // reports it to the observer: how the cost model learns every rail before real traffic.
+  void calibrate(int rail, size_t bytes);
 
   // Waits until every posted job has run (bounded); stops the workers.
   void stop();

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "common/error.h"
+#include "multirail/estimates_codec.h"
 
 namespace nezha::engine {
 namespace {
@@ -193,6 +194,9 @@ std::string encode(const ResponseList& list) {
   Writer w;
   w.put<uint8_t>(kResponseListTag);
   w.put<uint8_t>(list.shutdown ? 1 : 0);
+  std::vector<uint8_t> est = list.estimates.empty() ? std::vector<uint8_t>{}
+                                                    : multirail::encode_estimates(list.estimates);
+  w.put_string(std::string(est.begin(), est.end()));
   w.put<uint32_t>(static_cast<uint32_t>(list.responses.size()));
   for (const auto& r : list.responses) put_response(w, r);
   return w.take();
@@ -214,6 +218,9 @@ ResponseList decode_response_list(const std::string& bytes) {
   if (rd.get<uint8_t>() != kResponseListTag) throw ProtocolError("control message: not a response list");
   ResponseList list;
   list.shutdown = rd.get<uint8_t>() != 0;
+  std::string est = rd.get_string();
+  if (!est.empty())
+    list.estimates = multirail::decode_estimates(reinterpret_cast<const uint8_t*>(est.data()), est.size());
   uint32_t n = rd.get_count(kMaxItems, "responses");
   for (uint32_t i = 0; i < n; ++i) list.responses.push_back(get_response(rd));
   rd.expect_end();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "multirail/cost_model.h"
 
 namespace nezha::engine {
 
@@ -18,6 +19,8 @@ struct RequestList {
 struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;  // every rank asked to shut down: close now
+  // The coordinator's cost model, so every rank reports the same alpha/beta (may be empty).
+  std::vector<multirail::RailEstimate> estimates;
 };
 
 std::string encode(const RequestList& list);

@@ -14,6 +14,21 @@ void RailWorker::post(std::function<void()> job) {
   cv_.notify_one();
 }
 
+bool RailWorker::try_run_inline(const std::function<void()>& job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (busy_ || !jobs_.empty() || stopping_) return false;
+    busy_ = true;
+  }
+  job();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = false;
+  }
+  cv_.notify_one();
+  return true;
+}
+
 void RailWorker::stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -33,12 +48,15 @@ void RailWorker::run() {
     std::function<void()> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      cv_.wait(lock, [&] { return (stopping_ || !jobs_.empty()) && !busy_; });
       if (jobs_.empty()) return;
       job = std::move(jobs_.front());
       jobs_.pop_front();
+      busy_ = true;
     }
     job();  // jobs catch their own exceptions and complete their handles
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = false;
   }
 }
 

@@ -19,6 +19,9 @@ class RailWorker {
   RailWorker& operator=(const RailWorker&) = delete;
 
   void post(std::function<void()> job);
+  // Runs `job` on the calling thread if the worker is idle with nothing queued (saves a thread
+  // handoff on the latency-critical small-message path); otherwise returns false and does nothing.
+  bool try_run_inline(const std::function<void()>& job);
   // Runs the jobs already posted, then stops the thread.
   void stop();
   size_t queued() const;
@@ -30,6 +33,7 @@ class RailWorker {
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;
   bool stopping_ = false;
+  bool busy_ = false;  // a job is running, on the worker or inline
   std::thread thread_;
 };
 

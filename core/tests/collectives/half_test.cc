@@ -59,7 +59,9 @@ TEST(Half, EveryHalfDecodesExactly) {
     const auto h = static_cast<uint16_t>(b);
     ASSERT_TRUE(same_value(half_to_float(h), decode_small_float(h, kHalfFormat))) << std::hex << b;
     // Every non-NaN half survives the round trip bit for bit.
-    if (!std::isnan(half_to_float(h))) ASSERT_EQ(float_to_half(half_to_float(h)), h) << std::hex << b;
+    if (!std::isnan(half_to_float(h))) {
+      ASSERT_EQ(float_to_half(half_to_float(h)), h) << std::hex << b;
+    }
   }
 }
 
@@ -128,7 +130,9 @@ TEST(BFloat16, EveryValueDecodesExactlyAndRoundTrips) {
   for (uint32_t b = 0; b <= 0xFFFF; ++b) {
     const auto h = static_cast<uint16_t>(b);
     ASSERT_TRUE(same_value(bfloat16_to_float(h), decode_small_float(h, kBFloat16Format)));
-    if (!std::isnan(bfloat16_to_float(h))) ASSERT_EQ(float_to_bfloat16(bfloat16_to_float(h)), h);
+    if (!std::isnan(bfloat16_to_float(h))) {
+      ASSERT_EQ(float_to_bfloat16(bfloat16_to_float(h)), h) << std::hex << b;
+    }
   }
 }
 
@@ -142,6 +146,32 @@ TEST(BFloat16, RoundsToNearestEven) {
     }
     ASSERT_EQ(got, rounder.round(f)) << "value " << f << " bits " << std::hex << float_bits(f);
   }
+}
+
+TEST(BFloat16, ArrayConvertersMatchScalar) {
+  std::vector<const HalfArrayConverters*> sets = {&bfloat16_portable_converters()};
+  if (const HalfArrayConverters* avx2 = bfloat16_avx2_converters()) sets.push_back(avx2);
+  std::vector<uint16_t> values(0x10000 + 5);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint16_t>(i * 40503u);
+  const std::vector<float> probes = rounding_probes(kBFloat16Format);
+  for (const HalfArrayConverters* cvt : sets) {
+    SCOPED_TRACE(cvt->name);
+    std::vector<float> floats(values.size());
+    cvt->widen(values.data(), floats.data(), values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_TRUE(same_value(floats[i], decode_small_float(values[i], kBFloat16Format))) << i;
+    }
+    std::vector<uint16_t> narrowed(probes.size());
+    cvt->narrow(probes.data(), narrowed.data(), probes.size());
+    for (size_t i = 0; i < probes.size(); ++i) {
+      if (std::isnan(probes[i])) {
+        ASSERT_TRUE(std::isnan(bfloat16_to_float(narrowed[i])));
+      } else {
+        ASSERT_EQ(narrowed[i], float_to_bfloat16(probes[i])) << probes[i];
+      }
+    }
+  }
+  EXPECT_STREQ(bfloat16_converters().name, bfloat16_avx2_converters() ? "avx2" : "portable");
 }
 
 TEST(BFloat16, NanNeverBecomesInfinity) {

@@ -38,7 +38,9 @@ inline std::vector<std::exception_ptr> run_ranks_collect(
   // A completed collective consumed every message it sent.
   bool all_ok = true;
   for (auto& e : errors) all_ok = all_ok && !e;
-  if (all_ok) EXPECT_EQ(world.undelivered(), 0u) << "messages left in mailboxes";
+  if (all_ok) {
+    EXPECT_EQ(world.undelivered(), 0u) << "messages left in mailboxes";
+  }
   return errors;
 }
 

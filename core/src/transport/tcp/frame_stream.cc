@@ -16,9 +16,9 @@ bool transient(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == E
 
 }  // namespace
 
-std::string SocketFailure::describe() const {
-  return err == 0 ? std::string("connection closed by peer") : errno_text(err);
-}
+SocketFailure::SocketFailure(int error)
+    : std::runtime_error(error == 0 ? std::string("connection closed by peer") : errno_text(error)),
+      err(error) {}
 
 FrameSender::FrameSender(FrameType type, uint64_t tag, const void* payload, size_t bytes)
     : header_(encode_header(type, tag, bytes)),
@@ -44,7 +44,7 @@ size_t FrameSender::progress(int fd) {
     const ssize_t w = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0) {
       if (transient(errno)) break;
-      throw SocketFailure{errno};
+      throw SocketFailure(errno);
     }
     const size_t header_before = sent_ < kFrameHeaderBytes ? kFrameHeaderBytes - sent_ : 0;
     payload_written += static_cast<size_t>(w) > header_before ? static_cast<size_t>(w) - header_before : 0;
@@ -57,20 +57,20 @@ size_t FrameReceiver::progress(int fd, const HeaderHandler& on_header) {
   size_t payload_read = 0;
   while (header_got_ < kFrameHeaderBytes) {
     const ssize_t r = ::recv(fd, header_ + header_got_, kFrameHeaderBytes - header_got_, MSG_DONTWAIT);
-    if (r == 0) throw SocketFailure{0};
+    if (r == 0) throw SocketFailure(0);
     if (r < 0) {
       if (transient(errno)) return 0;
-      throw SocketFailure{errno};
+      throw SocketFailure(errno);
     }
     header_got_ += static_cast<size_t>(r);
     if (header_got_ == kFrameHeaderBytes) payload_ = on_header(header_, &length_);
   }
   while (payload_got_ < length_) {
     const ssize_t r = ::recv(fd, payload_ + payload_got_, length_ - payload_got_, MSG_DONTWAIT);
-    if (r == 0) throw SocketFailure{0};
+    if (r == 0) throw SocketFailure(0);
     if (r < 0) {
       if (transient(errno)) break;
-      throw SocketFailure{errno};
+      throw SocketFailure(errno);
     }
     payload_got_ += static_cast<uint64_t>(r);
     payload_read += static_cast<size_t>(r);
@@ -85,8 +85,8 @@ namespace {
 void wait_for(int fd, short events, int wake_fd, const Deadline& deadline) {
   bool woken = false;
   const short revents = poll_one(fd, events, wake_fd, deadline, &woken);
-  if (woken) throw SocketFailure{ECANCELED};
-  if (revents == 0) throw SocketFailure{ETIMEDOUT};
+  if (woken) throw SocketFailure(ECANCELED);
+  if (revents == 0) throw SocketFailure(ETIMEDOUT);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 
 #include "common/deadline.h"
@@ -15,10 +16,13 @@
 
 namespace nezha::transport::tcp {
 
-// The socket failed: err is the errno, or 0 when the peer closed the connection (EOF).
-struct SocketFailure {
+// The socket failed: err is the errno, or 0 when the peer closed the connection (EOF). Internal to
+// the TCP transport, which turns it into a PeerError naming rank and rail.
+class SocketFailure : public std::runtime_error {
+ public:
+  explicit SocketFailure(int err);
   int err;
-  std::string describe() const;
+  std::string describe() const { return what(); }
 };
 
 class FrameSender {
