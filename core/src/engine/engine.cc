@@ -56,7 +56,11 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   control_ = make_rail({"control", config_.rails[0].local_addr, "tcp"}, -1);
   for (size_t i = 0; i < config_.rails.size(); ++i)
     rails_.push_back(make_rail(config_.rails[i], static_cast<int>(i)));
-  costs_.resize(rails_.size());
+  // Two consecutive samples off the model in the same direction count as a real change of
+  // speed (a re-shaped or congested link): shares then follow within two large operations.
+  multirail::RailCostModelOptions cost_opt;
+  cost_opt.shift_run = 2;
+  costs_.assign(rails_.size(), multirail::RailCostModel(cost_opt));
   current_share_.assign(rails_.size(), 0.0);
   current_share_[0] = 1.0;
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

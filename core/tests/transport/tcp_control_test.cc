@@ -77,6 +77,8 @@ TEST(TcpControl, PartialMessageSurvivesManyShortWaits) {
     rails[1]->send_message(0, big, Deadline::after_seconds(20));
     rails[1]->send_message(0, "after", Deadline::after_seconds(20));
   });
+  // Let the sender fill the socket buffers and block, so the first call finds only part of it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   int empty_waits = 0;
   std::optional<TcpRail::Message> msg;
   // An already-expired deadline: each call takes only what has arrived so far.

@@ -48,7 +48,11 @@ size_t FrameSender::progress(int fd) {
     }
     const size_t header_before = sent_ < kFrameHeaderBytes ? kFrameHeaderBytes - sent_ : 0;
     payload_written += static_cast<size_t>(w) > header_before ? static_cast<size_t>(w) - header_before : 0;
+    size_t wanted = 0;
+    for (int i = 0; i < n; ++i) wanted += iov[i].iov_len;
     sent_ += static_cast<size_t>(w);
+    // A short write means the send buffer is full: skip the sendmsg that would only say EAGAIN.
+    if (static_cast<size_t>(w) < wanted) break;
   }
   return payload_written;
 }
@@ -66,7 +70,8 @@ size_t FrameReceiver::progress(int fd, const HeaderHandler& on_header) {
     if (header_got_ == kFrameHeaderBytes) payload_ = on_header(header_, &length_);
   }
   while (payload_got_ < length_) {
-    const ssize_t r = ::recv(fd, payload_ + payload_got_, length_ - payload_got_, MSG_DONTWAIT);
+    const uint64_t wanted = length_ - payload_got_;
+    const ssize_t r = ::recv(fd, payload_ + payload_got_, wanted, MSG_DONTWAIT);
     if (r == 0) throw SocketFailure(0);
     if (r < 0) {
       if (transient(errno)) break;
@@ -74,6 +79,9 @@ size_t FrameReceiver::progress(int fd, const HeaderHandler& on_header) {
     }
     payload_got_ += static_cast<uint64_t>(r);
     payload_read += static_cast<size_t>(r);
+    // A short read means the socket is drained for now; return to poll() instead of spinning on
+    // recv for as long as a fast sender keeps data coming (bounds the time one call takes).
+    if (static_cast<uint64_t>(r) < wanted) break;
   }
   return payload_read;
 }

@@ -1,0 +1,32 @@
+"""The multi-rail engine on the network-namespace testbed (root only; skips elsewhere)."""
+import re
+
+import pytest
+
+from conftest import run_worker
+from nezha.testbed.pytest_fixtures import testbed_factory  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.testbed
+
+
+def run_on(tb, script, *args, timeout=180):
+    return run_worker(len(tb.hosts), script, *args, timeout=timeout,
+                      nezharun_args=tb.nezharun_args())
+
+
+@pytest.mark.parametrize("rates", [["1gbit", "1gbit"], ["1gbit", "250mbit"],
+                                   ["1gbit", "500mbit", "250mbit"]])
+def test_striped_allreduce_is_correct_and_bit_identical(testbed_factory, rates):
+    tb = testbed_factory(hosts=4 if len(rates) == 2 else 3, rails=len(rates), rates=rates)
+    result = run_on(tb, "multirail_check.py", "correctness")
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(len(tb.hosts)):
+        assert f"OK rank {r}" in result.lines(r), result.output[-3000:]
+
+
+def test_split_follows_a_rate_change_within_two_seconds(testbed_factory):
+    tb = testbed_factory(hosts=4, rails=2, rates=["1gbit", "1gbit"])
+    result = run_on(tb, "multirail_check.py", "adapt", tb.prefix, "1", "250mbit")
+    assert result.returncode == 0, result.output[-4000:]
+    adapted = [float(m.group(1)) for l in result.lines(0) if (m := re.match(r"ADAPTED (\S+)", l))]
+    assert adapted and adapted[0] <= 2.0, result.output[-3000:]
