@@ -23,6 +23,7 @@ class CaseResult:
     records: List[BenchRecord] = field(default_factory=list)
     commands: List[str] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
+    traffic: Dict[str, List[int]] = field(default_factory=dict)  # run key -> tx bytes per rail interface
 
     def find(self, impl: str, num_bytes: int) -> Optional[BenchRecord]:
         for rec in self.records:
@@ -166,7 +167,18 @@ def case_tables(res: CaseResult) -> List[str]:
     if splits:
         lines += ["", f"Rail split at {format_size(largest)} (bytes sent per rail, all ranks):", ""]
         lines += [f"- {impl}: {format_rails(rec.rails)}" for impl, rec in splits]
+    if res.traffic:
+        lines += ["", "Interface traffic per run (tx bytes on each rail interface, all hosts; a run "
+                  "with a Gloo baseline counts both):", ""]
+        lines += [f"- {key}: {traffic_text(counts)}" for key, counts in res.traffic.items()]
     return lines
+
+
+def traffic_text(counts: Sequence[int]) -> str:
+    """"rail0 1.20 GB (80%), rail1 0.30 GB (20%)"."""
+    total = sum(counts)
+    return ", ".join(f"rail{i} {n / 1e9:.2f} GB ({(n / total if total else 0) * 100:.0f}%)"
+                     for i, n in enumerate(counts))
 
 
 def render_results(results: Sequence[CaseResult], *, quick: bool, started: str, duration_s: float,

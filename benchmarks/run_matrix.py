@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
+import json
 import shlex
 import signal
 import subprocess
@@ -73,6 +73,18 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=STOP_GRACE_S)
 
 
+def interface_tx_bytes(testbed) -> List[int]:
+    """Bytes sent per rail interface, summed over hosts: what really crossed each rail, whichever
+    implementation sent it (nezha's own counters cannot see MPTCP subflows or Gloo)."""
+    totals = [0] * testbed.rails
+    for host in testbed.hosts:
+        for rail in range(testbed.rails):
+            out = subprocess.run(["ip", "-j", "-s", "-n", host, "link", "show", "dev", testbed.interface(rail)],
+                                 capture_output=True, text=True, timeout=10, check=True).stdout
+            totals[rail] += int(json.loads(out)[0]["stats64"]["tx"]["bytes"])
+    return totals
+
+
 def run_case(testbed, case: Case, quick: bool, deadline: float) -> CaseResult:
     from nezha.bench.records import read_json
 
@@ -93,8 +105,11 @@ def run_case(testbed, case: Case, quick: bool, deadline: float) -> CaseResult:
             continue
         started = time.monotonic()
         mode = "quick" if quick else "full"
+        tx_before = interface_tx_bytes(testbed)
         error = run_job(argv, log_path, min(RUN_TIMEOUT_S[mode], left))
         took = time.monotonic() - started
+        result.traffic[run.key] = [after - before for after, before in
+                                   zip(interface_tx_bytes(testbed), tx_before)]
         if error is None and not json_path.exists():
             error = f"no JSON written (log {log_path})"
         if error:

@@ -479,6 +479,7 @@ def _sample_results():
         return mb64 * 8 * 1.5 / (gbps * 1e3)
     a.records = [_rec("nezha-2rails", mb64, at(1.9), split), _rec("nezha-mptcp", mb64, at(1.3)),
                  _rec("gloo-rail0", mb64, at(0.95)), _rec("nezha-2rails", 8, 300.0, split)]
+    a.traffic = {"nezha-mptcp": [3_000_000_000, 1_000_000_000]}
     b = matrix_report.CaseResult(cases["b"], errors=["b-nezha-rail1: timed out"])
     b.records = [_rec("nezha-2rails", mb64, at(1.0)), _rec("nezha-rail0", mb64, at(0.96))]
     c = matrix_report.CaseResult(cases["c"])
@@ -515,6 +516,8 @@ def test_results_markdown_has_commands_tables_and_targets():
     assert "- nezha-2rails: 10.50.0.0/24 80% 10.51.0.0/24 20%" in text
     assert "```\nnezharun -np 4 ... a\n```" in text
     assert "- b-nezha-rail1: timed out" in text
+    assert "- nezha-mptcp: rail0 3.00 GB (75%), rail1 1.00 GB (25%)" in text
+    assert matrix_report.traffic_text([0, 0]) == "rail0 0.00 GB (0%), rail1 0.00 GB (0%)"
 
 
 def test_plot_is_written(tmp_path):

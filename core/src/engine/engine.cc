@@ -17,6 +17,13 @@ namespace {
 
 constexpr const char* kJoinName = kJoinTensorName;
 constexpr double kIdleWakeS = 1.0;  // the loop re-checks shutdown/stall state at least this often
+// Idle ranks exchange an empty control message this often, so a rank that stopped (SIGSTOP, a hung
+// host) is told apart from one that has nothing to submit.
+constexpr double kHeartbeatS = 1.0;
+
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
 
 std::string rank_prefix(int rank) { return "rank " + std::to_string(rank) + ": "; }
 
@@ -123,6 +130,8 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   }
   peer_shutdown_.assign(config_.size, false);
   calibrate_rails();
+  last_heard_.assign(config_.size, Clock::now());
+  last_sent_ = Clock::now();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -210,6 +219,44 @@ void Engine::forward_new_work() {
   } else {
     list.shutdown = send_shutdown;
     control_->send_message(0, encode(list), Deadline::after_seconds(config_.timeout_s));
+    last_sent_ = Clock::now();
+  }
+}
+
+void Engine::send_heartbeats(Clock::time_point now) {
+  if (config_.size < 2 || now - last_sent_ < seconds(kHeartbeatS)) return;
+  if (config_.rank == 0) {
+    std::string bytes = encode(ResponseList{});
+    for (int peer = 1; peer < config_.size; ++peer)
+      if (!peer_shutdown_[peer])
+        control_->send_message(peer, bytes, Deadline::after_seconds(config_.timeout_s));
+  } else {
+    control_->send_message(0, encode(RequestList{}), Deadline::after_seconds(config_.timeout_s));
+  }
+  last_sent_ = now;
+}
+
+void Engine::check_liveness(Clock::time_point now) {
+  for (int peer = 0; peer < config_.size; ++peer) {
+    if (peer == config_.rank || (config_.rank != 0 && peer != 0) || peer_shutdown_[peer]) continue;
+    double silent = std::chrono::duration<double>(now - last_heard_[peer]).count();
+    if (silent > config_.timeout_s)
+      throw TimeoutError(peer, "no message from rank " + std::to_string(peer) + " for " +
+                                   std::to_string(static_cast<int>(silent)) +
+                                   " s (NEZHA_TIMEOUT_S): it is stopped, hung or unreachable");
+  }
+}
+
+void Engine::broadcast_fatal(const std::string& reason) {
+  // Best effort: tell the surviving workers why before closing, so every rank names the culprit.
+  ResponseList list;
+  list.fatal = reason;
+  std::string bytes = encode(list);
+  for (int peer = 1; peer < config_.size; ++peer) {
+    try {
+      control_->send_message(peer, bytes, Deadline::after_seconds(1.0));
+    } catch (const std::exception&) {
+    }
   }
 }
 
@@ -279,6 +326,7 @@ void Engine::dispatch(std::vector<Response> responses) {
   std::string bytes = encode(list);
   for (int peer = 1; peer < config_.size; ++peer)
     control_->send_message(peer, bytes, Deadline::after_seconds(config_.timeout_s));
+  last_sent_ = Clock::now();
   execute_locally(list);
 }
 
@@ -326,12 +374,18 @@ void Engine::execute_locally(const ResponseList& list) {
 }
 
 void Engine::on_control_message(int peer, const std::string& payload) {
+  last_heard_[peer] = Clock::now();
   if (config_.rank == 0) {
     RequestList list = decode_request_list(payload);
     coordinator_->submit(peer, std::move(list.requests), Clock::now());
     if (list.shutdown) peer_shutdown_[peer] = true;
   } else {
     ResponseList list = decode_response_list(payload);
+    if (!list.fatal.empty()) {
+      fail_everything(list.fatal);
+      finished_ = true;
+      return;
+    }
     execute_locally(list);
     if (list.shutdown) finished_ = true;
   }
@@ -343,6 +397,8 @@ void Engine::loop() {
     while (!finished_) {
       forward_new_work();
       Clock::time_point now = Clock::now();
+      send_heartbeats(now);
+      check_liveness(now);
       if (config_.rank == 0) {
         dispatch(coordinator_->take_ready(now));
         dispatch(coordinator_->check_stalls(now));
@@ -368,8 +424,7 @@ void Engine::loop() {
         break;
       }
       // Sleep until a control message, new work, or the next timer.
-      Clock::time_point until = now + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(kIdleWakeS));
+      Clock::time_point until = now + seconds(std::min(kIdleWakeS, kHeartbeatS));
       if (coordinator_)
         if (auto t = coordinator_->next_wakeup(now)) until = std::min(until, *t);
       if (shutdown_deadline) until = std::min(until, *shutdown_deadline);
@@ -394,7 +449,9 @@ void Engine::loop() {
       }
     }
   } catch (const PeerError& e) {
-    fail_everything("rank " + std::to_string(e.peer()) + " is unreachable: " + e.what());
+    std::string reason = "rank " + std::to_string(e.peer()) + " is unreachable: " + e.what();
+    if (config_.rank == 0) broadcast_fatal(reason);
+    fail_everything(reason);
   } catch (const std::exception& e) {
     fail_everything(std::string("engine stopped: ") + e.what());
   }

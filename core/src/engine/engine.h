@@ -114,6 +114,11 @@ class Engine {
   // Loop thread only.
   std::unordered_map<std::string, std::pair<int32_t, Request>> cache_;
   std::vector<bool> peer_shutdown_;
+  std::vector<Clock::time_point> last_heard_;  // per peer: last control message (heartbeats too)
+  Clock::time_point last_sent_;                // last control message this rank sent
+  void send_heartbeats(Clock::time_point now);
+  void check_liveness(Clock::time_point now);
+  void broadcast_fatal(const std::string& reason);
   bool shutdown_sent_ = false;
   std::atomic<bool> finished_{false};
   std::thread thread_;

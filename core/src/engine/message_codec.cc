@@ -197,6 +197,7 @@ std::string encode(const ResponseList& list) {
   std::vector<uint8_t> est = list.estimates.empty() ? std::vector<uint8_t>{}
                                                     : multirail::encode_estimates(list.estimates);
   w.put_string(std::string(est.begin(), est.end()));
+  w.put_string(list.fatal);
   w.put<uint32_t>(static_cast<uint32_t>(list.responses.size()));
   for (const auto& r : list.responses) put_response(w, r);
   return w.take();
@@ -221,6 +222,7 @@ ResponseList decode_response_list(const std::string& bytes) {
   std::string est = rd.get_string();
   if (!est.empty())
     list.estimates = multirail::decode_estimates(reinterpret_cast<const uint8_t*>(est.data()), est.size());
+  list.fatal = rd.get_string();
   uint32_t n = rd.get_count(kMaxItems, "responses");
   for (uint32_t i = 0; i < n; ++i) list.responses.push_back(get_response(rd));
   rd.expect_end();

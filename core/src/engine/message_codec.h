@@ -19,6 +19,8 @@ struct RequestList {
 struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;  // every rank asked to shut down: close now
+  // Set when the job cannot go on (a rank is gone): every rank fails its pending work with it.
+  std::string fatal;
   // The coordinator's cost model, so every rank reports the same alpha/beta (may be empty).
   std::vector<multirail::RailEstimate> estimates;
 };
