@@ -41,6 +41,45 @@ def run_worker(np_: int, script: str, *args: str, **kwargs) -> JobResult:
     return run_job(np_, [sys.executable, str(WORKERS / script), *args], **kwargs)
 
 
+def launch_direct(np_: int, script: str, *args: str, env: Optional[Dict[str, str]] = None,
+                  timeout: float = 120) -> List[JobResult]:
+    """Runs np_ ranks of tests/workers/<script> without a supervisor (no fail-fast), serving the
+    rendezvous store from this process; returns one JobResult per rank."""
+    import secrets
+
+    from nezha.rendezvous import StoreServer
+
+    secret = secrets.token_bytes(16)
+    server = StoreServer("127.0.0.1", 0, secret).start()
+    procs = []
+    try:
+        for r in range(np_):
+            e = {k: v for k, v in os.environ.items() if not k.startswith("NEZHA_")}
+            e.update({"NEZHA_RANK": str(r), "NEZHA_SIZE": str(np_), "NEZHA_LOCAL_RANK": str(r),
+                      "NEZHA_LOCAL_SIZE": str(np_), "NEZHA_CROSS_RANK": "0",
+                      "NEZHA_CROSS_SIZE": "1", "NEZHA_RENDEZVOUS_ADDR": "127.0.0.1",
+                      "NEZHA_RENDEZVOUS_PORT": str(server.port), "NEZHA_SECRET": secret.hex()})
+            e.update(env or {})
+            procs.append(subprocess.Popen([sys.executable, str(WORKERS / script), *args], cwd=REPO,
+                                          env=e, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        results = []
+        for p in procs:
+            try:
+                out = p.communicate(timeout=timeout)[0]
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out = p.communicate()[0] + "\n<killed by the test: timeout>"
+            results.append(JobResult(p.returncode, out))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        server.stop()
+
+
 @pytest.fixture
 def job():
     return run_worker
