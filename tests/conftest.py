@@ -42,9 +42,10 @@ def run_worker(np_: int, script: str, *args: str, **kwargs) -> JobResult:
 
 
 def launch_direct(np_: int, script: str, *args: str, env: Optional[Dict[str, str]] = None,
-                  timeout: float = 120) -> List[JobResult]:
+                  timeout: float = 120, wait_for: Optional[List[int]] = None) -> List[JobResult]:
     """Runs np_ ranks of tests/workers/<script> without a supervisor (no fail-fast), serving the
-    rendezvous store from this process; returns one JobResult per rank."""
+    rendezvous store from this process; returns one JobResult per rank. With `wait_for`, the
+    other ranks are killed once those have exited."""
     import secrets
 
     from nezha.rendezvous import StoreServer
@@ -64,7 +65,9 @@ def launch_direct(np_: int, script: str, *args: str, env: Optional[Dict[str, str
                                           env=e, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
         results = []
-        for p in procs:
+        for r, p in enumerate(procs):
+            if wait_for is not None and r not in wait_for and p.poll() is None:
+                p.kill()
             try:
                 out = p.communicate(timeout=timeout)[0]
             except subprocess.TimeoutExpired:

@@ -14,9 +14,10 @@ TIMEOUT_S = 4
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_dead_or_frozen_peer_is_named_on_every_other_rank(how):
     victim = 2
-    # The stopped victim never exits by itself: the test's own timeout kills it after the others.
+    # The stopped victim never exits by itself: it is killed once the others have exited.
     results = launch_direct(3, "dead_peer.py", how, str(victim),
-                            env={"NEZHA_TIMEOUT_S": str(TIMEOUT_S)}, timeout=TIMEOUT_S + 20)
+                            env={"NEZHA_TIMEOUT_S": str(TIMEOUT_S)}, timeout=TIMEOUT_S + 20,
+                            wait_for=[0, 1])
     for rank in (0, 1):
         res = results[rank]
         assert res.returncode == 3, res.output[-2000:]

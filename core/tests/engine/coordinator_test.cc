@@ -268,11 +268,27 @@ TEST(CoordinatorTest, DifferentDtypesOpsOrScalesNeverFuse) {
 
 TEST(CoordinatorTest, OtherOperationsAndErrorsBreakFusion) {
   Coordinator c(options(2));
-  c.submit(0, {allreduce("a"), allgather("g", {1}), allreduce("b"), allreduce("bad", {1}), allreduce("c"), allreduce("d")}, t0);
-  c.submit(1, {allreduce("a"), allgather("g", {1}), allreduce("b"), allreduce("bad", {2}), allreduce("c"), allreduce("d")}, t0);
-  auto out = c.take_ready(t0);
+  // Rank 0 submits one at a time (first submission fixes the order); rank 1 all at once.
+  const std::vector<Request> rank0 = {allreduce("a"), allgather("g", {1}), allreduce("b"),
+                                      allreduce("bad", {1}), allreduce("c"), allreduce("d")};
+  for (size_t i = 0; i < rank0.size(); ++i) c.submit(0, {rank0[i]}, t0 + milliseconds(i));
+  c.submit(1, {allreduce("d"), allreduce("c"), allreduce("bad", {2}), allreduce("b"), allgather("g", {1}), allreduce("a")},
+           t0 + milliseconds(10));
+  auto out = c.take_ready(t0 + milliseconds(10));
   EXPECT_EQ(names_of(out),
             (std::vector<std::vector<std::string>>{{"a"}, {"g"}, {"b"}, {"bad"}, {"c", "d"}}));
+}
+
+TEST(CoordinatorTest, TensorsFirstSeenTogetherAreOrderedByName) {
+  // One message from rank 0 carries several names with the same arrival time: the tie is broken
+  // by name, so the order does not depend on hash or submission order.
+  CoordinatorOptions o = options(2);
+  o.fusion_threshold = 0;
+  Coordinator c(o);
+  c.submit(0, {allreduce("z"), allreduce("m"), allreduce("a")}, t0);
+  c.submit(1, {allreduce("m"), allreduce("a"), allreduce("z")}, t0);
+  EXPECT_EQ(names_of(c.take_ready(t0)),
+            (std::vector<std::vector<std::string>>{{"a"}, {"m"}, {"z"}}));
 }
 
 TEST(CoordinatorTest, LoneReadyTensorIsDispatchedAtOnce) {
