@@ -69,7 +69,7 @@ def _busbw_at_least(impl: str, floor: float) -> Callable[[CaseResult], Verdict]:
         if rec is None:
             return None, f"{impl}: no size >= {format_size(BANDWIDTH_MIN_BYTES)} measured"
         return rec.busbw_gbps >= floor, \
-            f"{impl} at {format_size(size)}: {rec.busbw_gbps:.2f} Gbit/s (target >= {floor:.2f})"
+            f"{impl} at {format_size(size)}: {rec.busbw_gbps:.3f} Gbit/s (target >= {floor:.3f})"
     return check
 
 

@@ -84,6 +84,8 @@ def parse_args():
                         help="disables CUDA training")
     parser.add_argument("--use-adasum", action="store_true", default=False,
                         help="use adasum algorithm to do reduction (not implemented by Nezha)")
+    parser.add_argument("--num-threads", type=int, default=0,
+                        help="torch threads per rank (0: this host's cores / its ranks)")
     parser.add_argument("--json", type=str, default=None,
                         help="rank 0 writes the results to this JSON file")
     return parser.parse_args()
@@ -95,6 +97,8 @@ def main():
     hvd.init()
     if args.cuda:
         torch.cuda.set_device(hvd.local_rank())
+    elif args.num_threads > 0:
+        torch.set_num_threads(args.num_threads)
     else:
         # Ranks on one host share its cores; oversubscribed OpenMP threads spin against each other
         # and against the engine's threads.
@@ -114,14 +118,19 @@ def main():
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
+    # Each rank its own batch, so the averaged gradient differs from every local one and the
+    # losses check the averaging (any implementation of it gives the same losses).
+    torch.manual_seed(1 + hvd.rank())
     data = torch.randn(args.batch_size, *sample_shape, device=device)
     classes = model.head.out_features
     target = torch.randint(0, classes, (args.batch_size,), device=device)
     wait_s = [0.0]
+    losses = []  # rank 0's loss at every step; kept as tensors so a GPU does not sync per step
 
     def benchmark_step():
         optimizer.zero_grad()
         loss = F.cross_entropy(model(data), target)
+        losses.append(loss.detach())
         loss.backward()
         start = time.perf_counter()
         optimizer.step()  # waits for the gradients still in flight, then updates
@@ -163,7 +172,10 @@ def main():
             json.dump({"model": args.model, "params": params, "batch_size": args.batch_size,
                        "ranks": hvd.size(), "img_sec_per_rank": img_sec_mean,
                        "img_sec_total": hvd.size() * img_sec_mean,
-                       "comm_wait_share": wait_share}, f, indent=2)
+                       "img_sec_conf_total": hvd.size() * img_sec_conf,
+                       "comm_wait_share": wait_share, "step_s": step_total_s / (
+                           args.num_iters * args.num_batches_per_iter),
+                       "losses": [float(v) for v in losses]}, f, indent=2)
     hvd.shutdown()
 
 

@@ -11,6 +11,8 @@
 #include "common/knobs.h"
 #include "common/logging.h"
 #include "engine/engine.h"
+#include "engine/message_codec.h"
+#include "transport/frame.h"
 
 namespace py = pybind11;
 using namespace nezha;
@@ -133,6 +135,50 @@ PYBIND11_MODULE(_core, m) {
     collectives::scale(b.ptr, b.bytes / dtype_size(b.dtype), b.dtype, factor);
   }, py::arg("buf"), py::arg("factor"), py::arg("dtype") = py::none(),
      "buf *= factor with the engine's kernels (for tests).");
+
+  // Parsers exposed for property-based fuzzing from Python (tests/test_wire_fuzz.py): they must
+  // only ever return or raise NezhaError, whatever bytes they get.
+  py::module_ testing = m.def_submodule("testing", "Wire-format parsers, for fuzz tests.");
+  testing.def("parse_frame_header", [](py::bytes raw) {
+    std::string b = raw;
+    if (b.size() != transport::kFrameHeaderBytes)
+      throw ProtocolError("frame header must be " + std::to_string(transport::kFrameHeaderBytes) + " bytes");
+    auto h = transport::parse_header(reinterpret_cast<const uint8_t*>(b.data()));
+    return py::make_tuple(static_cast<int>(h.type), h.flags, h.tag, h.length);
+  }, "Parses a 24-byte frame header: (type, flags, tag, length); ProtocolError if invalid.");
+  testing.def("encode_frame_header", [](int type, uint64_t tag, uint64_t length) {
+    auto h = transport::encode_header(static_cast<transport::FrameType>(type), tag, length);
+    return py::bytes(reinterpret_cast<const char*>(h.data()), h.size());
+  });
+  testing.def("decode_request_list", [](py::bytes raw) {
+    auto list = engine::decode_request_list(std::string(raw));
+    return py::make_tuple(list.requests.size(), list.shutdown);
+  }, "Decodes a worker->coordinator control message: (number of requests, shutdown).");
+  testing.def("decode_response_list", [](py::bytes raw) {
+    auto list = engine::decode_response_list(std::string(raw));
+    return py::make_tuple(list.responses.size(), list.shutdown);
+  }, "Decodes a coordinator->worker control message: (number of responses, shutdown).");
+  testing.def("sample_request_list", [] {
+    engine::RequestList list;
+    engine::Request r;
+    r.name = "grad.layer1.weight";
+    r.shape = {64, 32};
+    r.splits = {1, 2};
+    list.requests = {r, r};
+    list.requests[1].cache_id = 3;
+    return py::bytes(engine::encode(list));
+  }, "A valid encoded request list, as a seed for mutation.");
+  testing.def("sample_response_list", [] {
+    engine::ResponseList list;
+    engine::Response r;
+    r.names = {"a", "b"};
+    r.counts = {10, 20};
+    r.cache_ids = {0, -1};
+    r.plan = {{0, 0, 20}, {1, 20, 10}};
+    list.responses = {r};
+    list.fatal = "";
+    return py::bytes(engine::encode(list));
+  }, "A valid encoded response list, as a seed for mutation.");
 
   py::class_<engine::RailConfig>(m, "RailConfig")
       .def(py::init([](std::string name, std::string addr, std::string proto) {
