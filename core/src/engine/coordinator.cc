@@ -189,7 +189,7 @@ Response Coordinator::build(const std::string& name, Pending& p) {
   resp.names = {name};
   if (auto err = validate(name, p)) {
     resp.kind = Response::Kind::kError;
-    resp.error = *err;
+    resp.error = err->substr(0, 4096);
     for (const auto& r : p.by_rank)
       if (r) { resp.type = r->type; break; }
     resp.cache_ids = {-1};
@@ -330,7 +330,22 @@ std::string Coordinator::missing_ranks(const Pending& p) const {
   std::vector<int> missing;
   for (int r = 0; r < opt_.size; ++r)
     if (!p.by_rank[r] && !joined_[r]) missing.push_back(r);
-  return ranks_str(missing);
+  if (!missing.empty())
+    return ranks_str(missing) + (missing.size() == 1 ? " has" : " have") + " not submitted it";
+  // Every rank submitted it: it waits for the other members of its group.
+  const Request* any = nullptr;
+  for (const auto& r : p.by_rank)
+    if (r) { any = &*r; break; }
+  std::string group = any ? any->group : "";
+  int ready = 0;
+  for (const auto& [name, q] : pending_) {
+    const Request* m = nullptr;
+    for (const auto& r : q.by_rank)
+      if (r) { m = &*r; break; }
+    if (m && m->group == group && complete(q)) ++ready;
+  }
+  return "every rank submitted it, but group '" + group + "' has only " + std::to_string(ready) +
+         " of " + std::to_string(any ? any->group_size : 0) + " members ready";
 }
 
 std::vector<Response> Coordinator::check_stalls(Clock::time_point now) {
@@ -341,8 +356,7 @@ std::vector<Response> Coordinator::check_stalls(Clock::time_point now) {
     if (opt_.stall_check_s > 0 && age >= opt_.stall_check_s && !p.stall_warned) {
       p.stall_warned = true;
       NZ_LOG(Warning) << "stall: tensor '" << name << "' was submitted by some ranks "
-                      << static_cast<int>(age) << " s ago but " << missing_ranks(p)
-                      << " have not submitted it";
+                      << static_cast<int>(age) << " s ago but " << missing_ranks(p);
     }
     if (opt_.stall_shutdown_s > 0 && age >= opt_.stall_shutdown_s) {
       Response r;
@@ -352,7 +366,7 @@ std::vector<Response> Coordinator::check_stalls(Clock::time_point now) {
       r.names = {name};
       r.cache_ids = {-1};
       r.error = "tensor '" + name + "' stalled for " + std::to_string(static_cast<int>(age)) +
-                " s: " + missing_ranks(p) + " never submitted it (NEZHA_STALL_SHUTDOWN_S)";
+                " s: " + missing_ranks(p) + " (NEZHA_STALL_SHUTDOWN_S)";
       failed.push_back(std::move(r));
       it = pending_.erase(it);
     } else {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sstream>
 
 #include "common/error.h"
 #include "common/knobs.h"
@@ -145,7 +146,14 @@ std::shared_ptr<OpHandle> Engine::enqueue(TensorEntry entry) {
   if (!thread_.joinable()) throw InvalidArgument("nezha engine is not started; call nezha.init() first");
   auto handle = std::make_shared<OpHandle>();
   entry.handle = handle;
-  if (entry.req.type == OpType::kJoin) entry.req.name = kJoinName;
+  if (entry.req.type == OpType::kJoin) {
+    entry.req.name = kJoinName;
+  } else if (entry.req.name == kJoinName) {
+    throw InvalidArgument(std::string("tensor name '") + kJoinName + "' is reserved for join()");
+  } else if (entry.req.name.empty() || entry.req.name.size() > 4096) {
+    throw InvalidArgument("tensor names must be 1 to 4096 characters long, got " +
+                          std::to_string(entry.req.name.size()));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.empty()) throw NezhaError(failure_);
@@ -281,6 +289,14 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
                     << " at " << count * pr.elem_size << " bytes: " << plan.why;
       last_plan_striped_ = plan.striped;
     }
+    if (log_level() <= LogLevel::kTrace) {
+      std::ostringstream os;
+      for (size_t i = 0; i < est.size(); ++i)
+        os << " [rail " << i << ": alpha " << est[i].alpha_us << " us, beta " << est[i].beta_gbps
+           << " Gbit/s]";
+      for (const auto& sh : plan.shares) os << " rail" << sh.rail << "=" << sh.count;
+      NZ_LOG(Trace) << rank_prefix(config_.rank) << "plan " << count * pr.elem_size << " B:" << os.str();
+    }
     return plan.shares;
   }
   // Other collectives run whole on the rail the planner would pick for a cold payload.
@@ -293,6 +309,8 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
 void Engine::observe_share(int rail, size_t bytes, double seconds) {
   std::lock_guard<std::mutex> lock(cost_mu_);
   costs_[rail].observe(bytes, seconds);
+  NZ_LOG(Trace) << rank_prefix(config_.rank) << "rail " << rail << " sample: " << bytes << " B in "
+                << seconds * 1e6 << " us";
 }
 
 void Engine::calibrate_rails() {

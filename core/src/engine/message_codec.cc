@@ -12,7 +12,7 @@ namespace {
 constexpr uint8_t kRequestListTag = 0xA1;
 constexpr uint8_t kResponseListTag = 0xB2;
 constexpr uint32_t kMaxItems = 1u << 20;      // tensors, dims, ranks: far above any real job
-constexpr uint32_t kMaxString = 1u << 16;     // tensor names, error messages
+constexpr uint32_t kMaxString = kMaxControlString;  // tensor names, error messages
 
 class Writer {
  public:
@@ -24,6 +24,9 @@ class Writer {
     out_.append(b, sizeof(T));
   }
   void put_string(const std::string& s) {
+    if (s.size() > kMaxString)  // the decoder would refuse it: fail here, before anything is sent
+      throw InvalidArgument("string of " + std::to_string(s.size()) + " bytes exceeds the " +
+                            std::to_string(kMaxString) + "-byte limit of control messages");
     put<uint32_t>(static_cast<uint32_t>(s.size()));
     out_.append(s);
   }

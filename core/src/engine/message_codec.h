@@ -11,6 +11,9 @@
 
 namespace nezha::engine {
 
+// Longest tensor name (and error message) a control message carries.
+constexpr size_t kMaxControlString = 1u << 16;
+
 struct RequestList {
   std::vector<Request> requests;
   bool shutdown = false;  // this rank is shutting down (after the requests above)

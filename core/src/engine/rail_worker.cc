@@ -20,12 +20,18 @@ bool RailWorker::try_run_inline(const std::function<void()>& job) {
     if (busy_ || !jobs_.empty() || stopping_) return false;
     busy_ = true;
   }
+  // Clear busy_ even if the job throws, or the worker would never run another job.
+  struct Release {
+    RailWorker* w;
+    ~Release() {
+      {
+        std::lock_guard<std::mutex> lock(w->mu_);
+        w->busy_ = false;
+      }
+      w->cv_.notify_one();
+    }
+  } release{this};
   job();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    busy_ = false;
-  }
-  cv_.notify_one();
   return true;
 }
 

@@ -317,14 +317,13 @@ TEST(MessageCodecTest, PureRandomBytesNeverCrash) {
 }
 
 TEST(MessageCodecTest, OverlongNameIsRejectedWhenEncodingNotWhenDecoding) {
-  // BUG (core/src/engine/message_codec.cc, Writer::put_string): the decoder caps strings at
+  // Was a bug (core/src/engine/message_codec.cc, Writer::put_string): the decoder caps strings at
   // kMaxString (64 KiB) but the encoder writes any length. A tensor name (or an error message) over
   // 64 KiB encodes fine on a worker and then makes decode_request_list on rank 0 throw
   // ProtocolError, which stops rank 0's engine loop ("engine stopped: control message: string
   // count ... exceeds the limit") and with it the whole job, instead of failing that one tensor.
   // Fix: put_string throws InvalidArgument above kMaxString (and Engine::enqueue rejects names
   // that long up front; the coordinator truncates error messages to fit).
-  GTEST_SKIP() << "known bug: encoder accepts strings the decoder rejects";
   RequestList rq;
   Request r = full_request();
   r.name = std::string(70000, 'n');

@@ -137,14 +137,13 @@ TEST(RailWorkerTest, IdleWorkerRunsPostedJobPromptly) {
 }
 
 TEST(RailWorkerTest, ThrowingInlineJobLeavesWorkerUsable) {
-  // BUG (core/src/engine/rail_worker.cc, try_run_inline): busy_ is set before job() and cleared
+  // Was a bug (core/src/engine/rail_worker.cc, try_run_inline): busy_ is set before job() and cleared
   // after it with no guard, so a job that throws leaves busy_ == true forever. The worker thread
   // then never runs another job (its wait predicate needs !busy_), every later try_run_inline
   // refuses, and stop()/~RailWorker hang joining the thread. Executor's allreduce job catches
   // std::exception from the collective, but finish_allreduce, the share observer and anything
   // non-std can still throw. Fix: clear busy_ and notify in a scope guard (or catch(...), reset,
   // rethrow).
-  GTEST_SKIP() << "known bug: an exception from an inline job wedges the worker";
   auto* w = new RailWorker;
   EXPECT_THROW(w->try_run_inline([] { throw std::runtime_error("boom"); }), std::runtime_error);
   std::promise<void> done;

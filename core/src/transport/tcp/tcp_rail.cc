@@ -65,7 +65,10 @@ TcpRail::TcpRail(TcpRailConfig config, int rank, int size)
   int one = 1;
   setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   tcp::tune_socket(listener.get(), config_.socket_buffer_bytes);  // inherited by accepted sockets
-  const sockaddr_in addr = tcp::ipv4_address(config_.local_addr, 0);
+  // An MPTCP listener must accept the extra subflows a peer opens to this host's *other*
+  // addresses (announced by the kernel's path manager), so it is the one listener bound to every
+  // address; the HMAC handshake still refuses strangers. Plain TCP rails bind to their address only.
+  const sockaddr_in addr = tcp::ipv4_address(config_.mptcp ? "0.0.0.0" : config_.local_addr, 0);
   if (::bind(listener.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
     throw NezhaError("rail " + config_.name + ": cannot bind " + config_.local_addr + ": " +
                      tcp::errno_text(errno));
@@ -73,6 +76,8 @@ TcpRail::TcpRail(TcpRailConfig config, int rank, int size)
     throw NezhaError("rail " + config_.name + ": listen() on " + config_.local_addr + " failed: " +
                      tcp::errno_text(errno));
   listen_address_ = tcp::local_endpoint(listener.get());
+  if (config_.mptcp)
+    listen_address_ = config_.local_addr + listen_address_.substr(listen_address_.rfind(':'));
 
   HandshakeParams params{config_.secret, rank_, size_, config_.rail_index};
   acceptor_ = std::make_unique<tcp::Acceptor>(
