@@ -70,6 +70,7 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   cost_opt.shift_run = 2;
   costs_.assign(rails_.size(), multirail::RailCostModel(cost_opt));
   current_share_.assign(rails_.size(), 0.0);
+  idle_large_ops_.assign(rails_.size(), 0);
   current_share_[0] = 1.0;
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw NezhaError(std::string("eventfd failed: ") + std::strerror(errno));
@@ -284,6 +285,7 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
   pr.usable.assign(rails_.size(), true);
   if (r.type == OpType::kAllreduce) {
     multirail::Plan plan = multirail::plan_split(pr);
+    add_probe_shares(plan, est, count, pr.elem_size);
     if (plan.striped != last_plan_striped_) {
       NZ_LOG(Debug) << rank_prefix(config_.rank) << (plan.striped ? "cold -> hot" : "hot -> cold")
                     << " at " << count * pr.elem_size << " bytes: " << plan.why;
@@ -304,6 +306,37 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
   multirail::Plan plan = multirail::plan_split(pr);
   int rail = plan.shares.empty() ? 0 : plan.shares[0].rail;
   return {multirail::RailShare{rail, 0, count}};
+}
+
+void Engine::add_probe_shares(multirail::Plan& plan,
+                              const std::vector<multirail::RailEstimate>& est, size_t count,
+                              size_t elem_size) {
+  // A rail that carries nothing is never measured again, so a wrong or outdated estimate (or a
+  // rail that got faster) would exclude it for good. Large payloads therefore lend a small probe
+  // share to a rail that is unknown or has been idle for kProbeEvery large operations.
+  constexpr size_t kMinProbeBytes = size_t{1} << 20;
+  constexpr int kProbeEvery = 16;
+  if (count * elem_size < kMinProbeBytes * 4) return;
+  std::vector<bool> has_share(rails_.size(), false);
+  for (const auto& sh : plan.shares) has_share[sh.rail] = sh.count > 0;
+  for (size_t rail = 0; rail < rails_.size(); ++rail) {
+    if (has_share[rail]) {
+      idle_large_ops_[rail] = 0;
+      continue;
+    }
+    if (est[rail].known() && ++idle_large_ops_[rail] < kProbeEvery) continue;
+    idle_large_ops_[rail] = 0;
+    // Take the probe from the end of the largest share (offsets stay contiguous).
+    auto largest = std::max_element(plan.shares.begin(), plan.shares.end(),
+                                    [](const auto& a, const auto& b) { return a.count < b.count; });
+    size_t probe = std::max(kMinProbeBytes / elem_size, count / 50);
+    if (largest == plan.shares.end() || largest->count < 2 * probe) continue;
+    largest->count -= probe;
+    for (auto it = largest + 1; it != plan.shares.end(); ++it) it->offset -= probe;
+    plan.shares.push_back({static_cast<int>(rail), count - probe, probe});
+    NZ_LOG(Debug) << rank_prefix(config_.rank) << "probing rail '"
+                  << rails_[rail]->properties().name << "' with " << probe * elem_size << " bytes";
+  }
 }
 
 void Engine::observe_share(int rail, size_t bytes, double seconds) {

@@ -96,6 +96,8 @@ class Engine {
   std::vector<multirail::RailShare> plan_for(const Response& r);
   void observe_share(int rail, size_t bytes, double seconds);
   void calibrate_rails();
+  void add_probe_shares(multirail::Plan& plan, const std::vector<multirail::RailEstimate>& est,
+                        size_t count, size_t elem_size);
 
   EngineConfig config_;
   std::unique_ptr<transport::TcpRail> control_;
@@ -129,6 +131,7 @@ class Engine {
   std::vector<multirail::RailEstimate> shared_estimates_;  // rank 0's, as last received
   std::vector<double> current_share_;                     // of the last allreduce plan
   bool last_plan_striped_ = false;                        // rank 0: for cold/hot transition logs
+  std::vector<int> idle_large_ops_;                       // rank 0: large ops since a rail's last share
 };
 
 }  // namespace nezha::engine
