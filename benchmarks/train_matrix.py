@@ -69,17 +69,30 @@ WORKLOADS = (
 @dataclass(frozen=True)
 class TrainRun:
     key: str
-    kind: str                      # "compute", "nezha" or "ddp"
+    kind: str                      # "compute", "comm", "nezha" or "ddp"
     rail_indices: Sequence[int]    # nezharun --rails (nezha) / GLOO_SOCKET_IFNAME (ddp)
 
 
-RUNS = (
+# The split's two halves first: compute with no allreduce, then the allreduce of the gradients'
+# bytes with no compute (nezha-bench: nezha, and on one rail Gloo too, in the same job).
+SPLIT_RUNS = (
     TrainRun("compute-only", "compute", (0,)),
+    TrainRun("allreduce-only-2rails", "comm", (0, 1)),
+    TrainRun("allreduce-only-rail0", "comm", (0,)),
+)
+TRAINING_RUNS = (
     TrainRun("nezha-2rails", "nezha", (0, 1)),
     TrainRun("ddp-rail0+rail1", "ddp", (0, 1)),
     TrainRun("nezha-rail0", "nezha", (0,)),
     TrainRun("ddp-rail0", "ddp", (0,)),
 )
+RUNS = SPLIT_RUNS + TRAINING_RUNS
+# Which allreduce-only figure is each training run's communication alone. A single Gloo allreduce
+# uses one pair, hence one NIC, whatever GLOO_SOCKET_IFNAME lists, so it stands for DDP on one rail
+# only (DDP on both rails gets its spread from several buckets in flight).
+ALLREDUCE_ALONE = {"nezha-2rails": ("allreduce-only-2rails", "nezha"),
+                   "nezha-rail0": ("allreduce-only-rail0", "nezha"),
+                   "ddp-rail0": ("allreduce-only-rail0", "gloo")}
 DDP_KEYS = ("ddp-rail0", "ddp-rail0+rail1")
 
 
@@ -96,6 +109,14 @@ def run_command(run: TrainRun, work: Workload, testbed, json_path: Path, port: i
     steps = ["--model", work.model, "--batch-size", str(work.batch),
              "--num-warmup-batches", str(work.warmup), "--num-batches-per-iter", str(work.batches_per_iter),
              "--num-iters", str(work.iters), "--num-threads", str(THREADS_PER_RANK), "--json", str(json_path)]
+    if run.kind == "comm":
+        label = "+".join(testbed.interface(r) for r in run.rail_indices)
+        bench = [python, "-m", "nezha.bench", "--op", "allreduce", "--sizes", str(4 * model_params(work.model)),
+                 "--dtype", "float32", "--iters", "3", "--warmup", "1", "--json", str(json_path),
+                 "--impl-label", "nezha"]
+        if len(run.rail_indices) == 1:
+            bench += ["--baseline", "gloo", "--gloo-ifname", label, "--baseline-label", "gloo"]
+        return launcher + ["--"] + bench
     if run.kind == "nezha":
         script = [python, str(REPO_ROOT / "examples" / "pytorch_synthetic_benchmark.py")]
     else:
@@ -158,8 +179,12 @@ def run_one(testbed, work: Workload, run: TrainRun, port: int, deadline: float) 
         log(f"{stem}: FAILED after {entry['wall_s']:.0f} s: {error}")
         return entry
     entry["result"] = json.loads(json_path.read_text(encoding="utf-8"))
-    log(f"{stem}: {entry['result']['img_sec_total']:.1f} samples/s, step {entry['result']['step_s']:.2f} s "
-        f"({entry['wall_s']:.0f} s)")
+    if run.kind == "comm":  # nezha-bench records: keep each implementation's time
+        entry["result"] = {"allreduce_s": {r["impl"]: r["time_us"] / 1e6 for r in entry["result"]}}
+        figures = ", ".join(f"{impl} {t:.2f} s" for impl, t in entry["result"]["allreduce_s"].items())
+    else:
+        figures = f"{entry['result']['img_sec_total']:.1f} samples/s, step {entry['result']['step_s']:.2f} s"
+    log(f"{stem}: {figures} ({entry['wall_s']:.0f} s)")
     return entry
 
 
@@ -183,6 +208,12 @@ def traffic_text(traffic: Optional[List[int]]) -> str:
         return "(< 1 MB)"
     unit, scale = ("GB", 1e9) if total >= 10**9 else ("MB", 1e6)
     return " / ".join(f"{b / scale:.2f} {unit} ({100 * b / total:.0f}%)" for b in traffic)
+
+
+def model_params(model: str) -> int:
+    sys.path.insert(0, str(REPO_ROOT / "examples"))
+    from pytorch_synthetic_benchmark import MODELS
+    return sum(p.numel() for p in MODELS[model][0]().parameters())
 
 
 def last_gradient(model: str):
@@ -220,7 +251,16 @@ class ModelResults:
 
     @property
     def params(self) -> Optional[int]:
-        return next((e["result"]["params"] for e in self.entries.values() if e["result"]), None)
+        return next((e["result"]["params"] for e in self.entries.values()
+                     if e["result"] and "params" in e["result"]), None)
+
+    def allreduce_alone_s(self, key: str) -> Optional[float]:
+        """The run's communication with no compute (see ALLREDUCE_ALONE), or None."""
+        if key not in ALLREDUCE_ALONE:
+            return None
+        comm_key, impl = ALLREDUCE_ALONE[key]
+        res = self.result(comm_key)
+        return res["allreduce_s"].get(impl) if res else None
 
     def best_ddp(self) -> Optional[str]:
         rated = [(self.rate(k), k) for k in DDP_KEYS if self.rate(k) is not None]
@@ -250,7 +290,11 @@ def render(summary: dict) -> str:
         "*compute* is the step time of the compute-only run (4 ranks at once, no allreduce); "
         "*exposed communication* = step - compute: the part of the gradient exchange not hidden "
         "behind backward (on this machine it also includes the CPU the exchange itself takes from "
-        "the ranks' compute). Other processes share the machine too: *load* is the 1-minute load "
+        "the ranks' compute). *allreduce alone* is one allreduce of the gradients' bytes with no "
+        "compute (nezha-bench; Gloo's stands for DDP on one rail only); *overlap* = compute + "
+        "allreduce alone - step: positive when communication hides behind backward, negative when "
+        "the two slow each other down (they share the 2 cores). "
+        "Other processes share the machine too: *load* is the 1-minute load "
         "average before and after each run (about 4 of it is the run's own ranks).",
         "",
         "Issue #5 quotes DDP at 24.2 (one rail) and 35.3 (both rails) samples/s for mlp46m; the ratios "
@@ -287,29 +331,40 @@ def render_model(res: ModelResults) -> List[str]:
             f"1 Gbit/s rail and {ideal_allreduce_s(params, 2):.2f} s on two.")
         lines.append("")
     best = res.best_ddp()
-    lines += ["| run | samples/s | step | compute | exposed communication | vs DDP rail0 | vs best DDP "
-              "| tx bytes rail0 / rail1 | load before / after |",
-              "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     compute = res.compute_s
-    for run in RUNS:
+    compute_text = "-" if compute is None else f"{compute:.3f} s"
+    alone = []
+    for run in SPLIT_RUNS[1:]:
+        r = res.result(run.key)
+        if r:
+            alone += [f"{impl} on {'both rails' if len(run.rail_indices) == 2 else 'rail0'} {t:.3f} s"
+                      for impl, t in r["allreduce_s"].items()]
+    lines += [f"The split's halves, each measured alone: compute (every rank stepping on its own, no "
+              f"allreduce) {compute_text} per step; one allreduce of the gradients' bytes with no compute: "
+              + (", ".join(alone) if alone else "not measured") + ".", ""]
+    lines += ["| run | samples/s | step | compute | exposed communication | allreduce alone | overlap "
+              "| vs DDP rail0 | vs best DDP | tx bytes rail0 / rail1 | load before / after |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for run in TRAINING_RUNS:
         entry = res.entries.get(run.key)
         if not entry or not entry["result"]:
-            lines.append(f"| {run.key} | failed | | | | | | | |")
+            lines.append(f"| {run.key} | failed | | | | | | | | | |")
             continue
         r = entry["result"]
-        if run.kind == "compute":
-            exposed = "(none)"
-        elif compute is not None:
+        exposed, comm_alone, overlap = "-", "-", "-"
+        if compute is not None:
             comm = max(0.0, r["step_s"] - compute)
             exposed = f"{comm:.3f} s ({100 * comm / r['step_s']:.0f}%)"
-        else:
-            exposed = "-"
-        vs_rail0 = fmt_ratio(res.ratio(run.key, "ddp-rail0")) if run.kind != "compute" else ""
-        vs_best = fmt_ratio(res.ratio(run.key, best)) if run.kind != "compute" else ""
-        compute_text = "-" if compute is None else f"{compute:.3f} s"
+        alone_s = res.allreduce_alone_s(run.key)
+        if alone_s is not None:
+            comm_alone = f"{alone_s:.3f} s"
+            if compute is not None:
+                overlap = f"{compute + alone_s - r['step_s']:+.3f} s"
+        vs_rail0 = fmt_ratio(res.ratio(run.key, "ddp-rail0"))
+        vs_best = fmt_ratio(res.ratio(run.key, best))
         lines.append(f"| {run.key} | {r['img_sec_total']:.1f} +-{r.get('img_sec_conf_total', 0):.1f} "
-                     f"| {r['step_s']:.3f} s | {compute_text} | {exposed} | {vs_rail0} | {vs_best} "
-                     f"| {traffic_text(entry['traffic'])} | {load_text(entry)} |")
+                     f"| {r['step_s']:.3f} s | {compute_text} | {exposed} | {comm_alone} | {overlap} "
+                     f"| {vs_rail0} | {vs_best} | {traffic_text(entry['traffic'])} | {load_text(entry)} |")
     waits = [f"{k} {100 * res.result(k)['comm_wait_share']:.0f}%" for k in ("nezha-2rails", "nezha-rail0")
              if res.result(k) and "comm_wait_share" in res.result(k)]
     if waits:
@@ -355,8 +410,11 @@ def explain(res: ModelResults, key: str, baseline: str, rails: int, factor: floa
     last_wire = ideal_allreduce_s(first_params, rails)
     no_overlap = base_step / (compute + wire)
     best_overlap = base_step / (compute + last_wire)
+    alone = res.allreduce_alone_s(key)
+    alone_text = "" if alone is None else (f"; nezha's allreduce alone takes {alone:.2f} s, "
+                                           f"{100 * wire / alone:.0f}% of line rate")
     return (f"{key} step {step:.2f} s = compute {compute:.2f} s + exposed communication {exposed:.2f} s "
-            f"(the allreduce at line rate takes {wire:.2f} s); {baseline} step {base_step:.2f} s. "
+            f"(the allreduce at line rate takes {wire:.2f} s{alone_text}); {baseline} step {base_step:.2f} s. "
             f"With the allreduce at line rate the ratio would be {no_overlap:.2f} x with no overlap, and "
             f"at most {best_overlap:.2f} x with all of it hidden behind backward except the first layer's "
             f"({first_layer}: {100 * first_params / params:.0f}% of the bytes, {last_wire:.2f} s), whose "
@@ -374,7 +432,7 @@ def render_losses(results: List[ModelResults]) -> List[str]:
              "|---|---|---|---|---|"]
     for res in results:
         reference = res.result("ddp-rail0")
-        for run in RUNS:
+        for run in (SPLIT_RUNS[0],) + TRAINING_RUNS:
             r = res.result(run.key)
             if not r:
                 continue

@@ -205,13 +205,24 @@ Plan plan_split(const PlanRequest& req) {
   }
   const size_t threshold = striping_threshold_bytes(req.rails, req.usable);
   if (bytes < threshold) {
+    // Whole on the rail predicted to finish first at this size: the lowest alpha for tiny
+    // payloads, the highest beta for large ones that striping would not speed up.
+    int best_rail = cold_rail;
+    double best_s = std::numeric_limits<double>::infinity();
+    for (const Lane& l : lanes) {
+      double t = l.alpha_s + static_cast<double>(bytes) / l.beta_Bps;
+      if (t < best_s) {
+        best_s = t;
+        best_rail = l.rail;
+      }
+    }
     why << "cold: " << bytes << " B below striping threshold ";
     if (threshold == SIZE_MAX)
       why << "(never)";
     else
       why << threshold << " B";
-    why << "; all on rail " << cold_rail;
-    return whole_on(cold_rail, req.count, why.str());
+    why << "; all on rail " << best_rail;
+    return whole_on(best_rail, req.count, why.str());
   }
 
   const size_t unit_bytes = std::lcm(req.elem_size, req.align_bytes);

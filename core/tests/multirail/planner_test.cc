@@ -135,6 +135,17 @@ TEST(PlanSplit, LatencyBoundPayloadGoesWholeOnLowestAlphaRail) {
   EXPECT_NE(plan.why.find("cold"), std::string::npos) << plan.why;
 }
 
+TEST(PlanSplit, UnstripedPayloadGoesOnTheRailPredictedToFinishFirst) {
+  // The slow rail has the lower alpha, but 1 MB is bandwidth-bound: it must not get the payload.
+  // (Seen on the testbed: a 250 Mbit/s rail with alpha 200 us beside a 10 Gbit/s one with 400 us.)
+  std::vector<RailEstimate> rails{est(426, 9.75), est(208, 0.15)};
+  PlanRequest req{1 << 20, 4, rails, {true, true}};
+  Plan plan = plan_split(req);
+  expect_well_formed(req, plan);
+  ASSERT_EQ(plan.shares.size(), 1u) << plan.why;
+  EXPECT_EQ(plan.shares[0].rail, 0) << plan.why;
+}
+
 TEST(PlanSplit, UnusableRailGetsNoShare) {
   PlanRequest req{16 << 20, 4, {est(50, 1), est(50, 1), est(50, 1)}, {true, false, true}};
   Plan plan = plan_split(req);
