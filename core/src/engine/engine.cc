@@ -68,7 +68,8 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   // speed (a re-shaped or congested link): shares then follow within two large operations.
   multirail::RailCostModelOptions cost_opt;
   cost_opt.shift_run = 2;
-  costs_.assign(rails_.size(), multirail::RailCostModel(cost_opt));
+  cost_opt.min_samples = 2;
+  costs_.assign(rails_.size(), multirail::SplitRegimeModel(cost_opt));
   current_share_.assign(rails_.size(), 0.0);
   idle_large_ops_.assign(rails_.size(), 0);
   current_share_[0] = 1.0;
@@ -349,11 +350,12 @@ void Engine::observe_share(int rail, size_t bytes, double seconds) {
 void Engine::calibrate_rails() {
   // One rail needs no model. With several, each gets a few timed allreduces of a small and two
   // larger sizes (alpha from the first, beta from the others) before any user traffic, so the
-  // very first large payload can already be striped. Every rank runs the same sequence.
+  // very first large payload can already be striped (three samples per regime of the
+  // SplitRegimeModel). Every rank runs the same sequence.
   if (rails_.size() < 2 || config_.size < 2) return;
   for (size_t rail = 0; rail < rails_.size(); ++rail)
-    for (size_t bytes : {size_t{4096}, size_t{4096}, size_t{256} << 10, size_t{1} << 20,
-                         size_t{1} << 20})
+    for (size_t bytes : {size_t{4096}, size_t{4096}, size_t{4096}, size_t{1} << 20,
+                         size_t{1} << 20, size_t{2} << 20})
       executor_->calibrate(static_cast<int>(rail), bytes);
   for (size_t rail = 0; rail < rails_.size(); ++rail) {
     auto est = costs_[rail].estimate();

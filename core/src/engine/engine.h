@@ -28,6 +28,7 @@
 #include "engine/handle.h"
 #include "engine/request.h"
 #include "multirail/cost_model.h"
+#include "multirail/split_regime_model.h"
 #include "transport/tcp/tcp_rail.h"
 
 namespace nezha::engine {
@@ -127,7 +128,7 @@ class Engine {
 
   // Cost model per rail (fed by rail workers, read by the planner on rank 0).
   mutable std::mutex cost_mu_;
-  std::vector<multirail::RailCostModel> costs_;
+  std::vector<multirail::SplitRegimeModel> costs_;
   std::vector<multirail::RailEstimate> shared_estimates_;  // rank 0's, as last received
   std::vector<double> current_share_;                     // of the last allreduce plan
   bool last_plan_striped_ = false;                        // rank 0: for cold/hot transition logs

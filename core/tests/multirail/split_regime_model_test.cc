@@ -1,0 +1,40 @@
+#include "multirail/split_regime_model.h"
+
+#include <gtest/gtest.h>
+
+namespace nezha::multirail {
+namespace {
+
+// A token-bucket link: payloads up to the burst pass at 10 Gbit/s, longer ones at 1 Gbit/s.
+double shaped_seconds(size_t bytes) {
+  const double alpha = 200e-6, burst = 256 << 10;
+  if (bytes <= burst) return alpha + bytes * 8 / 10e9;
+  return alpha + burst * 8 / 10e9 + (bytes - burst) * 8 / 1e9;
+}
+
+TEST(SplitRegimeModel, ManySmallSamplesDoNotInflateTheBandwidthOfLargeOnes) {
+  SplitRegimeModel m;
+  for (size_t b : {size_t{1} << 20, size_t{2} << 20, size_t{1} << 20}) m.observe(b, shaped_seconds(b));
+  for (int i = 0; i < 500; ++i) m.observe(64 + (i % 3) * 1000, shaped_seconds(64 + (i % 3) * 1000));
+  for (int i = 0; i < 200; ++i) m.observe(200 << 10, shaped_seconds(200 << 10));  // burst-sized
+  RailEstimate e = m.estimate();
+  ASSERT_TRUE(e.known());
+  // Near the sustained rate (a through-origin fit at 1-2 MB includes the burst's head start),
+  // nowhere near the 10 Gbit/s burst rate.
+  EXPECT_GT(e.beta_gbps, 0.8);
+  EXPECT_LT(e.beta_gbps, 1.3);
+  EXPECT_NEAR(e.alpha_us, 200, 20);     // what a tiny payload actually costs
+}
+
+TEST(SplitRegimeModel, UnknownUntilLargePayloadsWereSeen) {
+  SplitRegimeModel m;
+  for (int i = 0; i < 10; ++i) m.observe(4096, 100e-6);
+  EXPECT_FALSE(m.estimate().known());
+  m.observe(1 << 20, 8.5e-3);
+  m.observe(2 << 20, 17e-3);
+  m.observe(1 << 20, 8.6e-3);
+  EXPECT_TRUE(m.estimate().known());
+}
+
+}  // namespace
+}  // namespace nezha::multirail
