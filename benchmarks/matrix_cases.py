@@ -70,6 +70,13 @@ def build_cases(subnets: Sequence[str], quick: bool) -> List[Case]:
     ]
 
 
+def loopback_case(quick: bool) -> Case:
+    """Issue #2's comparison: 4 ranks on this machine's loopback, no testbed, nezha vs Gloo."""
+    return Case("d", "loopback, 4 ranks on one machine (CPU-bound)", ("off", "off"),
+                QUICK_SIZES if quick else FULL_SIZES,
+                (Run("nezha-loopback", "", "nezha-loopback", gloo_ifnames="lo"),))
+
+
 def replace_flag(args: Sequence[str], flag: str, value: str) -> List[str]:
     """`args` with every `flag VALUE` / `flag=VALUE` removed and `flag value` appended."""
     out: List[str] = []
@@ -93,5 +100,5 @@ def run_command(run: Run, case: Case, testbed_args: Sequence[str], json_path: st
     if run.gloo_ifnames:
         bench += ["--baseline", "gloo", "--gloo-ifname", run.gloo_ifnames, "--baseline-label", run.gloo_impl]
     launcher = [python, "-m", "nezha.runner", "-np", str(RANKS),
-                *replace_flag(testbed_args, "--rails", run.rails)]
+                *(replace_flag(testbed_args, "--rails", run.rails) if run.rails else testbed_args)]
     return launcher + ["--"] + bench

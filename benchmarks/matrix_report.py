@@ -174,6 +174,8 @@ TARGETS: Tuple[Target, ...] = (
            _latency_ratio("nezha-2rails", "gloo-rail0", (8, 1024, 65536), 1 / 3)),
     Target("c", "unshaped, 64 MB busbw >= Gloo's",
            _faster_than("nezha-2rails", "gloo-rail0")),
+    Target("d", "loopback, 4 ranks, 64 MB: nezha at least as fast as Gloo (issue #2)",
+           _faster_than("nezha-loopback", "gloo-lo")),
 )
 
 

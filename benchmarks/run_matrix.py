@@ -26,7 +26,7 @@ REPO_ROOT = BENCH_DIR.parent
 if str(REPO_ROOT) not in sys.path:  # `python benchmarks/run_matrix.py` puts only benchmarks/ on the path
     sys.path.append(str(REPO_ROOT))
 
-from matrix_cases import Case, Run, build_cases, run_command  # noqa: E402
+from matrix_cases import Case, Run, build_cases, loopback_case, run_command  # noqa: E402
 from matrix_report import CaseResult, render_results  # noqa: E402
 
 OUT_DIR = BENCH_DIR / "out"
@@ -86,17 +86,19 @@ def interface_tx_bytes(testbed) -> List[int]:
 
 
 def run_case(testbed, case: Case, quick: bool, deadline: float) -> CaseResult:
+    """One case's runs; `testbed` None runs them on this machine's loopback."""
     from nezha.bench.records import read_json
 
     result = CaseResult(case)
-    for rail, rate in enumerate(case.rates):
+    for rail, rate in enumerate(case.rates if testbed else ()):
         testbed.set_rate(rail, rate)
     log(f"case ({case.key}) {case.title}: " + ", ".join(f"rail{i} {r}" for i, r in enumerate(case.rates)))
     for run in case.runs:
         stem = f"{case.key}-{run.key}"
         json_path, log_path = OUT_DIR / f"{stem}.json", OUT_DIR / f"{stem}.log"
         json_path.unlink(missing_ok=True)
-        argv = run_command(run, case, testbed.nezharun_args(), str(json_path), quick)
+        argv = run_command(run, case, testbed.nezharun_args() if testbed else [], str(json_path),
+                           quick)
         result.commands.append(shlex.join(argv))
         left = deadline - time.monotonic()
         if left < 10:
@@ -105,11 +107,12 @@ def run_case(testbed, case: Case, quick: bool, deadline: float) -> CaseResult:
             continue
         started = time.monotonic()
         mode = "quick" if quick else "full"
-        tx_before = interface_tx_bytes(testbed)
+        tx_before = interface_tx_bytes(testbed) if testbed else []
         error = run_job(argv, log_path, min(RUN_TIMEOUT_S[mode], left))
         took = time.monotonic() - started
-        result.traffic[run.key] = [after - before for after, before in
-                                   zip(interface_tx_bytes(testbed), tx_before)]
+        if testbed:
+            result.traffic[run.key] = [after - before for after, before in
+                                       zip(interface_tx_bytes(testbed), tx_before)]
         if error is None and not json_path.exists():
             error = f"no JSON written (log {log_path})"
         if error:
@@ -128,7 +131,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes, 5 iterations (about 3 minutes)")
     parser.add_argument("--prefix", default="nzbench", help="testbed name prefix (default nzbench)")
-    parser.add_argument("--cases", default="a,b,c", help="comma list of cases to run (default a,b,c)")
+    parser.add_argument("--cases", default="a,b,c,d",
+                        help="comma list of cases to run (default a,b,c,d; d = loopback)")
     return parser.parse_args(argv)
 
 
@@ -147,6 +151,8 @@ def main(argv=None) -> int:
     start = time.monotonic()
     deadline = start + MATRIX_BUDGET_S[mode]
     results: List[CaseResult] = []
+    if "d" in wanted:
+        results.append(run_case(None, loopback_case(args.quick), args.quick, deadline))
     log(f"bringing up the testbed: {HOSTS} hosts, {RAILS} rails, prefix {args.prefix}")
     with Testbed(hosts=HOSTS, rails=RAILS, rates=["1gbit", "1gbit"], prefix=args.prefix) as testbed:
         for case in build_cases(testbed.rail_subnets, args.quick):
