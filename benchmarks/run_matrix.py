@@ -162,9 +162,14 @@ def main(argv=None) -> int:
     duration = time.monotonic() - start
     testbed_text = (f"{HOSTS} network namespaces, {RAILS} rails (veth + bridge, tc tbf shaping), "
                     f"launched with nezharun --launcher 'ip netns exec {{host}}'")
-    (BENCH_DIR / "RESULTS.md").write_text(
-        render_results(results, quick=args.quick, started=started_at, duration_s=duration,
-                       testbed=testbed_text), encoding="utf-8")
+    text = render_results(results, quick=args.quick, started=started_at, duration_s=duration,
+                          testbed=testbed_text)
+    # Hand-written analysis (gaps and their causes) and the training figures stay with the numbers.
+    for extra in ("ANALYSIS.md", "TRAINING.md"):
+        if (BENCH_DIR / extra).exists():
+            section = (BENCH_DIR / extra).read_text(encoding="utf-8")
+            text += "\n\n" + ("#" + section if section.startswith("# ") else section)
+    (BENCH_DIR / "RESULTS.md").write_text(text, encoding="utf-8")
     from busbw_plot import write_plot
     write_plot(results, str(BENCH_DIR / "busbw.png"))
     log(f"wrote {BENCH_DIR / 'RESULTS.md'} and {BENCH_DIR / 'busbw.png'} in {duration:.0f} s")
