@@ -73,33 +73,6 @@ def _busbw_at_least(impl: str, floor: float) -> Callable[[CaseResult], Verdict]:
     return check
 
 
-def _beats_all_others(impl: str) -> Callable[[CaseResult], Verdict]:
-    def check(res: CaseResult) -> Verdict:
-        size = _size_for(res, LARGEST)
-        ours = res.find(impl, size) if size else None
-        others = [r for r in res.records if r.bytes == size and r.impl != impl]
-        if ours is None or not others:
-            return None, "not measured"
-        best = max(others, key=lambda r: r.busbw_gbps)
-        return ours.busbw_gbps > best.busbw_gbps, (
-            f"at {format_size(size)}: {impl} {ours.busbw_gbps:.2f} vs best other {best.impl} "
-            f"{best.busbw_gbps:.2f} Gbit/s")
-    return check
-
-
-def _not_slower_than(impl: str, other: str, sizes: Sequence[int]) -> Callable[[CaseResult], Verdict]:
-    def check(res: CaseResult) -> Verdict:
-        details, met = [], True
-        for num_bytes in sizes:
-            ours, theirs = res.find(impl, num_bytes), res.find(other, num_bytes)
-            if ours is None or theirs is None:
-                return None, f"{format_size(num_bytes)} not measured for both"
-            met = met and ours.time_us <= theirs.time_us
-            details.append(f"{format_size(num_bytes)}: {ours.time_us:.0f} vs {theirs.time_us:.0f} us")
-        return met, "; ".join(details)
-    return check
-
-
 def _faster_than(impl: str, other: str) -> Callable[[CaseResult], Verdict]:
     def check(res: CaseResult) -> Verdict:
         size = _size_for(res, LARGEST)

@@ -19,29 +19,14 @@
 #include <vector>
 
 #include "common/error.h"
+#include "transport/tcp_mesh.h"
 
 namespace nezha::engine {
 namespace {
 
 constexpr double kWaitS = 10;  // longest any single operation may take in these tests
 
-// Runs fn(rank) on one thread per rank and rethrows the first exception.
-void run_ranks(int n, const std::function<void(int)>& fn) {
-  std::mutex mu;
-  std::exception_ptr first;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
-}
+using transport::testing::run_ranks;  // one thread per rank, first exception rethrown
 
 std::vector<RailConfig> loopback_rails(int n) {
   std::vector<RailConfig> rails;
