@@ -15,7 +15,7 @@ const std::vector<KnobSpec>& knob_table() {
       {"NEZHA_STALL_CHECK_S", "60", "Warn when some ranks submitted a tensor and others did not for this long (0 disables)."},
       {"NEZHA_STALL_SHUTDOWN_S", "0", "Fail stalled tensors with NezhaError after this long (0 disables)."},
       {"NEZHA_LOG_LEVEL", "warning", "trace, debug, info, warning or error."},
-      {"NEZHA_TIMELINE", "", "Write a Chrome-trace timeline of engine activity to this file."},
+      {"NEZHA_TIMELINE", "", "Write a Chrome-trace timeline (negotiation per tensor, shares per rail) to this file."},
       {"NEZHA_LOGSTEP_MAX_BYTES", "65536", "Payloads up to this size use the log-step allreduce; larger ones the pipelined ring."},
       {"NEZHA_SEGMENT_BYTES", "1048576", "Pipeline segment size of the ring algorithms, in bytes."},
       {"NEZHA_SOCKET_BUFFER_BYTES", "4194304", "SO_SNDBUF/SO_RCVBUF requested for data sockets."},

@@ -41,6 +41,7 @@ EngineConfig EngineConfig::from_knobs() {
   c.logstep_max_bytes = static_cast<size_t>(knob_int("NEZHA_LOGSTEP_MAX_BYTES"));
   c.segment_bytes = static_cast<size_t>(std::max<int64_t>(64, knob_int("NEZHA_SEGMENT_BYTES")));
   c.socket_buffer_bytes = static_cast<size_t>(knob_int("NEZHA_SOCKET_BUFFER_BYTES"));
+  c.timeline_path = knob_string("NEZHA_TIMELINE");
   return c;
 }
 
@@ -73,6 +74,9 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   current_share_.assign(rails_.size(), 0.0);
   idle_large_ops_.assign(rails_.size(), 0);
   current_share_[0] = 1.0;
+  std::vector<std::string> rail_names;
+  for (const auto& r : rails_) rail_names.push_back(r->properties().name);
+  timeline_.open(config_.timeline_path, config_.rank, rail_names);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw NezhaError(std::string("eventfd failed: ") + std::strerror(errno));
 }
@@ -119,9 +123,9 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   eo.logstep_max_bytes = config_.logstep_max_bytes;
   std::vector<transport::Rail*> rails;
   for (auto& r : rails_) rails.push_back(r.get());
-  executor_ = std::make_unique<Executor>(eo, rails, [this](int rail, size_t bytes, double s) {
-    observe_share(rail, bytes, s);
-  });
+  executor_ = std::make_unique<Executor>(
+      eo, rails, [this](int rail, size_t bytes, Clock::time_point start, double s,
+                        const std::string& what) { observe_share(rail, bytes, start, s, what); });
   if (config_.rank == 0) {
     CoordinatorOptions co;
     co.size = config_.size;
@@ -166,6 +170,7 @@ std::shared_ptr<OpHandle> Engine::enqueue(TensorEntry entry) {
     std::string name = entry.req.name;
     in_flight_.emplace(name, std::move(entry));
     new_names_.push_back(name);
+    timeline_.negotiation_started(name);
   }
   wake();
   return handle;
@@ -186,6 +191,7 @@ void Engine::shutdown() {
   in_flight_.clear();
   control_->close();
   for (auto& r : rails_) r->close();
+  timeline_.close();
 }
 
 void Engine::fail_everything(const std::string& reason) {
@@ -340,7 +346,9 @@ void Engine::add_probe_shares(multirail::Plan& plan,
   }
 }
 
-void Engine::observe_share(int rail, size_t bytes, double seconds) {
+void Engine::observe_share(int rail, size_t bytes, Clock::time_point start, double seconds,
+                           const std::string& what) {
+  timeline_.share_done(rail, what, start, seconds, bytes);
   std::lock_guard<std::mutex> lock(cost_mu_);
   costs_[rail].observe(bytes, seconds);
   NZ_LOG(Trace) << rank_prefix(config_.rank) << "rail " << rail << " sample: " << bytes << " B in "
@@ -411,6 +419,7 @@ void Engine::execute_locally(const ResponseList& list) {
         }
         if (i < resp.cache_ids.size() && resp.cache_ids[i] >= 0)
           cache_[resp.names[i]] = {resp.cache_ids[i], it->second.req};
+        timeline_.negotiation_finished(resp.names[i]);
         entries.push_back(std::move(it->second));
         in_flight_.erase(it);
       }

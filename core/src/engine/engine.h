@@ -27,6 +27,7 @@
 #include "engine/message_codec.h"
 #include "engine/handle.h"
 #include "engine/request.h"
+#include "engine/timeline.h"
 #include "multirail/cost_model.h"
 #include "multirail/split_regime_model.h"
 #include "transport/tcp/tcp_rail.h"
@@ -54,6 +55,7 @@ struct EngineConfig {
   size_t logstep_max_bytes = 65536;
   size_t segment_bytes = 1 << 20;
   size_t socket_buffer_bytes = 4 << 20;
+  std::string timeline_path;  // NEZHA_TIMELINE: empty = no timeline
 
   // Defaults from the knob table (NEZHA_* environment variables).
   static EngineConfig from_knobs();
@@ -95,7 +97,8 @@ class Engine {
   void fail_everything(const std::string& reason);
   void wake();
   std::vector<multirail::RailShare> plan_for(const Response& r);
-  void observe_share(int rail, size_t bytes, double seconds);
+  void observe_share(int rail, size_t bytes, Clock::time_point start, double seconds,
+                     const std::string& what);
   void calibrate_rails();
   void add_probe_shares(multirail::Plan& plan, const std::vector<multirail::RailEstimate>& est,
                         size_t count, size_t elem_size);
@@ -132,7 +135,8 @@ class Engine {
   std::vector<multirail::RailEstimate> shared_estimates_;  // rank 0's, as last received
   std::vector<double> current_share_;                     // of the last allreduce plan
   bool last_plan_striped_ = false;                        // rank 0: for cold/hot transition logs
-  std::vector<int> idle_large_ops_;                       // rank 0: large ops since a rail's last share
+  std::vector<int> idle_large_ops_;
+  Timeline timeline_;                       // rank 0: large ops since a rail's last share
 };
 
 }  // namespace nezha::engine

@@ -91,7 +91,7 @@ void Executor::calibrate(int rail_index, size_t bytes) {
       collectives::allreduce(*rails_[rail_index], buf.data(), count, DataType::kFloat32,
                              ReduceOp::kSum, copt);
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (observer_) observer_(rail_index, count * sizeof(float), secs);
+      if (observer_) observer_(rail_index, count * sizeof(float), start, secs, "calibration");
       done.set_value();
     } catch (...) {
       done.set_exception(std::current_exception());
@@ -144,7 +144,7 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
         collectives::allreduce(*rail, job->data + share.offset * esize, share.count,
                                job->resp.dtype, job->resp.op, copt);
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (observer_) observer_(share.rail, share.count * esize, secs);
+        if (observer_) observer_(share.rail, share.count * esize, start, secs, names_str(job->resp));
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(job->mu);
         if (job->error.empty())

@@ -35,8 +35,11 @@ struct ExecutorOptions {
   size_t inline_max_bytes = 65536;  // allreduces up to this size may run on the engine thread
 };
 
-// Called from rail workers after each share: (rail index, bytes, seconds). Feeds the cost model.
-using ShareObserver = std::function<void(int rail, size_t bytes, double seconds)>;
+// Called from rail workers after each allreduce share (and calibration): which rail, how many
+// bytes, when it started and how long it took, and what it carried. Feeds the cost model and the
+// timeline.
+using ShareObserver = std::function<void(int rail, size_t bytes, Clock::time_point start,
+                                         double seconds, const std::string& what)>;
 
 class Executor {
  public:

@@ -1,0 +1,43 @@
+// A Chrome-trace timeline of engine activity (NEZHA_TIMELINE=<file>, nezharun --timeline FILE),
+// viewable in chrome://tracing or Perfetto: per tensor, the time from submission until the
+// coordinator scheduled it (async events on the "negotiate" row), and per rail, every share that
+// rail carried (complete events on one row per rail). Thread-safe; does nothing when disabled.
+#pragma once
+
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+
+namespace nezha::engine {
+
+class Timeline {
+ public:
+  Timeline() = default;
+  ~Timeline();
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  // Starts writing to `path` (empty: stays disabled). Throws NezhaError if it cannot be opened.
+  void open(const std::string& path, int rank, const std::vector<std::string>& rail_names);
+  bool enabled() const { return file_ != nullptr; }
+
+  void negotiation_started(const std::string& tensor);
+  void negotiation_finished(const std::string& tensor);
+  void share_done(int rail, const std::string& what, Clock::time_point start, double seconds,
+                  size_t bytes);
+  void close();
+
+ private:
+  double micros(Clock::time_point t) const;
+  void write_event(const std::string& json);
+
+  std::mutex mu_;
+  std::FILE* file_ = nullptr;
+  int rank_ = 0;
+  Clock::time_point origin_;
+};
+
+}  // namespace nezha::engine
