@@ -61,21 +61,18 @@ void Timeline::write_event(const std::string& json) {
   std::fputs(json.c_str(), file_);
 }
 
-void Timeline::negotiation_started(const std::string& tensor) {
+void Timeline::negotiation_event(const std::string& tensor, char phase) {
   if (!enabled()) return;
   std::ostringstream e;
-  e << "{\"name\":" << quoted(tensor) << ",\"cat\":\"negotiate\",\"ph\":\"b\",\"id\":"
-    << quoted(tensor) << ",\"pid\":" << rank_ << ",\"tid\":0,\"ts\":" << micros(Clock::now()) << "}";
+  e << "{\"name\":" << quoted(tensor) << ",\"cat\":\"negotiate\",\"ph\":\"" << phase
+    << "\",\"id\":" << quoted(tensor) << ",\"pid\":" << rank_ << ",\"tid\":0,\"ts\":"
+    << micros(Clock::now()) << "}";
   write_event(e.str());
 }
 
-void Timeline::negotiation_finished(const std::string& tensor) {
-  if (!enabled()) return;
-  std::ostringstream e;
-  e << "{\"name\":" << quoted(tensor) << ",\"cat\":\"negotiate\",\"ph\":\"e\",\"id\":"
-    << quoted(tensor) << ",\"pid\":" << rank_ << ",\"tid\":0,\"ts\":" << micros(Clock::now()) << "}";
-  write_event(e.str());
-}
+void Timeline::negotiation_started(const std::string& tensor) { negotiation_event(tensor, 'b'); }
+
+void Timeline::negotiation_finished(const std::string& tensor) { negotiation_event(tensor, 'e'); }
 
 void Timeline::share_done(int rail, const std::string& what, Clock::time_point start,
                           double seconds, size_t bytes) {

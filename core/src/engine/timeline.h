@@ -32,6 +32,7 @@ class Timeline {
 
  private:
   double micros(Clock::time_point t) const;
+  void negotiation_event(const std::string& tensor, char phase);  // async begin 'b' / end 'e'
   void write_event(const std::string& json);
 
   std::mutex mu_;
