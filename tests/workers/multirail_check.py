@@ -62,7 +62,14 @@ elif mode == "adapt":
     while True:
         step += 1
         now = time.monotonic() - t0
-        if changed_at is None and now > 3.0:
+        # Ranks decide together (their clocks differ): time to change the rate / to stop.
+        change_now, stop = nezha.allreduce(
+            np.array([changed_at is None and now > 3.0,
+                      changed_at is not None and now > changed_at + 4.0], np.int32),
+            op=nezha.Max, name="decide")
+        if stop:
+            break
+        if change_now:
             # Every rank reaches this step together (the allreduces synchronise them).
             set_rate(f"{prefix}-h{nezha.cross_rank()}", f"rail{rail}", rate)
             nezha.barrier()
@@ -72,8 +79,6 @@ elif mode == "adapt":
         history.append((time.monotonic() - t0, nezha.rail_stats()[rail]["share"]))
         if step % 8 == 0:
             check(4096, step)  # bit-identical across ranks (a small payload: one rail)
-        if changed_at is not None and now > changed_at + 4.0:
-            break
     before = [s for t, s in history if 1.0 < t < 3.0]
     print("HISTORY " + json.dumps({"changed_at": changed_at, "history": history}), flush=True)
     settled = next((t for t, s in history if changed_at and t > changed_at and s < 0.35), None)

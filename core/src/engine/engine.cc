@@ -70,6 +70,7 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   multirail::RailCostModelOptions cost_opt;
   cost_opt.shift_run = 2;
   cost_opt.min_samples = 2;
+  cost_opt.jump_ratio = 2.0;  // large payloads only reach this model (SplitRegimeModel)
   costs_.assign(rails_.size(), multirail::SplitRegimeModel(cost_opt));
   current_share_.assign(rails_.size(), 0.0);
   idle_large_ops_.assign(rails_.size(), 0);

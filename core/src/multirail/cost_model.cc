@@ -112,7 +112,10 @@ bool RailCostModel::track_surprise(const Sample& s, double log_ratio) {
     run_sign_ = sign;
   }
   run_.push_back(s);
-  return static_cast<int>(run_.size()) >= opt_.shift_run;
+  // A sample off by more than jump_ratio is no noise on a large payload: a link was re-shaped,
+  // congested or lost a path. Act on it at once instead of waiting for the run.
+  const bool jump = opt_.jump_ratio > 0 && std::abs(log_ratio) > std::log(opt_.jump_ratio);
+  return jump || static_cast<int>(run_.size()) >= opt_.shift_run;
 }
 
 void RailCostModel::restart_from_run() {

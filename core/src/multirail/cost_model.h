@@ -47,6 +47,7 @@ struct RailCostModelOptions {
   double outlier_ratio = 1.5;     // t / predicted beyond this (either way): down-weighted
   double shift_ratio = 1.2;       // t / predicted beyond this, shift_run times in a row: a real change
   int shift_run = 3;
+  double jump_ratio = 0;          // > 1: one sample off by more than this is a change at once (0: off)
   double alpha_rel_tolerance = 0.2;    // trust the fitted alpha if its std error <= this * alpha ...
   double alpha_abs_tolerance_us = 5;   // ... or <= this many microseconds
 };

@@ -38,3 +38,26 @@ TEST(SplitRegimeModel, UnknownUntilLargePayloadsWereSeen) {
 
 }  // namespace
 }  // namespace nezha::multirail
+
+namespace nezha::multirail {
+namespace {
+
+TEST(RailCostModelJump, OneSampleFarOffIsActedOnAtOnceWhenEnabled) {
+  RailCostModelOptions opt;
+  opt.jump_ratio = 2.0;
+  RailCostModel m(opt);
+  for (int i = 0; i < 20; ++i)
+    m.observe((i % 2 ? 1 : 4) << 20, 100e-6 + ((i % 2 ? 1 : 4) << 20) * 8 / 1e9);
+  ASSERT_NEAR(m.estimate().beta_gbps, 1.0, 0.05);
+  m.observe(4 << 20, 100e-6 + (4 << 20) * 8 / 0.25e9);  // the link now runs at 250 Mbit/s
+  EXPECT_LT(m.estimate().beta_gbps, 0.4);
+
+  RailCostModel cautious;  // default: no jump, a single far-off sample is an outlier
+  for (int i = 0; i < 20; ++i)
+    cautious.observe((i % 2 ? 1 : 4) << 20, 100e-6 + ((i % 2 ? 1 : 4) << 20) * 8 / 1e9);
+  cautious.observe(4 << 20, 100e-6 + (4 << 20) * 8 / 0.25e9);
+  EXPECT_GT(cautious.estimate().beta_gbps, 0.8);
+}
+
+}  // namespace
+}  // namespace nezha::multirail
