@@ -42,6 +42,7 @@ EngineConfig EngineConfig::from_knobs() {
   c.segment_bytes = static_cast<size_t>(std::max<int64_t>(64, knob_int("NEZHA_SEGMENT_BYTES")));
   c.socket_buffer_bytes = static_cast<size_t>(knob_int("NEZHA_SOCKET_BUFFER_BYTES"));
   c.timeline_path = knob_string("NEZHA_TIMELINE");
+  c.rail_stall_ms = knob_double("NEZHA_RAIL_STALL_MS");
   return c;
 }
 
@@ -73,6 +74,8 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   cost_opt.jump_ratio = 2.0;  // large payloads only reach this model (SplitRegimeModel)
   costs_.assign(rails_.size(), multirail::SplitRegimeModel(cost_opt));
   current_share_.assign(rails_.size(), 0.0);
+  rail_state_.assign(rails_.size(), multirail::RailState::kUp);
+  failure_reported_.assign(rails_.size(), false);
   idle_large_ops_.assign(rails_.size(), 0);
   current_share_[0] = 1.0;
   std::vector<std::string> rail_names;
@@ -115,6 +118,8 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   Deadline deadline = Deadline::after_seconds(config_.connect_timeout_s);
   control_->connect_all(column(0), deadline);
   for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect_all(column(i + 1), deadline);
+  addrs_by_rank_ = addrs_by_rank;
+  const bool failover = rails_.size() > 1 && config_.size > 1;
 
   ExecutorOptions eo;
   eo.rank = config_.rank;
@@ -122,11 +127,25 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   eo.timeout_s = config_.timeout_s;
   eo.segment_bytes = config_.segment_bytes;
   eo.logstep_max_bytes = config_.logstep_max_bytes;
+  eo.failover = failover;
+  eo.stall_min_s = config_.rail_stall_ms / 1000.0;
+  ExecutorHooks hooks;
+  if (failover) {
+    hooks.predict_s = [this](int rail, size_t bytes) { return predict_seconds(rail, bytes); };
+    hooks.on_rail_error = [this](int rail, const std::string& what) {
+      // Abort here, not on the loop: the loop itself may be the thread blocked on the rail (small
+      // operations run inline). The last usable rail is left alone: see handle_local_rail_events.
+      std::vector<bool> usable = usable_rails();
+      if (usable[rail] && std::count(usable.begin(), usable.end(), true) > 1) rails_[rail]->abort(what);
+      report_rail_event({RailEventKind::kFailed, rail, -1, 0, what});
+    };
+  }
   std::vector<transport::Rail*> rails;
   for (auto& r : rails_) rails.push_back(r.get());
   executor_ = std::make_unique<Executor>(
       eo, rails, [this](int rail, size_t bytes, Clock::time_point start, double s,
-                        const std::string& what) { observe_share(rail, bytes, start, s, what); });
+                        const std::string& what) { observe_share(rail, bytes, start, s, what); },
+      std::move(hooks));
   if (config_.rank == 0) {
     CoordinatorOptions co;
     co.size = config_.size;
@@ -135,6 +154,15 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
     co.stall_check_s = config_.stall_check_s;
     co.stall_shutdown_s = config_.stall_shutdown_s;
     coordinator_ = std::make_unique<Coordinator>(co);
+    if (failover) {
+      multirail::RailHealthOptions ho;
+      ho.initial_backoff = std::chrono::milliseconds(static_cast<int64_t>(config_.rail_probe_backoff_s * 1000));
+      ho.max_backoff = std::chrono::milliseconds(static_cast<int64_t>(config_.rail_probe_backoff_max_s * 1000));
+      std::vector<std::string> names;
+      for (const auto& r : rails_) names.push_back(r->properties().name);
+      failover_ = std::make_unique<RailFailover>(config_.size, names, ho);
+      completed_by_rank_.assign(config_.size, std::vector<uint64_t>(rails_.size(), 0));
+    }
   }
   peer_shutdown_.assign(config_.size, false);
   calibrate_rails();
@@ -203,6 +231,7 @@ void Engine::fail_everything(const std::string& reason) {
     if (e.handle) e.handle->complete("tensor '" + name + "': " + reason);
   in_flight_.clear();
   new_names_.clear();
+  if (executor_) executor_->fail_all(reason);
   control_->abort(reason);
   for (auto& r : rails_) r->abort(reason);
 }
@@ -235,6 +264,7 @@ void Engine::forward_new_work() {
     if (send_shutdown) peer_shutdown_[0] = true;
   } else {
     list.shutdown = send_shutdown;
+    if (failover_needed()) list.completed = executor_->completed();
     control_->send_message(0, encode(list), Deadline::after_seconds(config_.timeout_s));
     last_sent_ = Clock::now();
   }
@@ -243,12 +273,16 @@ void Engine::forward_new_work() {
 void Engine::send_heartbeats(Clock::time_point now) {
   if (config_.size < 2 || now - last_sent_ < seconds(kHeartbeatS)) return;
   if (config_.rank == 0) {
-    std::string bytes = encode(ResponseList{});
+    ResponseList beat;
+    beat.watermark = watermark();
+    std::string bytes = encode(beat);
     for (int peer = 1; peer < config_.size; ++peer)
       if (!peer_shutdown_[peer])
         control_->send_message(peer, bytes, Deadline::after_seconds(config_.timeout_s));
   } else {
-    control_->send_message(0, encode(RequestList{}), Deadline::after_seconds(config_.timeout_s));
+    RequestList beat;
+    if (failover_needed()) beat.completed = executor_->completed();
+    control_->send_message(0, encode(beat), Deadline::after_seconds(config_.timeout_s));
   }
   last_sent_ = now;
 }
@@ -290,10 +324,10 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
   pr.count = r.type == OpType::kAllreduce ? count : 0;
   pr.elem_size = dtype_size(r.dtype);
   pr.rails = est;
-  pr.usable.assign(rails_.size(), true);
+  pr.usable = usable_rails();
   if (r.type == OpType::kAllreduce) {
     multirail::Plan plan = multirail::plan_split(pr);
-    add_probe_shares(plan, est, count, pr.elem_size);
+    add_probe_shares(plan, est, pr.usable, count, pr.elem_size);
     if (plan.striped != last_plan_striped_) {
       NZ_LOG(Debug) << rank_prefix(config_.rank) << (plan.striped ? "cold -> hot" : "hot -> cold")
                     << " at " << count * pr.elem_size << " bytes: " << plan.why;
@@ -317,8 +351,8 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
 }
 
 void Engine::add_probe_shares(multirail::Plan& plan,
-                              const std::vector<multirail::RailEstimate>& est, size_t count,
-                              size_t elem_size) {
+                              const std::vector<multirail::RailEstimate>& est,
+                              const std::vector<bool>& usable, size_t count, size_t elem_size) {
   // A rail that carries nothing is never measured again, so a wrong or outdated estimate (or a
   // rail that got faster) would exclude it for good. Large payloads therefore lend a small probe
   // share to a rail that is unknown or has been idle for kProbeEvery large operations.
@@ -328,6 +362,7 @@ void Engine::add_probe_shares(multirail::Plan& plan,
   std::vector<bool> has_share(rails_.size(), false);
   for (const auto& sh : plan.shares) has_share[sh.rail] = sh.count > 0;
   for (size_t rail = 0; rail < rails_.size(); ++rail) {
+    if (!usable[rail]) continue;
     if (has_share[rail]) {
       idle_large_ops_[rail] = 0;
       continue;
@@ -385,6 +420,7 @@ void Engine::dispatch(std::vector<Response> responses) {
     std::lock_guard<std::mutex> lock(cost_mu_);
     for (const auto& c : costs_) list.estimates.push_back(c.estimate());
   }
+  list.watermark = watermark();
   std::string bytes = encode(list);
   for (int peer = 1; peer < config_.size; ++peer)
     control_->send_message(peer, bytes, Deadline::after_seconds(config_.timeout_s));
@@ -397,6 +433,8 @@ void Engine::execute_locally(const ResponseList& list) {
     std::lock_guard<std::mutex> lock(cost_mu_);
     shared_estimates_ = list.estimates;
   }
+  for (const RailEvent& e : list.rail_events) apply_rail_event(e);
+  if (!list.watermark.empty() && executor_) executor_->trim(list.watermark);
   for (const Response& resp : list.responses) {
     if (resp.type == OpType::kAllreduce && !resp.plan.empty()) {
       size_t total = 0;
@@ -440,7 +478,9 @@ void Engine::on_control_message(int peer, const std::string& payload) {
   last_heard_[peer] = Clock::now();
   if (config_.rank == 0) {
     RequestList list = decode_request_list(payload);
+    if (failover_ && list.completed.size() == rails_.size()) completed_by_rank_[peer] = list.completed;
     coordinator_->submit(peer, std::move(list.requests), Clock::now());
+    if (!list.rail_events.empty()) on_rail_events_from(peer, list.rail_events);
     if (list.shutdown) peer_shutdown_[peer] = true;
   } else {
     ResponseList list = decode_response_list(payload);
@@ -459,9 +499,11 @@ void Engine::loop() {
   try {
     while (!finished_) {
       forward_new_work();
+      handle_local_rail_events();
       Clock::time_point now = Clock::now();
       send_heartbeats(now);
       check_liveness(now);
+      if (failover_) apply_decision(failover_->start_due_probes(now));
       if (config_.rank == 0) {
         dispatch(coordinator_->take_ready(now));
         dispatch(coordinator_->check_stalls(now));
@@ -490,6 +532,8 @@ void Engine::loop() {
       Clock::time_point until = now + seconds(std::min(kIdleWakeS, kHeartbeatS));
       if (coordinator_)
         if (auto t = coordinator_->next_wakeup(now)) until = std::min(until, *t);
+      if (failover_)
+        if (auto t = failover_->next_wakeup()) until = std::min(until, std::max(now, *t));
       if (shutdown_deadline) until = std::min(until, *shutdown_deadline);
       double wait_s = std::max(0.0, std::chrono::duration<double>(until - now).count());
       if (config_.size > 1) {
@@ -516,7 +560,9 @@ void Engine::loop() {
     if (config_.rank == 0) broadcast_fatal(reason);
     fail_everything(reason);
   } catch (const std::exception& e) {
-    fail_everything(std::string("engine stopped: ") + e.what());
+    std::string reason = std::string("engine stopped: ") + e.what();
+    if (config_.rank == 0) broadcast_fatal(reason);
+    fail_everything(reason);
   }
   finished_ = true;
 }
@@ -530,7 +576,7 @@ std::vector<RailStat> Engine::rail_stats() const {
     s.name = props.name;
     s.local_addr = props.local_addr;
     s.protocol = props.protocol;
-    s.state = "up";
+    s.state = multirail::rail_state_name(rail_state_[i]);
     auto c = rails_[i]->counters();
     s.bytes_sent = c.bytes_sent;
     s.bytes_received = c.bytes_received;

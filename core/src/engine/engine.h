@@ -26,6 +26,7 @@
 #include "engine/executor.h"
 #include "engine/message_codec.h"
 #include "engine/handle.h"
+#include "engine/rail_failover.h"
 #include "engine/request.h"
 #include "engine/timeline.h"
 #include "multirail/cost_model.h"
@@ -56,6 +57,10 @@ struct EngineConfig {
   size_t segment_bytes = 1 << 20;
   size_t socket_buffer_bytes = 4 << 20;
   std::string timeline_path;  // NEZHA_TIMELINE: empty = no timeline
+  double rail_stall_ms = 100;  // NEZHA_RAIL_STALL_MS: see ExecutorOptions::stall_min_s
+  // Re-admission back-off of a failed rail (doubles while it flaps, up to the max).
+  double rail_probe_backoff_s = 0.25;
+  double rail_probe_backoff_max_s = 3;
 
   // Defaults from the knob table (NEZHA_* environment variables).
   static EngineConfig from_knobs();
@@ -86,6 +91,10 @@ class Engine {
   void shutdown();
 
   std::vector<RailStat> rail_stats() const;
+
+  // Tests: makes `rail` fail on this rank only, as a NIC error would (its data calls throw; the
+  // peers just stop hearing from it on that rail).
+  void testing_fail_rail(int rail, const std::string& why) { rails_.at(rail)->abort(why); }
   const EngineConfig& config() const { return config_; }
 
  private:
@@ -101,13 +110,27 @@ class Engine {
                      const std::string& what);
   void calibrate_rails();
   void add_probe_shares(multirail::Plan& plan, const std::vector<multirail::RailEstimate>& est,
-                        size_t count, size_t elem_size);
+                        const std::vector<bool>& usable, size_t count, size_t elem_size);
+
+  // Rail failover (engine_failover.cc; protocol in rail_failover.h).
+  void report_rail_event(RailEvent event);  // any thread: queue for the loop, which sends it
+  void handle_local_rail_events();
+  void on_rail_events_from(int rank, const std::vector<RailEvent>& events);  // rank 0
+  void apply_rail_event(const RailEvent& e);  // every rank, in stream order
+  void broadcast_rail_events(std::vector<RailEvent> events);  // rank 0
+  void apply_decision(RailFailover::Decision d);  // rank 0
+  std::vector<bool> usable_rails() const;  // in stream order
+  std::vector<uint64_t> watermark() const;  // rank 0
+  double predict_seconds(int rail, size_t bytes) const;
+  bool failover_needed() const { return rails_.size() > 1 && config_.size > 1; }
 
   EngineConfig config_;
   std::unique_ptr<transport::TcpRail> control_;
   std::vector<std::unique_ptr<transport::TcpRail>> rails_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unique_ptr<RailFailover> failover_;    // rank 0 only, with several rails
+  std::vector<std::vector<std::string>> addrs_by_rank_;
   int wake_fd_ = -1;
 
   // Shared between callers and the loop.
@@ -116,11 +139,14 @@ class Engine {
   std::unordered_map<std::string, TensorEntry> in_flight_;   // submitted, not yet executed
   bool shutdown_requested_ = false;
   std::string failure_;                                       // set once the engine is unusable
+  std::vector<RailEvent> local_rail_events_;                  // from workers, for the loop to send
 
   // Loop thread only.
   std::unordered_map<std::string, std::pair<int32_t, Request>> cache_;
   std::vector<bool> peer_shutdown_;
   std::vector<Clock::time_point> last_heard_;  // per peer: last control message (heartbeats too)
+  std::vector<std::vector<uint64_t>> completed_by_rank_;  // rank 0: each rank's last report
+  std::vector<bool> failure_reported_;  // per rail: this rank already reported it failed
   Clock::time_point last_sent_;                // last control message this rank sent
   void send_heartbeats(Clock::time_point now);
   void check_liveness(Clock::time_point now);
@@ -134,6 +160,7 @@ class Engine {
   std::vector<multirail::SplitRegimeModel> costs_;
   std::vector<multirail::RailEstimate> shared_estimates_;  // rank 0's, as last received
   std::vector<double> current_share_;                     // of the last allreduce plan
+  std::vector<multirail::RailState> rail_state_;          // as of the last event executed
   bool last_plan_striped_ = false;                        // rank 0: for cold/hot transition logs
   std::vector<int> idle_large_ops_;
   Timeline timeline_;                       // rank 0: large ops since a rail's last share

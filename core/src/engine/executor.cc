@@ -1,4 +1,5 @@
 #include "engine/executor.h"
+#include "engine/executor_jobs.h"
 
 #include <atomic>
 #include <chrono>
@@ -27,20 +28,18 @@ double effective_postscale(const Response& r, int size) {
 
 }  // namespace
 
-// One (possibly fused) allreduce in flight, shared by the rail jobs that carry its shares.
-struct Executor::AllreduceJob {
-  Response resp;
-  std::vector<TensorEntry> entries;
-  BufferPool::Buffer fusion;      // empty when a lone tensor is reduced in its own output
-  uint8_t* data = nullptr;
-  int size = 1;
-  std::atomic<int> parts_left{0};
-  std::mutex mu;
-  std::string error;
-};
-
-Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, ShareObserver observer)
-    : opt_(opt), rails_(std::move(rails)), observer_(std::move(observer)), seq_(rails_.size(), 0) {
+Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, ShareObserver observer,
+                   ExecutorHooks hooks)
+    : opt_(opt),
+      rails_(std::move(rails)),
+      observer_(std::move(observer)),
+      hooks_(std::move(hooks)),
+      seq_(rails_.size(), 0),
+      completed_(new std::atomic<uint64_t>[rails_.size()]),
+      ledger_(rails_.size()) {
+  for (size_t i = 0; i < rails_.size(); ++i) completed_[i] = 0;
+  if (opt_.failover && hooks_.on_rail_error)
+    watchdog_ = std::make_unique<RailWatchdog>(rails_.size(), hooks_.on_rail_error);
   for (size_t i = 0; i < rails_.size(); ++i) workers_.push_back(std::make_unique<RailWorker>());
 }
 
@@ -48,6 +47,13 @@ Executor::~Executor() { stop(); }
 
 void Executor::stop() {
   for (auto& w : workers_) w->stop();
+  if (watchdog_) watchdog_->stop();
+}
+
+double Executor::stall_limit_s(int rail, size_t bytes) const {
+  double predicted = hooks_.predict_s ? hooks_.predict_s(rail, bytes) : 0;
+  if (predicted <= 0) return std::max(1.0, 10 * opt_.stall_min_s);  // no model yet: be patient
+  return std::max(opt_.stall_min_s, opt_.stall_factor * predicted);
 }
 
 void Executor::execute(const Response& resp, std::vector<TensorEntry> entries) {
@@ -91,6 +97,7 @@ void Executor::calibrate(int rail_index, size_t bytes) {
       collectives::allreduce(*rails_[rail_index], buf.data(), count, DataType::kFloat32,
                              ReduceOp::kSum, copt);
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      completed_[rail_index] = copt.seq + 1;
       if (observer_) observer_(rail_index, count * sizeof(float), start, secs, "calibration");
       done.set_value();
     } catch (...) {
@@ -131,33 +138,90 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
   if (plan.empty()) plan.push_back({0, 0, total});
   job->parts_left = static_cast<int>(plan.size());
   for (const auto& share : plan) {
-    int r = share.rail;
-    collectives::CollectiveOptions copt;
-    copt.seq = seq_[r]++;
-    copt.segment_bytes = opt_.segment_bytes;
-    copt.logstep_max_bytes = opt_.logstep_max_bytes;
-    transport::Rail* rail = rails_[r];
-    auto run = [this, job, share, copt, rail, esize]() mutable {
-      auto start = std::chrono::steady_clock::now();
-      copt.deadline = Deadline::after_seconds(opt_.timeout_s);
-      try {
-        collectives::allreduce(*rail, job->data + share.offset * esize, share.count,
-                               job->resp.dtype, job->resp.op, copt);
-        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (observer_) observer_(share.rail, share.count * esize, start, secs, names_str(job->resp));
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(job->mu);
-        if (job->error.empty())
-          job->error = "allreduce of " + names_str(job->resp) + " failed on rail '" +
-                       rail->properties().name + "': " + e.what();
-      }
-      if (--job->parts_left == 0) finish_allreduce(*job);
-    };
+    auto rec = std::make_shared<ShareRecord>();
+    rec->job = job;
+    rec->share = share;
+    rec->seq = seq_[share.rail]++;
+    if (opt_.failover) {
+      std::lock_guard<std::mutex> lock(ledger_mu_);
+      ledger_[share.rail].push_back(rec);
+    }
     // Small lone payloads run on the engine thread when the rail is idle: a thread handoff costs
     // more than the whole log-step exchange.
-    bool small = plan.size() == 1 && share.count * esize <= opt_.inline_max_bytes;
-    if (!(small && workers_[r]->try_run_inline(run))) workers_[r]->post(std::move(run));
+    post_share(std::move(rec), plan.size() == 1 && share.count * esize <= opt_.inline_max_bytes);
   }
+}
+
+void Executor::post_share(std::shared_ptr<ShareRecord> rec, bool may_inline) {
+  const int r = rec->share.rail;
+  auto run = [this, rec]() { run_share(*rec); };
+  if (!(may_inline && workers_[r]->try_run_inline(run))) workers_[r]->post(std::move(run));
+}
+
+void Executor::run_share(ShareRecord& rec) {
+  AllreduceJob& job = *rec.job;
+  const int r = rec.share.rail;
+  transport::Rail* rail = rails_[r];
+  const size_t esize = dtype_size(job.resp.dtype);
+  const size_t bytes = rec.share.count * esize;
+  uint8_t* target = job.data + rec.share.offset * esize;
+  if (job.finished && !rec.into_scratch) return;  // failed for good (fail_all)
+  BufferPool::Buffer scratch;
+  if (opt_.failover) {
+    std::lock_guard<std::mutex> lock(ledger_mu_);
+    rec.state = ShareRecord::State::kRunning;
+    if (!rec.original.data()) {  // first run: keep the input in case this rail fails mid-way
+      rec.original = pool_.acquire(bytes);
+      rec.original_bytes = bytes;
+      std::memcpy(rec.original.data(), target, bytes);
+    }
+  }
+  if (rec.into_scratch) {
+    scratch = pool_.acquire(bytes);
+    target = scratch.data();
+  }
+  if (rec.is_redo) std::memcpy(target, rec.original.data(), bytes);
+
+  collectives::CollectiveOptions copt;
+  copt.seq = rec.seq;
+  copt.segment_bytes = opt_.segment_bytes;
+  copt.logstep_max_bytes = opt_.logstep_max_bytes;
+  copt.deadline = Deadline::after_seconds(opt_.timeout_s);
+  auto start = std::chrono::steady_clock::now();
+  if (watchdog_) watchdog_->begin(r, stall_limit_s(r, bytes), "allreduce of " + names_str(job.resp));
+  try {
+    collectives::allreduce(*rail, target, rec.share.count, job.resp.dtype, job.resp.op, copt);
+    if (watchdog_) watchdog_->end(r);
+    completed_[r] = rec.seq + 1;
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (observer_) observer_(r, bytes, start, secs, (rec.is_redo ? "redo: " : "") + names_str(job.resp));
+    if (opt_.failover) {
+      std::lock_guard<std::mutex> lock(ledger_mu_);
+      rec.state = ShareRecord::State::kDone;
+    }
+    if (!rec.into_scratch) part_done(job);
+  } catch (const std::exception& e) {
+    if (watchdog_) watchdog_->end(r);
+    std::string what = "allreduce of " + names_str(job.resp) + " failed on rail '" +
+                       rail->properties().name + "': " + e.what();
+    if (opt_.failover && !fatal_) {
+      {
+        std::lock_guard<std::mutex> lock(ledger_mu_);
+        rec.state = ShareRecord::State::kLost;
+      }
+      hooks_.on_rail_error(r, what);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(job.mu);
+      if (job.error.empty()) job.error = what;
+    }
+    if (!rec.into_scratch) part_done(job);
+  }
+}
+
+void Executor::part_done(AllreduceJob& job) {
+  if (--job.parts_left == 0 && !job.finished.exchange(true)) finish_allreduce(job);
 }
 
 void Executor::finish_allreduce(AllreduceJob& job) {
@@ -190,6 +254,9 @@ void Executor::run_on_one_rail(const Response& resp, std::vector<TensorEntry> en
   auto shared = std::make_shared<std::vector<TensorEntry>>(std::move(entries));
   workers_[r]->post([this, r, seq, resp, shared]() {
     TensorEntry& e = (*shared)[0];
+    if (watchdog_)
+      watchdog_->begin(r, stall_limit_s(r, static_cast<size_t>(e.req.bytes())),
+                       std::string(op_type_name(resp.type)) + " of " + names_str(resp));
     try {
       collectives::CollectiveOptions copt;
       copt.seq = seq;
@@ -261,11 +328,16 @@ void Executor::run_on_one_rail(const Response& resp, std::vector<TensorEntry> en
         default:
           throw NezhaError(std::string("unexpected operation ") + op_type_name(resp.type));
       }
+      if (watchdog_) watchdog_->end(r);
+      completed_[r] = seq + 1;
       e.handle->complete();
     } catch (const std::exception& ex) {
+      if (watchdog_) watchdog_->end(r);
       std::string msg = std::string(op_type_name(resp.type)) + " of " + names_str(resp) +
                         " failed on rail '" + rails_[r]->properties().name + "': " + ex.what();
       NZ_LOG(Error) << msg;
+      // Only allreduce shares are kept for redo; the rail still fails over for what follows.
+      if (opt_.failover && !fatal_) hooks_.on_rail_error(r, msg);
       e.handle->complete(msg);
     }
   });

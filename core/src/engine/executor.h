@@ -3,15 +3,28 @@
 // tensors were fused, posts each rail's share to that rail's worker, and completes the handles when
 // the last share finishes. Rails run independently: a slow rail delays only the operations that
 // have a share on it.
+//
+// Failover (with several rails). Every allreduce share is entered in its rail's ledger with a copy
+// of its input range, taken when the share starts, and kept until every rank has completed that
+// share (the watermark rank 0 sends). A share that fails, or that the watchdog finds overdue, is not
+// an error: it is marked lost and reported (on_rail_error); the engine then agrees with the other
+// ranks on the first share some rank has not completed, and redo() runs every share from there on a
+// surviving rail from the kept copies. Ranks that had completed a share take part in its redo into
+// scratch memory, so the result they already delivered is not touched. Redone shares are whole
+// shares run with the same algorithm, so results stay bit-identical on every rank.
 #pragma once
 
+#include <atomic>
+#include <deque>
 #include <functional>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/buffer_pool.h"
 #include "engine/handle.h"
+#include "engine/rail_watchdog.h"
 #include "engine/rail_worker.h"
 #include "engine/request.h"
 #include "transport/rail.h"
@@ -33,6 +46,18 @@ struct ExecutorOptions {
   size_t segment_bytes = 1 << 20;
   size_t logstep_max_bytes = 65536;
   size_t inline_max_bytes = 65536;  // allreduces up to this size may run on the engine thread
+  bool failover = false;            // keep input copies so a failed rail's shares can be redone
+  // A share is overdue after max(stall_min_s, stall_factor x its predicted time).
+  double stall_min_s = 0.1;
+  double stall_factor = 4;
+};
+
+// Failover hooks, called from rail workers and the watchdog (any thread; must not block).
+struct ExecutorHooks {
+  // Predicted seconds for `bytes` on `rail` (0: unknown).
+  std::function<double(int rail, size_t bytes)> predict_s;
+  // A share on `rail` failed or is overdue and was marked lost (`what` says why).
+  std::function<void(int rail, const std::string& what)> on_rail_error;
 };
 
 // Called from rail workers after each allreduce share (and calibration): which rail, how many
@@ -43,7 +68,8 @@ using ShareObserver = std::function<void(int rail, size_t bytes, Clock::time_poi
 
 class Executor {
  public:
-  Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, ShareObserver observer);
+  Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, ShareObserver observer,
+           ExecutorHooks hooks = {});
   ~Executor();
 
   // entries[i] belongs to resp.names[i]; an entry with no handle means this rank has joined and
@@ -57,8 +83,32 @@ class Executor {
   // Waits until every posted job has run (bounded); stops the workers.
   void stop();
 
+  // --- Failover (engine thread only, except where noted) ---
+  // Runs `task` on the rail's worker after everything posted before it (reconnects, drain marks).
+  void post_task(int rail, std::function<void()> task);
+  // Posts a test allreduce of `bytes` on `rail` that runs after `prepare` (e.g. reconnecting) on
+  // the rail's worker; `done(error)` gets "" on success. Counts as an operation on the rail (seq).
+  void post_probe(int rail, size_t bytes, std::function<void()> prepare,
+                  std::function<void(const std::string& error)> done);
+  // 1 + sequence number of the last operation completed on each rail (any thread).
+  std::vector<uint64_t> completed() const;
+  // Every share on `rail` with seq >= first is run again on `target`, in seq order. The rail's
+  // worker must be idle (drained after the rail was aborted).
+  void redo(int rail, uint64_t first, int target);
+  // Drops kept copies of shares every rank has completed (watermark per rail).
+  void trim(const std::vector<uint64_t>& watermark);
+  // The job cannot go on: completes every unfinished allreduce with `reason`; later failures are
+  // plain errors (any thread).
+  void fail_all(const std::string& reason);
+  size_t kept_bytes() const;  // input copies held for redo
+
  private:
   struct AllreduceJob;
+  struct ShareRecord;
+  void post_share(std::shared_ptr<ShareRecord> rec, bool may_inline);
+  void run_share(ShareRecord& rec);
+  void part_done(AllreduceJob& job);
+  double stall_limit_s(int rail, size_t bytes) const;
   void run_allreduce(const Response& resp, std::vector<TensorEntry> entries);
   void run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries);
   static void finish_allreduce(AllreduceJob& job);
@@ -67,7 +117,13 @@ class Executor {
   std::vector<transport::Rail*> rails_;
   ShareObserver observer_;
   BufferPool pool_;
+  ExecutorHooks hooks_;
   std::vector<uint64_t> seq_;  // next operation number per rail (engine thread only)
+  std::unique_ptr<std::atomic<uint64_t>[]> completed_;  // per rail, see completed()
+  mutable std::mutex ledger_mu_;
+  std::vector<std::deque<std::shared_ptr<ShareRecord>>> ledger_;  // per rail, in seq order
+  std::atomic<bool> fatal_{false};
+  std::unique_ptr<RailWatchdog> watchdog_;
   std::vector<std::unique_ptr<RailWorker>> workers_;  // last: destroyed first
 };
 

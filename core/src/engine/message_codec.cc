@@ -182,6 +182,29 @@ Response get_response(Reader& rd) {
   return r;
 }
 
+void put_rail_events(Writer& w, const std::vector<RailEvent>& events) {
+  w.put<uint32_t>(static_cast<uint32_t>(events.size()));
+  for (const auto& e : events) {
+    w.put<uint8_t>(static_cast<uint8_t>(e.kind));
+    w.put<int32_t>(e.rail);
+    w.put<int32_t>(e.target);
+    w.put<uint64_t>(e.value);
+    w.put_string(e.text);
+  }
+}
+
+std::vector<RailEvent> get_rail_events(Reader& rd) {
+  std::vector<RailEvent> out(rd.get_count(kMaxItems, "rail events"));
+  for (auto& e : out) {
+    e.kind = checked_enum<RailEventKind>(rd.get<uint8_t>(), kNumRailEventKinds, "rail event");
+    e.rail = rd.get<int32_t>();
+    e.target = rd.get<int32_t>();
+    e.value = rd.get<uint64_t>();
+    e.text = rd.get_string();
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string encode(const RequestList& list) {
@@ -190,6 +213,8 @@ std::string encode(const RequestList& list) {
   w.put<uint8_t>(list.shutdown ? 1 : 0);
   w.put<uint32_t>(static_cast<uint32_t>(list.requests.size()));
   for (const auto& r : list.requests) put_request(w, r);
+  put_rail_events(w, list.rail_events);
+  w.put_vector<uint64_t>(list.completed);
   return w.take();
 }
 
@@ -203,6 +228,8 @@ std::string encode(const ResponseList& list) {
   w.put_string(list.fatal);
   w.put<uint32_t>(static_cast<uint32_t>(list.responses.size()));
   for (const auto& r : list.responses) put_response(w, r);
+  put_rail_events(w, list.rail_events);
+  w.put_vector<uint64_t>(list.watermark);
   return w.take();
 }
 
@@ -213,6 +240,8 @@ RequestList decode_request_list(const std::string& bytes) {
   list.shutdown = rd.get<uint8_t>() != 0;
   uint32_t n = rd.get_count(kMaxItems, "requests");
   for (uint32_t i = 0; i < n; ++i) list.requests.push_back(get_request(rd));
+  list.rail_events = get_rail_events(rd);
+  list.completed = rd.get_vector<uint64_t>();
   rd.expect_end();
   return list;
 }
@@ -228,6 +257,8 @@ ResponseList decode_response_list(const std::string& bytes) {
   list.fatal = rd.get_string();
   uint32_t n = rd.get_count(kMaxItems, "responses");
   for (uint32_t i = 0; i < n; ++i) list.responses.push_back(get_response(rd));
+  list.rail_events = get_rail_events(rd);
+  list.watermark = rd.get_vector<uint64_t>();
   rd.expect_end();
   return list;
 }

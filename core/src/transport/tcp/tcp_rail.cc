@@ -95,7 +95,7 @@ std::string TcpRail::rank_name(int peer) const { return "rank " + std::to_string
 void TcpRail::admit(int peer, Fd fd, const std::string& remote) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!admitting_ || peer < rank_ || peers_[peer].fd.valid()) {
-    // Re-admitting a reconnecting peer mid-job is later work; until then the running connection wins.
+    // Outside connect_all() (initial or after reset()) the running connection wins.
     NZ_LOG(Warning) << "rail " << config_.name << ": dropped authenticated connection from rank "
                     << peer << " at " << remote << ": "
                     << (peer < rank_ ? "lower ranks are dialed by this rank, not accepted"
@@ -413,6 +413,23 @@ std::optional<TcpRail::Message> TcpRail::recv_message_any(int wake_fd, const Dea
     if (fds[1].revents & POLLIN) return std::nullopt;
     if (deadline.expired()) return std::nullopt;
   }
+}
+
+void TcpRail::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Peer& p : peers_) {
+    p.fd.reset();
+    p.closed_reason.clear();
+    p.control_sent = p.control_received = 0;
+    p.control_rx.reset();
+    p.control_payload.clear();
+  }
+  uint64_t drained;
+  while (::read(abort_fd_.get(), &drained, sizeof drained) > 0) {
+  }
+  abort_reason_.clear();
+  aborted_.store(false, std::memory_order_release);
+  admitting_ = true;
 }
 
 void TcpRail::close() {

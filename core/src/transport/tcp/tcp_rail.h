@@ -20,7 +20,8 @@
 // message is half received.
 //
 // Failures. A reset, EOF, protocol violation or timeout closes that peer's connection; later calls
-// to the peer throw PeerError at once, naming the first failure. abort() poisons the whole rail.
+// to the peer throw PeerError at once, naming the first failure. abort() poisons the whole rail
+// until reset(); connections are accepted only during connect_all().
 #pragma once
 
 #include <atomic>
@@ -88,6 +89,11 @@ class TcpRail : public Rail {
 
   // Idempotent; also run by the destructor. Must not race a data call (use abort() for that).
   void close();
+
+  // Re-admission after a failure: drops every connection and clears an abort, so that the next
+  // connect_all() builds a fresh mesh on the same listener (every rank must reset before any rank
+  // dials). Must not race a data call.
+  void reset();
 
  private:
   struct Peer {

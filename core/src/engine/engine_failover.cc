@@ -1,0 +1,193 @@
+// Engine: the rail failover wiring (protocol in rail_failover.h). Workers and the watchdog queue
+// events; the loop sends them to rank 0, which decides with RailFailover and puts its decisions in
+// the ordered response stream; every rank applies them in apply_rail_event().
+#include <algorithm>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/logging.h"
+#include "engine/engine.h"
+
+namespace nezha::engine {
+namespace {
+
+constexpr size_t kProbeBytes = size_t{1} << 20;  // test allreduce of a re-admitted rail (a beta sample)
+constexpr double kProbeConnectS = 1.0;            // a rail whose link is still down fails this fast
+
+std::string rank_prefix(int rank) { return "rank " + std::to_string(rank) + ": "; }
+
+}  // namespace
+
+double Engine::predict_seconds(int rail, size_t bytes) const {
+  std::lock_guard<std::mutex> lock(cost_mu_);
+  auto est = costs_[rail].estimate();
+  if (!est.known() || est.beta_gbps <= 0) return 0;
+  return est.alpha_us * 1e-6 + static_cast<double>(bytes) * 8 / (est.beta_gbps * 1e9);
+}
+
+std::vector<bool> Engine::usable_rails() const {
+  std::lock_guard<std::mutex> lock(cost_mu_);
+  std::vector<bool> out;
+  for (auto s : rail_state_) out.push_back(s == multirail::RailState::kUp);
+  return out;
+}
+
+std::vector<uint64_t> Engine::watermark() const {
+  if (!failover_) return {};
+  std::vector<uint64_t> w = executor_->completed();
+  for (int r = 1; r < config_.size; ++r)
+    for (size_t i = 0; i < w.size(); ++i) w[i] = std::min(w[i], completed_by_rank_[r][i]);
+  return w;
+}
+
+void Engine::report_rail_event(RailEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    local_rail_events_.push_back(std::move(event));
+  }
+  wake();
+}
+
+void Engine::handle_local_rail_events() {
+  std::vector<RailEvent> events;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events.swap(local_rail_events_);
+  }
+  if (events.empty()) return;
+  std::vector<RailEvent> to_send;
+  for (RailEvent& e : events) {
+    if (e.kind == RailEventKind::kFailed) {
+      std::vector<bool> usable = usable_rails();
+      if (!usable[e.rail] || failure_reported_[e.rail]) continue;  // already being handled
+      // The rail was aborted where the failure was seen (unless it is the last one: then an overdue
+      // share waits for its own deadline, and an error is fatal at rank 0).
+      failure_reported_[e.rail] = true;
+      NZ_LOG(Debug) << rank_prefix(config_.rank) << "rail " << e.rail << " failed here: " << e.text;
+    }
+    to_send.push_back(std::move(e));
+  }
+  if (to_send.empty()) return;
+  if (config_.rank == 0) {
+    on_rail_events_from(0, to_send);
+    return;
+  }
+  RequestList list;
+  list.rail_events = std::move(to_send);
+  list.completed = executor_->completed();
+  control_->send_message(0, encode(list), Deadline::after_seconds(config_.timeout_s));
+  last_sent_ = Clock::now();
+}
+
+void Engine::on_rail_events_from(int rank, const std::vector<RailEvent>& events) {
+  if (!failover_) throw ProtocolError("rank " + std::to_string(rank) + " sent a rail event, but this job has one rail");
+  Clock::time_point now = Clock::now();
+  for (const RailEvent& e : events) {
+    switch (e.kind) {
+      case RailEventKind::kFailed:
+        apply_decision(failover_->on_failed(e.rail, rank, e.text, now));
+        break;
+      case RailEventKind::kDrained: {
+        std::vector<multirail::RailEstimate> est;
+        {
+          std::lock_guard<std::mutex> lock(cost_mu_);
+          for (const auto& c : costs_) est.push_back(c.estimate());
+        }
+        apply_decision(failover_->on_drained(e.rail, rank, e.value, est));
+        break;
+      }
+      case RailEventKind::kProbeReady:
+        apply_decision(failover_->on_probe_ready(e.rail, rank));
+        break;
+      case RailEventKind::kProbeResult:
+        apply_decision(failover_->on_probe_result(e.rail, rank, e.value != 0, e.text, now));
+        break;
+      default:
+        throw ProtocolError("rank " + std::to_string(rank) + " sent rail event " +
+                            std::to_string(static_cast<int>(e.kind)) + ", which only rank 0 sends");
+    }
+  }
+}
+
+void Engine::apply_decision(RailFailover::Decision d) {
+  if (!d.fatal.empty()) throw NezhaError(d.fatal);
+  if (!d.broadcast.empty()) broadcast_rail_events(std::move(d.broadcast));
+}
+
+void Engine::broadcast_rail_events(std::vector<RailEvent> events) {
+  ResponseList list;
+  list.rail_events = std::move(events);
+  list.watermark = watermark();
+  std::string bytes = encode(list);
+  for (int peer = 1; peer < config_.size; ++peer)
+    if (!peer_shutdown_[peer]) control_->send_message(peer, bytes, Deadline::after_seconds(config_.timeout_s));
+  last_sent_ = Clock::now();
+  execute_locally(list);
+}
+
+void Engine::apply_rail_event(const RailEvent& e) {
+  if (e.rail < 0 || e.rail >= static_cast<int>(rails_.size()) ||
+      (e.kind == RailEventKind::kRedo && (e.target < 0 || e.target >= static_cast<int>(rails_.size()))))
+    throw ProtocolError("rail event names rail " + std::to_string(e.rail) + " of " +
+                        std::to_string(rails_.size()));
+  const int r = e.rail;
+  const std::string& name = rails_[r]->properties().name;
+  auto set_state = [&](multirail::RailState s) {
+    std::lock_guard<std::mutex> lock(cost_mu_);
+    rail_state_[r] = s;
+    if (s != multirail::RailState::kUp) current_share_[r] = 0;
+  };
+  switch (e.kind) {
+    case RailEventKind::kDown: {
+      set_state(multirail::RailState::kDown);
+      std::ostringstream others;
+      for (size_t i = 0; i < rails_.size(); ++i)
+        if (rail_state_[i] == multirail::RailState::kUp)
+          others << (others.tellp() > 0 ? ", '" : "'") << rails_[i]->properties().name << "'";
+      // The one line a user sees: the job itself goes on.
+      NZ_LOG(Warning) << rank_prefix(config_.rank) << e.text << "; continuing on " << others.str();
+      rails_[r]->abort(e.text);
+      executor_->post_task(r, [this, r] {
+        // Runs after every share posted on the rail so far has failed or finished.
+        report_rail_event({RailEventKind::kDrained, r, -1, executor_->completed()[r], ""});
+      });
+      break;
+    }
+    case RailEventKind::kRedo:
+      executor_->redo(r, e.value, e.target);
+      break;
+    case RailEventKind::kProbe:
+      set_state(multirail::RailState::kProbing);
+      executor_->post_task(r, [this, r] {
+        rails_[r]->reset();
+        report_rail_event({RailEventKind::kProbeReady, r, -1, 0, ""});
+      });
+      break;
+    case RailEventKind::kConnect: {
+      std::vector<std::string> column;
+      for (const auto& addrs : addrs_by_rank_) column.push_back(addrs[r + 1]);
+      executor_->post_probe(
+          r, kProbeBytes,
+          [this, r, column] { rails_[r]->connect_all(column, Deadline::after_seconds(kProbeConnectS)); },
+          [this, r](const std::string& error) {
+            report_rail_event({RailEventKind::kProbeResult, r, -1, error.empty() ? 1u : 0u, error});
+          });
+      break;
+    }
+    case RailEventKind::kProbeFailed:
+      set_state(multirail::RailState::kDown);
+      NZ_LOG(Debug) << rank_prefix(config_.rank) << "rail '" << name << "' is still down: " << e.text;
+      rails_[r]->abort("re-admission failed: " + e.text);
+      break;
+    case RailEventKind::kUp:
+      set_state(multirail::RailState::kUp);
+      failure_reported_[r] = false;
+      NZ_LOG(Info) << rank_prefix(config_.rank) << "rail '" << name << "' is back up";
+      break;
+    default:
+      throw ProtocolError("rank 0 sent rail event " + std::to_string(static_cast<int>(e.kind)) +
+                          ", which only workers send");
+  }
+}
+
+}  // namespace nezha::engine

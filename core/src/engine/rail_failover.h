@@ -1,0 +1,69 @@
+// Rank 0's side of rail failover and re-admission (pure: no sockets, no threads, time passed in).
+//
+// The protocol, in the order its messages travel (RailEvent in message_codec.h):
+//  1. A rank sees a share fail or overrun (RailWatchdog) on rail r: it aborts r locally and reports
+//     kFailed. Rank 0 marks r down at once (later plans leave it out) and broadcasts kDown in the
+//     ordered response stream.
+//  2. Every rank, at kDown, aborts r (so shares blocked on it fail at once), lets r's worker drain,
+//     and reports kDrained with how far it got on r (1 + seq of its last completed operation).
+//  3. With every report in, rank 0 broadcasts kRedo{r, first = min over ranks, target rail}: every
+//     rank reruns the shares of r with seq >= first on the target, from the input copies it kept.
+//     The minimum is the first share some rank has not completed; below it every rank is done.
+//  4. After a back-off (RailHealth) rank 0 broadcasts kProbe: every rank resets r's connections and
+//     says kProbeReady; then kConnect: every rank reconnects and runs a test allreduce and reports
+//     kProbeResult. All good: kUp, and r is planned again (its share follows the cost model). Any
+//     failure: kProbeFailed (every rank aborts r again) and a longer back-off if the rail flaps.
+// Events from rank 0 travel with the responses, so every rank applies them at the same point of its
+// operation sequence: the redo shares land in the same place of the target rail's queue everywhere.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/message_codec.h"
+#include "multirail/cost_model.h"
+#include "multirail/rail_health.h"
+
+namespace nezha::engine {
+
+class RailFailover {
+ public:
+  RailFailover(int size, std::vector<std::string> rail_names, multirail::RailHealthOptions opt = {});
+
+  struct Decision {
+    std::vector<RailEvent> broadcast;  // to every rank, rank 0 included, in this order
+    std::string fatal;                 // non-empty: the job cannot go on
+  };
+
+  Decision on_failed(int rail, int rank, const std::string& why, Clock::time_point now);
+  Decision on_drained(int rail, int rank, uint64_t completed,
+                      const std::vector<multirail::RailEstimate>& estimates);
+  Decision on_probe_ready(int rail, int rank);
+  Decision on_probe_result(int rail, int rank, bool ok, const std::string& why, Clock::time_point now);
+  Decision start_due_probes(Clock::time_point now);
+  std::optional<Clock::time_point> next_wakeup() const;
+
+  std::vector<bool> usable() const;  // rails that carry traffic
+  int num_usable() const;
+  const std::string& name(int rail) const { return rails_[rail].name; }
+
+ private:
+  enum class Phase { kUp, kDraining, kDown, kResetting, kConnecting };
+  struct Rail {
+    std::string name;
+    multirail::RailHealth health;
+    Phase phase = Phase::kUp;
+    std::vector<bool> reported;  // per rank, for the phase's collection
+    uint64_t first_incomplete = 0;
+  };
+  bool collect(Rail& rail, int rank);  // true once every rank has reported
+  void start_collecting(Rail& rail);
+  void check(int rail, int rank) const;
+
+  int size_;
+  std::vector<Rail> rails_;
+};
+
+}  // namespace nezha::engine
