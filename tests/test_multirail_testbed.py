@@ -30,3 +30,23 @@ def test_split_follows_a_rate_change_within_two_seconds(testbed_factory):
     assert result.returncode == 0, result.output[-4000:]
     adapted = [float(m.group(1)) for l in result.lines(0) if (m := re.match(r"ADAPTED (\S+)", l))]
     assert adapted and adapted[0] <= 2.0, result.output[-3000:]
+
+
+def test_cut_rail_fails_over_without_loss_and_is_readmitted(testbed_factory):
+    """Issue #4 items 1, 2, 8: pull one host's cable to rail 1 during continuous 4 MiB allreduces."""
+    from nezha.bench.failover_drill import run_drill
+
+    tb = testbed_factory(hosts=4, rails=2, rates=["1gbit", "1gbit"])
+    r = run_drill(tb, cycles=1, down_s=3.0, up_s=7.0)
+    assert r["returncode"] == 0, r["output"][-4000:]  # every result was checked exactly by numpy
+    assert sorted(r["reports"]) == [0, 1, 2, 3], r["output"][-3000:]
+    for rank, rep in r["reports"].items():
+        states = [s for _, s in rep["transitions"]]
+        assert states and states[0] == "down" and states[-1] == "up", (rank, rep["transitions"])
+        warnings = [l for l in r["output"].splitlines()
+                    if l.startswith(f"[{rank}]<stderr>") and "continuing on" in l]
+        assert len(warnings) == 1, warnings  # the one line a user sees
+    (cycle,) = r["cycles"]
+    # Targets: stall <= 200 ms, re-admission <= 5 s; generous bounds for a loaded 2-core machine.
+    assert cycle["stall_s"] <= 1.0, cycle
+    assert cycle["readmit_s"] <= 8.0, cycle

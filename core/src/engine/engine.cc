@@ -128,10 +128,9 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   eo.segment_bytes = config_.segment_bytes;
   eo.logstep_max_bytes = config_.logstep_max_bytes;
   eo.failover = failover;
-  eo.stall_min_s = config_.rail_stall_ms / 1000.0;
+  eo.stall_s = config_.rail_stall_ms / 1000.0;
   ExecutorHooks hooks;
   if (failover) {
-    hooks.predict_s = [this](int rail, size_t bytes) { return predict_seconds(rail, bytes); };
     hooks.on_rail_error = [this](int rail, const std::string& what) {
       // Abort here, not on the loop: the loop itself may be the thread blocked on the rail (small
       // operations run inline). The last usable rail is left alone: see handle_local_rail_events.

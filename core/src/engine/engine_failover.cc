@@ -18,13 +18,6 @@ std::string rank_prefix(int rank) { return "rank " + std::to_string(rank) + ": "
 
 }  // namespace
 
-double Engine::predict_seconds(int rail, size_t bytes) const {
-  std::lock_guard<std::mutex> lock(cost_mu_);
-  auto est = costs_[rail].estimate();
-  if (!est.known() || est.beta_gbps <= 0) return 0;
-  return est.alpha_us * 1e-6 + static_cast<double>(bytes) * 8 / (est.beta_gbps * 1e9);
-}
-
 std::vector<bool> Engine::usable_rails() const {
   std::lock_guard<std::mutex> lock(cost_mu_);
   std::vector<bool> out;

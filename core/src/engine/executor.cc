@@ -39,7 +39,9 @@ Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, Sha
       ledger_(rails_.size()) {
   for (size_t i = 0; i < rails_.size(); ++i) completed_[i] = 0;
   if (opt_.failover && hooks_.on_rail_error)
-    watchdog_ = std::make_unique<RailWatchdog>(rails_.size(), hooks_.on_rail_error);
+    watchdog_ = std::make_unique<RailWatchdog>(
+        rails_.size(), opt_.stall_s,
+        [this](int rail) { return rails_[rail]->counters().bytes_received; }, hooks_.on_rail_error);
   for (size_t i = 0; i < rails_.size(); ++i) workers_.push_back(std::make_unique<RailWorker>());
 }
 
@@ -48,12 +50,6 @@ Executor::~Executor() { stop(); }
 void Executor::stop() {
   for (auto& w : workers_) w->stop();
   if (watchdog_) watchdog_->stop();
-}
-
-double Executor::stall_limit_s(int rail, size_t bytes) const {
-  double predicted = hooks_.predict_s ? hooks_.predict_s(rail, bytes) : 0;
-  if (predicted <= 0) return std::max(1.0, 10 * opt_.stall_min_s);  // no model yet: be patient
-  return std::max(opt_.stall_min_s, opt_.stall_factor * predicted);
 }
 
 void Executor::execute(const Response& resp, std::vector<TensorEntry> entries) {
@@ -188,7 +184,7 @@ void Executor::run_share(ShareRecord& rec) {
   copt.logstep_max_bytes = opt_.logstep_max_bytes;
   copt.deadline = Deadline::after_seconds(opt_.timeout_s);
   auto start = std::chrono::steady_clock::now();
-  if (watchdog_) watchdog_->begin(r, stall_limit_s(r, bytes), "allreduce of " + names_str(job.resp));
+  if (watchdog_) watchdog_->begin(r, "allreduce of " + names_str(job.resp));
   try {
     collectives::allreduce(*rail, target, rec.share.count, job.resp.dtype, job.resp.op, copt);
     if (watchdog_) watchdog_->end(r);
@@ -255,8 +251,7 @@ void Executor::run_on_one_rail(const Response& resp, std::vector<TensorEntry> en
   workers_[r]->post([this, r, seq, resp, shared]() {
     TensorEntry& e = (*shared)[0];
     if (watchdog_)
-      watchdog_->begin(r, stall_limit_s(r, static_cast<size_t>(e.req.bytes())),
-                       std::string(op_type_name(resp.type)) + " of " + names_str(resp));
+      watchdog_->begin(r, std::string(op_type_name(resp.type)) + " of " + names_str(resp));
     try {
       collectives::CollectiveOptions copt;
       copt.seq = seq;

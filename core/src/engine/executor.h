@@ -47,15 +47,11 @@ struct ExecutorOptions {
   size_t logstep_max_bytes = 65536;
   size_t inline_max_bytes = 65536;  // allreduces up to this size may run on the engine thread
   bool failover = false;            // keep input copies so a failed rail's shares can be redone
-  // A share is overdue after max(stall_min_s, stall_factor x its predicted time).
-  double stall_min_s = 0.1;
-  double stall_factor = 4;
+  double stall_s = 0.15;            // a rail that receives nothing this long while busy has failed
 };
 
 // Failover hooks, called from rail workers and the watchdog (any thread; must not block).
 struct ExecutorHooks {
-  // Predicted seconds for `bytes` on `rail` (0: unknown).
-  std::function<double(int rail, size_t bytes)> predict_s;
   // A share on `rail` failed or is overdue and was marked lost (`what` says why).
   std::function<void(int rail, const std::string& what)> on_rail_error;
 };
@@ -108,7 +104,6 @@ class Executor {
   void post_share(std::shared_ptr<ShareRecord> rec, bool may_inline);
   void run_share(ShareRecord& rec);
   void part_done(AllreduceJob& job);
-  double stall_limit_s(int rail, size_t bytes) const;
   void run_allreduce(const Response& resp, std::vector<TensorEntry> entries);
   void run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries);
   static void finish_allreduce(AllreduceJob& job);

@@ -1,12 +1,16 @@
 #include "engine/rail_watchdog.h"
 
-#include <algorithm>
 #include <chrono>
 
 namespace nezha::engine {
 
-RailWatchdog::RailWatchdog(size_t num_rails, Callback on_overdue)
-    : on_overdue_(std::move(on_overdue)), slots_(num_rails), thread_([this] { run(); }) {}
+RailWatchdog::RailWatchdog(size_t num_rails, double silence_s,
+                           std::function<uint64_t(int rail)> bytes_received, Callback on_stall)
+    : silence_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(silence_s))),
+      bytes_received_(std::move(bytes_received)),
+      on_stall_(std::move(on_stall)),
+      slots_(num_rails),
+      thread_([this] { run(); }) {}
 
 RailWatchdog::~RailWatchdog() { stop(); }
 
@@ -19,14 +23,15 @@ void RailWatchdog::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void RailWatchdog::begin(int rail, double limit_s, std::string what) {
+void RailWatchdog::begin(int rail, std::string what) {
+  uint64_t bytes = bytes_received_(rail);
   {
     std::lock_guard<std::mutex> lock(mu_);
     Slot& s = slots_[rail];
     s.active = true;
     s.reported = false;
-    s.started = Clock::now();
-    s.due = s.started + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit_s));
+    s.bytes = bytes;
+    s.last_progress = Clock::now();
     s.what = std::move(what);
   }
   cv_.notify_all();
@@ -34,35 +39,38 @@ void RailWatchdog::begin(int rail, double limit_s, std::string what) {
 
 void RailWatchdog::end(int rail) {
   std::lock_guard<std::mutex> lock(mu_);
-  slots_[rail].active = false;  // no notify: an earlier wakeup just finds nothing due
+  slots_[rail].active = false;  // no notify: the next check just finds nothing to watch
 }
 
 void RailWatchdog::run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
+    bool watching = false;
+    std::vector<std::pair<int, std::string>> stalled;
     Clock::time_point now = Clock::now();
-    Clock::time_point next = Clock::time_point::max();
-    std::vector<std::pair<int, std::string>> overdue;
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& s = slots_[i];
       if (!s.active || s.reported) continue;
-      if (s.due <= now) {
+      watching = true;
+      uint64_t bytes = bytes_received_(static_cast<int>(i));
+      if (bytes != s.bytes) {
+        s.bytes = bytes;
+        s.last_progress = now;
+      } else if (now - s.last_progress >= silence_) {
         s.reported = true;
-        double ms = std::chrono::duration<double, std::milli>(now - s.started).count();
-        overdue.emplace_back(static_cast<int>(i), s.what + " still running after " +
+        double ms = std::chrono::duration<double, std::milli>(now - s.last_progress).count();
+        stalled.emplace_back(static_cast<int>(i), s.what + " received nothing for " +
                                                       std::to_string(static_cast<int>(ms)) + " ms");
-      } else {
-        next = std::min(next, s.due);
       }
     }
-    if (!overdue.empty()) {
+    if (!stalled.empty()) {
       lock.unlock();
-      for (const auto& [rail, what] : overdue) on_overdue_(rail, what);
+      for (const auto& [rail, what] : stalled) on_stall_(rail, what);
       lock.lock();
       continue;
     }
-    if (next == Clock::time_point::max()) cv_.wait(lock);
-    else cv_.wait_until(lock, next);
+    if (watching) cv_.wait_for(lock, silence_ / 4);
+    else cv_.wait(lock);
   }
 }
 

@@ -1,13 +1,17 @@
 // Notices a rail that stopped moving data. A link that goes down (or is throttled to nearly
-// nothing) raises no socket error: TCP just waits, for minutes. Each rail worker announces the share
-// it starts and the time it should take at most; this thread sleeps until the earliest such limit
-// and reports a rail whose share is still running then, so the engine can move the work to the
-// other rails within a fraction of a second instead of NEZHA_TIMEOUT_S.
+// nothing) raises no socket error: TCP just waits, for minutes. While a rail's worker runs an
+// operation, this thread checks that rail's received-byte counter every quarter of `silence`; a rail
+// that has received nothing for `silence` is reported, so the engine can move the work to the other
+// rails within a fraction of a second instead of NEZHA_TIMEOUT_S. Progress, not total time, is the
+// test: a large share on a slow but working rail is never reported, and neither is a peer that is a
+// little late on a loaded machine.
 //
-// Sleeps on a condition variable (no polling) and reports each overdue share once.
+// Wakes only while some rail has work running (sleeps on a condition variable otherwise) and reports
+// each stalled operation once.
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -20,16 +24,18 @@ namespace nezha::engine {
 
 class RailWatchdog {
  public:
-  // on_overdue(rail, what) runs on the watchdog thread; it must not block for long.
+  // on_stall(rail, what) runs on the watchdog thread; it must not block for long.
   using Callback = std::function<void(int rail, const std::string& what)>;
-  RailWatchdog(size_t num_rails, Callback on_overdue);
+  // bytes_received(rail): the rail's received-byte counter (thread-safe).
+  RailWatchdog(size_t num_rails, double silence_s, std::function<uint64_t(int rail)> bytes_received,
+               Callback on_stall);
   ~RailWatchdog();
   RailWatchdog(const RailWatchdog&) = delete;
   RailWatchdog& operator=(const RailWatchdog&) = delete;
 
-  // The rail's worker started work that must finish within `limit_s` (`what` names it).
-  void begin(int rail, double limit_s, std::string what);
-  // The work finished (or failed) on its own.
+  // The rail's worker started an operation (`what` names it in the report).
+  void begin(int rail, std::string what);
+  // The operation finished (or failed) on its own.
   void end(int rail);
   void stop();
 
@@ -39,11 +45,13 @@ class RailWatchdog {
   struct Slot {
     bool active = false;
     bool reported = false;
-    Clock::time_point due{};
-    Clock::time_point started{};
+    uint64_t bytes = 0;
+    Clock::time_point last_progress{};
     std::string what;
   };
-  Callback on_overdue_;
+  Clock::duration silence_;
+  std::function<uint64_t(int)> bytes_received_;
+  Callback on_stall_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Slot> slots_;

@@ -32,7 +32,7 @@ class TwoRailJob {
       c.timeout_s = 10;
       c.connect_timeout_s = 10;
       c.socket_buffer_bytes = 1 << 20;
-      c.rail_stall_ms = 2000;  // loopback under a loaded CI machine: only real errors fail over here
+      c.rail_stall_ms = 1000;  // loopback under a loaded CI machine: only real errors fail over here
       c.rail_probe_backoff_s = 0.2;
       c.rail_probe_backoff_max_s = 1;
       engines_.push_back(std::make_unique<Engine>(c));
