@@ -26,8 +26,11 @@ WORKER = Path(__file__).resolve().parent / "failover_worker.py"
 
 def run_drill(tb, cycles: int = 1, rail: int = 1, host: int = 1, down_s: float = 3.0,
               up_s: float = 6.0, elements: int = 1 << 20, timeout_s: float = 300,
-              env: Optional[dict] = None) -> dict:
-    """Runs the drill on an up Testbed `tb`; returns per-cycle figures and every rank's output."""
+              env: Optional[dict] = None, fault: str = "cut", rate: str = "1gbit") -> dict:
+    """Runs the drill on an up Testbed `tb`; returns per-cycle figures and every rank's output.
+
+    fault "cut" pulls the cable; "throttle" shapes the host's egress on the rail to 8 kbit/s and
+    back to `rate`."""
     stop_file = Path(tempfile.mkdtemp(prefix="nezha-drill-")) / "stop"
     cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", str(len(tb.hosts)), *tb.nezharun_args(),
            "--", sys.executable, str(WORKER), str(stop_file), str(rail), str(elements)]
@@ -51,9 +54,15 @@ def run_drill(tb, cycles: int = 1, rail: int = 1, host: int = 1, down_s: float =
         time.sleep(2.0)  # steady state first: the normal operation time
         for _ in range(cycles):
             cuts.append(time.monotonic())
-            tb.set_link(rail, False, host=host)
+            if fault == "cut":
+                tb.set_link(rail, False, host=host)
+            else:
+                tb.set_rate(rail, "8kbit", host=host)
             time.sleep(down_s)
-            tb.set_link(rail, True, host=host)
+            if fault == "cut":
+                tb.set_link(rail, True, host=host)
+            else:
+                tb.set_rate(rail, rate, host=host)
             restores.append(time.monotonic())
             time.sleep(up_s)
         stop_file.touch()
@@ -107,9 +116,12 @@ def main(argv=None) -> int:
     p.add_argument("--elements", type=int, default=1 << 20, help="float32 elements per allreduce")
     p.add_argument("--down-s", type=float, default=3.0)
     p.add_argument("--up-s", type=float, default=6.0)
+    p.add_argument("--fault", choices=["cut", "throttle"], default="cut",
+                   help="pull the cable, or shape the rail to 8 kbit/s")
     args = p.parse_args(argv)
     with Testbed(hosts=args.hosts, rails=2, rates=[args.rate, args.rate]) as tb:
-        r = run_drill(tb, cycles=args.cycles, down_s=args.down_s, up_s=args.up_s, elements=args.elements)
+        r = run_drill(tb, cycles=args.cycles, down_s=args.down_s, up_s=args.up_s, elements=args.elements,
+                      fault=args.fault, rate=args.rate)
     if r["returncode"] != 0 or not r["cycles"]:
         print(r["output"][-4000:])
         return 1

@@ -1,5 +1,6 @@
 // Executor: the failover half (see executor.h): ledgers of shares with their input copies, redo
 // on a surviving rail, and trimming once every rank has completed a share.
+#include <algorithm>
 #include <cstring>
 
 #include "collectives/collectives.h"
@@ -9,6 +10,9 @@
 #include "engine/executor_jobs.h"
 
 namespace nezha::engine {
+namespace {
+constexpr double kProbeTimeoutS = 2.0;  // the test allreduce of a rail being re-admitted
+}  // namespace
 
 void Executor::post_task(int rail, std::function<void()> task) { workers_[rail]->post(std::move(task)); }
 
@@ -25,7 +29,8 @@ void Executor::post_probe(int rail, size_t bytes, std::function<void()> prepare,
       copt.seq = seq;
       copt.segment_bytes = opt_.segment_bytes;
       copt.logstep_max_bytes = opt_.logstep_max_bytes;
-      copt.deadline = Deadline::after_seconds(opt_.timeout_s);
+      // A rail that is up but still crawling (throttled) must fail its probe quickly, too.
+      copt.deadline = Deadline::after_seconds(std::min(opt_.timeout_s, kProbeTimeoutS));
       auto start = std::chrono::steady_clock::now();
       collectives::allreduce(*rails_[rail], buf.data(), count, DataType::kFloat32, ReduceOp::kSum, copt);
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
