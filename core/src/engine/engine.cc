@@ -21,6 +21,7 @@ constexpr double kIdleWakeS = 1.0;  // the loop re-checks shutdown/stall state a
 // Idle ranks exchange an empty control message this often, so a rank that stopped (SIGSTOP, a hung
 // host) is told apart from one that has nothing to submit.
 constexpr double kHeartbeatS = 1.0;
+constexpr double kSwitchPathAfterS = 2.5 * kHeartbeatS;
 
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -61,9 +62,12 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
     tc.secret = config_.secret;
     return std::make_unique<transport::TcpRail>(tc, config_.rank, config_.size);
   };
-  // The control channel rides on the first rail's address with its own connections, so
-  // negotiation never queues behind bulk data.
-  control_ = make_rail({"control", config_.rails[0].local_addr, "tcp"}, -1);
+  // The control channel has its own connections on every rail's address: negotiation never queues
+  // behind bulk data, and losing a rail (rail 0 included) does not cut it.
+  std::vector<ControlPathConfig> paths;
+  for (const auto& rc : config_.rails) paths.push_back({rc.name, rc.local_addr});
+  control_ = std::make_unique<ControlChannel>(paths, config_.secret, config_.rank, config_.size,
+                                              config_.socket_buffer_bytes);
   for (size_t i = 0; i < config_.rails.size(); ++i)
     rails_.push_back(make_rail(config_.rails[i], static_cast<int>(i)));
   // Two consecutive samples off the model in the same direction count as a real change of
@@ -95,7 +99,8 @@ Engine::~Engine() {
 }
 
 std::vector<std::string> Engine::listen_addresses() const {
-  std::vector<std::string> out{control_->listen_address()};
+  // [control path per rail..., data rail...]
+  std::vector<std::string> out = control_->listen_addresses();
   for (const auto& r : rails_) out.push_back(r->listen_address());
   return out;
 }
@@ -107,17 +112,19 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   auto column = [&](size_t i) {
     std::vector<std::string> col;
     for (int r = 0; r < config_.size; ++r) {
-      if (addrs_by_rank[r].size() != rails_.size() + 1)
+      if (addrs_by_rank[r].size() != 2 * rails_.size())
         throw InvalidArgument("rank " + std::to_string(r) + " has " +
-                              std::to_string(addrs_by_rank[r].size() - 1) + " rails, rank " +
+                              std::to_string(addrs_by_rank[r].size() / 2) + " rails, rank " +
                               std::to_string(config_.rank) + " has " + std::to_string(rails_.size()));
       col.push_back(addrs_by_rank[r][i]);
     }
     return col;
   };
   Deadline deadline = Deadline::after_seconds(config_.connect_timeout_s);
-  control_->connect_all(column(0), deadline);
-  for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect_all(column(i + 1), deadline);
+  std::vector<std::vector<std::string>> control_columns;
+  for (size_t i = 0; i < rails_.size(); ++i) control_columns.push_back(column(i));
+  control_->connect_all(control_columns, deadline);
+  for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect_all(column(rails_.size() + i), deadline);
   addrs_by_rank_ = addrs_by_rank;
   const bool failover = rails_.size() > 1 && config_.size > 1;
 
@@ -166,6 +173,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   peer_shutdown_.assign(config_.size, false);
   calibrate_rails();
   last_heard_.assign(config_.size, Clock::now());
+  path_switched_at_.assign(config_.size, Clock::time_point{});
   last_sent_ = Clock::now();
   thread_ = std::thread([this] { loop(); });
 }
@@ -264,7 +272,7 @@ void Engine::forward_new_work() {
   } else {
     list.shutdown = send_shutdown;
     if (failover_needed()) list.completed = executor_->completed();
-    control_->send_message(0, encode(list), Deadline::after_seconds(config_.timeout_s));
+    control_->send(0, encode(list));
     last_sent_ = Clock::now();
   }
 }
@@ -277,11 +285,11 @@ void Engine::send_heartbeats(Clock::time_point now) {
     std::string bytes = encode(beat);
     for (int peer = 1; peer < config_.size; ++peer)
       if (!peer_shutdown_[peer])
-        control_->send_message(peer, bytes, Deadline::after_seconds(config_.timeout_s));
+        control_->send(peer, bytes);
   } else {
     RequestList beat;
     if (failover_needed()) beat.completed = executor_->completed();
-    control_->send_message(0, encode(beat), Deadline::after_seconds(config_.timeout_s));
+    control_->send(0, encode(beat));
   }
   last_sent_ = now;
 }
@@ -290,6 +298,12 @@ void Engine::check_liveness(Clock::time_point now) {
   for (int peer = 0; peer < config_.size; ++peer) {
     if (peer == config_.rank || (config_.rank != 0 && peer != 0) || peer_shutdown_[peer]) continue;
     double silent = std::chrono::duration<double>(now - last_heard_[peer]).count();
+    // Heartbeats arrive every second: a longer silence may be a cut cable under the current
+    // control path, so try the next one (once per silence) well before giving the rank up.
+    if (silent > kSwitchPathAfterS && path_switched_at_[peer] != last_heard_[peer]) {
+      path_switched_at_[peer] = last_heard_[peer];
+      control_->switch_path(peer, "no message for " + std::to_string(silent).substr(0, 3) + " s");
+    }
     if (silent > config_.timeout_s)
       throw TimeoutError(peer, "no message from rank " + std::to_string(peer) + " for " +
                                    std::to_string(static_cast<int>(silent)) +
@@ -304,7 +318,7 @@ void Engine::broadcast_fatal(const std::string& reason) {
   std::string bytes = encode(list);
   for (int peer = 1; peer < config_.size; ++peer) {
     try {
-      control_->send_message(peer, bytes, Deadline::after_seconds(1.0));
+      control_->send(peer, bytes);
     } catch (const std::exception&) {
     }
   }
@@ -422,7 +436,7 @@ void Engine::dispatch(std::vector<Response> responses) {
   list.watermark = watermark();
   std::string bytes = encode(list);
   for (int peer = 1; peer < config_.size; ++peer)
-    control_->send_message(peer, bytes, Deadline::after_seconds(config_.timeout_s));
+    control_->send(peer, bytes);
   last_sent_ = Clock::now();
   execute_locally(list);
 }
@@ -511,7 +525,7 @@ void Engine::loop() {
           bye.shutdown = true;
           std::string bytes = encode(bye);
           for (int peer = 1; peer < config_.size; ++peer)
-            control_->send_message(peer, bytes, Deadline::after_seconds(config_.timeout_s));
+            control_->send(peer, bytes);
           break;
         }
       }
@@ -537,7 +551,7 @@ void Engine::loop() {
       double wait_s = std::max(0.0, std::chrono::duration<double>(until - now).count());
       if (config_.size > 1) {
         try {
-          auto msg = control_->recv_message_any(wake_fd_, Deadline::after_seconds(wait_s));
+          auto msg = control_->recv_any(wake_fd_, Deadline::after_seconds(wait_s));
           if (msg) on_control_message(msg->peer, msg->payload);
         } catch (const PeerError& e) {
           // Workers talk only to rank 0, and a rank that already said goodbye may close: neither

@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/control_channel.h"
 #include "engine/coordinator.h"
 #include "engine/executor.h"
 #include "engine/message_codec.h"
@@ -124,7 +125,7 @@ class Engine {
   bool failover_needed() const { return rails_.size() > 1 && config_.size > 1; }
 
   EngineConfig config_;
-  std::unique_ptr<transport::TcpRail> control_;
+  std::unique_ptr<ControlChannel> control_;
   std::vector<std::unique_ptr<transport::TcpRail>> rails_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
@@ -144,6 +145,7 @@ class Engine {
   std::unordered_map<std::string, std::pair<int32_t, Request>> cache_;
   std::vector<bool> peer_shutdown_;
   std::vector<Clock::time_point> last_heard_;  // per peer: last control message (heartbeats too)
+  std::vector<Clock::time_point> path_switched_at_;  // per peer: last_heard_ when we last switched
   std::vector<std::vector<uint64_t>> completed_by_rank_;  // rank 0: each rank's last report
   std::vector<bool> failure_reported_;  // per rail: this rank already reported it failed
   Clock::time_point last_sent_;                // last control message this rank sent

@@ -56,6 +56,7 @@ void Engine::handle_local_rail_events() {
       // The rail was aborted where the failure was seen (unless it is the last one: then an overdue
       // share waits for its own deadline, and an error is fatal at rank 0).
       failure_reported_[e.rail] = true;
+      control_->avoid_path(e.rail, true);  // the report itself must not go out on the failed rail
       NZ_LOG(Debug) << rank_prefix(config_.rank) << "rail " << e.rail << " failed here: " << e.text;
     }
     to_send.push_back(std::move(e));
@@ -68,7 +69,7 @@ void Engine::handle_local_rail_events() {
   RequestList list;
   list.rail_events = std::move(to_send);
   list.completed = executor_->completed();
-  control_->send_message(0, encode(list), Deadline::after_seconds(config_.timeout_s));
+  control_->send(0, encode(list));
   last_sent_ = Clock::now();
 }
 
@@ -108,12 +109,15 @@ void Engine::apply_decision(RailFailover::Decision d) {
 }
 
 void Engine::broadcast_rail_events(std::vector<RailEvent> events) {
+  // The news that a rail is down must not itself travel on that rail.
+  for (const RailEvent& e : events)
+    if (e.kind == RailEventKind::kDown) control_->avoid_path(e.rail, true);
   ResponseList list;
   list.rail_events = std::move(events);
   list.watermark = watermark();
   std::string bytes = encode(list);
   for (int peer = 1; peer < config_.size; ++peer)
-    if (!peer_shutdown_[peer]) control_->send_message(peer, bytes, Deadline::after_seconds(config_.timeout_s));
+    if (!peer_shutdown_[peer]) control_->send(peer, bytes);
   last_sent_ = Clock::now();
   execute_locally(list);
 }
@@ -140,6 +144,7 @@ void Engine::apply_rail_event(const RailEvent& e) {
       // The one line a user sees: the job itself goes on.
       NZ_LOG(Warning) << rank_prefix(config_.rank) << e.text << "; continuing on " << others.str();
       rails_[r]->abort(e.text);
+      control_->avoid_path(r, true);
       executor_->post_task(r, [this, r] {
         // Runs after every share posted on the rail so far has failed or finished.
         report_rail_event({RailEventKind::kDrained, r, -1, executor_->completed()[r], ""});
@@ -158,7 +163,7 @@ void Engine::apply_rail_event(const RailEvent& e) {
       break;
     case RailEventKind::kConnect: {
       std::vector<std::string> column;
-      for (const auto& addrs : addrs_by_rank_) column.push_back(addrs[r + 1]);
+      for (const auto& addrs : addrs_by_rank_) column.push_back(addrs[rails_.size() + r]);
       executor_->post_probe(
           r, kProbeBytes,
           [this, r, column] { rails_[r]->connect_all(column, Deadline::after_seconds(kProbeConnectS)); },
@@ -175,6 +180,7 @@ void Engine::apply_rail_event(const RailEvent& e) {
     case RailEventKind::kUp:
       set_state(multirail::RailState::kUp);
       failure_reported_[r] = false;
+      control_->avoid_path(r, false);
       NZ_LOG(Info) << rank_prefix(config_.rank) << "rail '" << name << "' is back up";
       break;
     default:

@@ -415,6 +415,12 @@ std::optional<TcpRail::Message> TcpRail::recv_message_any(int wake_fd, const Dea
   }
 }
 
+void TcpRail::append_poll_fds(std::vector<pollfd>& fds) const {
+  fds.push_back({abort_fd_.get(), POLLIN, 0});
+  for (int peer = 0; peer < size_; ++peer)
+    if (peer != rank_ && peers_[peer].fd.valid()) fds.push_back({peers_[peer].fd.get(), POLLIN, 0});
+}
+
 void TcpRail::reset() {
   std::lock_guard<std::mutex> lock(mu_);
   for (Peer& p : peers_) {

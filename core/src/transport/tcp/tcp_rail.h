@@ -29,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <poll.h>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,10 @@ class TcpRail : public Rail {
   // (std::nullopt). Messages from one peer arrive in order; peers are served round robin.
   // Partially received messages are kept across calls.
   std::optional<Message> recv_message_any(int wake_fd, const Deadline& deadline);
+  // For waiting on several rails at once: appends the abort eventfd and every connected peer's
+  // socket (POLLIN). When any is readable, recv_message_any(-1, an expired deadline) makes progress
+  // without blocking.
+  void append_poll_fds(std::vector<struct pollfd>& fds) const;
 
   // Idempotent; also run by the destructor. Must not race a data call (use abort() for that).
   void close();

@@ -1,0 +1,225 @@
+#include "engine/control_channel.h"
+
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/logging.h"
+
+namespace nezha::engine {
+namespace {
+
+constexpr double kSendAttemptS = 2.0;     // a path whose socket buffer stays full this long is dead
+constexpr size_t kEnvelopeBytes = 16;     // message number, acknowledgement
+constexpr size_t kMaxEarly = 1u << 16;    // messages held ahead of a gap, per peer
+
+uint64_t read_u64(const std::string& s, size_t at) {
+  uint64_t v;
+  std::memcpy(&v, s.data() + at, sizeof v);
+  return v;
+}
+
+void append_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const char*>(&v), sizeof v); }
+
+}  // namespace
+
+ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, const std::string& secret,
+                               int rank, int size, size_t socket_buffer_bytes)
+    : rank_(rank), size_(size), avoided_(paths.size(), false), peers_(size) {
+  if (paths.empty()) throw InvalidArgument("the control channel needs at least one rail");
+  for (size_t i = 0; i < paths.size(); ++i) {
+    transport::TcpRailConfig tc;
+    tc.name = "control/" + paths[i].name;
+    tc.local_addr = paths[i].local_addr;
+    tc.rail_index = -1 - static_cast<int>(i);  // control paths never cross-connect with data rails
+    tc.socket_buffer_bytes = socket_buffer_bytes;
+    tc.secret = secret;
+    names_.push_back(tc.name);
+    paths_.push_back(std::make_unique<transport::TcpRail>(tc, rank, size));
+  }
+  for (auto& p : peers_) p.broken.assign(paths_.size(), false);
+}
+
+std::vector<std::string> ControlChannel::listen_addresses() const {
+  std::vector<std::string> out;
+  for (const auto& p : paths_) out.push_back(p->listen_address());
+  return out;
+}
+
+void ControlChannel::connect_all(const std::vector<std::vector<std::string>>& addrs,
+                                 const Deadline& deadline) {
+  if (addrs.size() != paths_.size())
+    throw InvalidArgument("control channel: " + std::to_string(addrs.size()) + " address columns for " +
+                          std::to_string(paths_.size()) + " paths");
+  for (size_t i = 0; i < paths_.size(); ++i) paths_[i]->connect_all(addrs[i], deadline);
+}
+
+int ControlChannel::pick_path(const PeerState& p, bool after_current) const {
+  const int n = static_cast<int>(paths_.size());
+  const int start = after_current && p.path >= 0 ? p.path + 1 : 0;
+  for (bool allow_avoided : {false, true})
+    for (int i = 0; i < n; ++i) {
+      int path = (start + i) % n;
+      if (!p.broken[path] && (allow_avoided || !avoided_[path])) return path;
+    }
+  return -1;
+}
+
+void ControlChannel::move_peer(int peer, const std::string& why, bool after_current) {
+  PeerState& p = peers_[peer];
+  int from = p.path;
+  p.path = pick_path(p, after_current);
+  if (p.path < 0)
+    throw PeerError(peer, "every control path to rank " + std::to_string(peer) + " failed; last: " +
+                              p.last_error);
+  if (p.path != from)
+    NZ_LOG(Info) << "rank " << rank_ << ": control messages to rank " << peer << " move from '"
+                 << (from >= 0 ? names_[from] : "-") << "' to '" << names_[p.path] << "': " << why;
+}
+
+void ControlChannel::flush(int peer, size_t from) {
+  PeerState& p = peers_[peer];
+  size_t i = from;
+  while (i < p.unacked.size()) {
+    if (p.path < 0) move_peer(peer, "no path", false);  // throws
+    try {
+      paths_[p.path]->send_message(peer, p.unacked[i].second, Deadline::after_seconds(kSendAttemptS));
+      ++i;
+    } catch (const ProtocolError&) {
+      throw;
+    } catch (const NezhaError& e) {  // reset, timeout (buffer full), or that path aborted
+      if (aborted_) throw;
+      p.broken[p.path] = true;
+      p.last_error = e.what();
+      move_peer(peer, e.what(), true);
+      i = 0;  // the new path gets everything the peer has not acknowledged, in order
+    }
+  }
+}
+
+void ControlChannel::send(int peer, const std::string& payload) {
+  PeerState& p = peers_[peer];
+  std::string envelope;
+  envelope.reserve(kEnvelopeBytes + payload.size());
+  append_u64(envelope, p.next_send);
+  append_u64(envelope, p.next_recv);
+  envelope += payload;
+  p.unacked.emplace_back(p.next_send++, std::move(envelope));
+  flush(peer, p.unacked.size() - 1);
+}
+
+void ControlChannel::on_envelope(int peer, std::string envelope) {
+  PeerState& p = peers_[peer];
+  if (envelope.size() < kEnvelopeBytes)
+    throw ProtocolError("control message from rank " + std::to_string(peer) + " has no envelope");
+  const uint64_t number = read_u64(envelope, 0), ack = read_u64(envelope, 8);
+  if (ack > p.next_send)
+    throw ProtocolError("rank " + std::to_string(peer) + " acknowledged control message " +
+                        std::to_string(ack) + " of " + std::to_string(p.next_send) + " sent");
+  while (!p.unacked.empty() && p.unacked.front().first < ack) p.unacked.pop_front();
+  if (number < p.next_recv) return;  // a duplicate, sent again after a path switch
+  std::string payload = envelope.substr(kEnvelopeBytes);
+  if (number > p.next_recv) {
+    if (p.early.size() >= kMaxEarly)
+      throw ProtocolError("rank " + std::to_string(peer) + ": too many control messages ahead of a gap");
+    p.early.emplace(number, std::move(payload));
+    return;
+  }
+  ready_.push_back({peer, std::move(payload)});
+  ++p.next_recv;
+  for (auto it = p.early.find(p.next_recv); it != p.early.end(); it = p.early.find(p.next_recv)) {
+    ready_.push_back({peer, std::move(it->second)});
+    p.early.erase(it);
+    ++p.next_recv;
+  }
+}
+
+std::optional<transport::TcpRail::Message> ControlChannel::recv_any(int wake_fd, const Deadline& deadline) {
+  auto pop = [this] {
+    transport::TcpRail::Message m = std::move(ready_.front());
+    ready_.pop_front();
+    return m;
+  };
+  if (!ready_.empty()) return pop();
+  std::vector<pollfd> fds;
+  std::vector<int> owner;  // path of each fd; -1 for wake_fd
+  for (;;) {
+    fds.assign({{wake_fd, POLLIN, 0}});
+    owner.assign(1, -1);
+    for (size_t i = 0; i < paths_.size(); ++i) {
+      paths_[i]->append_poll_fds(fds);
+      owner.resize(fds.size(), static_cast<int>(i));
+    }
+    const int n = ::poll(fds.data(), fds.size(), deadline.remaining_ms());
+    if (n < 0 && errno != EINTR) throw NezhaError(std::string("control channel: poll() failed: ") + std::strerror(errno));
+    std::vector<bool> readable(paths_.size(), false);
+    for (size_t k = 1; n > 0 && k < fds.size(); ++k)
+      if (fds[k].revents) readable[owner[k]] = true;
+    for (size_t i = 0; i < paths_.size(); ++i) {
+      while (readable[i]) {
+        std::optional<transport::TcpRail::Message> m;
+        try {
+          m = paths_[i]->recv_message_any(-1, Deadline::after_seconds(0));
+        } catch (const PeerError& e) {
+          path_failed(static_cast<int>(i), e.peer(), e.what());
+          continue;  // that peer's socket is closed now; serve the others
+        } catch (const ProtocolError&) {
+          throw;
+        } catch (const NezhaError& e) {  // the whole path was aborted
+          if (aborted_) throw;
+          for (int peer = 0; peer < size_; ++peer)
+            if (peer != rank_ && !peers_[peer].broken[i]) path_failed(static_cast<int>(i), peer, e.what());
+          break;
+        }
+        if (!m) break;
+        on_envelope(m->peer, std::move(m->payload));
+      }
+    }
+    if (!ready_.empty()) return pop();
+    if (fds[0].revents & POLLIN) return std::nullopt;
+    if (deadline.expired()) return std::nullopt;
+  }
+}
+
+void ControlChannel::path_failed(int path, int peer, const std::string& why) {
+  PeerState& p = peers_[peer];
+  p.broken[path] = true;
+  p.last_error = why;
+  if (p.path == path) {
+    move_peer(peer, why, true);
+    flush(peer, 0);
+  } else if (pick_path(p, false) < 0) {
+    move_peer(peer, why, false);  // throws: nothing left
+  }
+}
+
+void ControlChannel::avoid_path(int path, bool avoid) {
+  if (path < 0 || path >= static_cast<int>(paths_.size()) || avoided_[path] == avoid) return;
+  avoided_[path] = avoid;
+  if (!avoid) return;  // peers stay where they are; the path is a candidate again
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_ || peers_[peer].path != path) continue;
+    move_peer(peer, "rail '" + names_[path].substr(8) + "' is down", true);
+    flush(peer, 0);
+  }
+}
+
+void ControlChannel::switch_path(int peer, const std::string& why) {
+  PeerState& p = peers_[peer];
+  int before = p.path;
+  move_peer(peer, why, true);
+  if (p.path != before) flush(peer, 0);
+}
+
+void ControlChannel::abort(const std::string& reason) {
+  aborted_ = true;
+  for (auto& p : paths_) p->abort(reason);
+}
+
+void ControlChannel::close() {
+  for (auto& p : paths_) p->close();
+}
+
+}  // namespace nezha::engine

@@ -1,0 +1,85 @@
+// The negotiation channel between ranks, carried over every rail so that losing one rail (rail 0
+// included) does not cut the job's control.
+//
+// One TcpRail per rail address ("path"), each a full mesh with its own connections. A message to a
+// peer goes on that peer's current path; the channel numbers messages per peer and keeps them until
+// the peer acknowledges them (every message carries the count received from the other side, and
+// ranks exchange messages at least every heartbeat). The receiver delivers in number order, drops
+// duplicates and holds early arrivals. When the current path fails (the connection errors, the
+// engine marks that rail down, or the peer has been silent too long) the sender moves to the next
+// usable path and sends everything unacknowledged again, so nothing is lost, doubled or reordered.
+//
+// Threads: the engine thread only, except abort().
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "transport/tcp/tcp_rail.h"
+
+namespace nezha::engine {
+
+struct ControlPathConfig {
+  std::string name;        // the rail's name (logs)
+  std::string local_addr;  // the rail's address
+};
+
+class ControlChannel {
+ public:
+  ControlChannel(const std::vector<ControlPathConfig>& paths, const std::string& secret, int rank,
+                 int size, size_t socket_buffer_bytes);
+
+  std::vector<std::string> listen_addresses() const;  // one per path
+  // addrs[path][rank]: every rank's listen address of that path.
+  void connect_all(const std::vector<std::vector<std::string>>& addrs, const Deadline& deadline);
+
+  // Queues and sends; on a failing path moves to the next one. Throws PeerError when no path to the
+  // peer is left.
+  void send(int peer, const std::string& payload);
+  // Next message in order from any peer; std::nullopt when wake_fd is readable or the deadline
+  // passes. Throws PeerError when every path to a peer has failed.
+  std::optional<transport::TcpRail::Message> recv_any(int wake_fd, const Deadline& deadline);
+
+  // The engine marked the rail down (true) or up again (false): peers on it move elsewhere.
+  void avoid_path(int path, bool avoid);
+  // The peer has been silent for a while: try the next path (the current one may be cut).
+  void switch_path(int peer, const std::string& why);
+  int path_of(int peer) const { return peers_[peer].path; }
+
+  void abort(const std::string& reason);
+  void close();
+  // Tests: path `path` fails on this rank only (its sends and receives throw).
+  void testing_abort_path(int path, const std::string& why) { paths_.at(path)->abort(why); }
+
+ private:
+  struct PeerState {
+    int path = 0;
+    uint64_t next_send = 0;
+    std::deque<std::pair<uint64_t, std::string>> unacked;  // (number, envelope)
+    uint64_t next_recv = 0;
+    std::map<uint64_t, std::string> early;  // arrived ahead of a gap (after a path switch)
+    std::vector<bool> broken;               // per path: its connection failed
+    std::string last_error;
+  };
+  void flush(int peer, size_t from);
+  void move_peer(int peer, const std::string& why, bool after_current);
+  void on_envelope(int peer, std::string envelope);
+  void path_failed(int path, int peer, const std::string& why);
+  int pick_path(const PeerState& p, bool after_current) const;
+
+  int rank_, size_;
+  std::vector<std::string> names_;
+  std::vector<std::unique_ptr<transport::TcpRail>> paths_;
+  std::vector<bool> avoided_;
+  std::vector<PeerState> peers_;
+  std::deque<transport::TcpRail::Message> ready_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace nezha::engine
