@@ -118,10 +118,11 @@ def main(argv=None) -> int:
     p.add_argument("--up-s", type=float, default=6.0)
     p.add_argument("--fault", choices=["cut", "throttle"], default="cut",
                    help="pull the cable, or shape the rail to 8 kbit/s")
+    p.add_argument("--rail", type=int, default=1, help="the rail to fail (0 also carries a control path)")
     args = p.parse_args(argv)
     with Testbed(hosts=args.hosts, rails=2, rates=[args.rate, args.rate]) as tb:
         r = run_drill(tb, cycles=args.cycles, down_s=args.down_s, up_s=args.up_s, elements=args.elements,
-                      fault=args.fault, rate=args.rate)
+                      fault=args.fault, rate=args.rate, rail=args.rail)
     if r["returncode"] != 0 or not r["cycles"]:
         print(r["output"][-4000:])
         return 1

@@ -138,12 +138,10 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   eo.stall_s = config_.rail_stall_ms / 1000.0;
   ExecutorHooks hooks;
   if (failover) {
-    hooks.on_rail_error = [this](int rail, const std::string& what) {
-      // Abort here, not on the loop: the loop itself may be the thread blocked on the rail (small
-      // operations run inline). The last usable rail is left alone: see handle_local_rail_events.
-      std::vector<bool> usable = usable_rails();
-      if (usable[rail] && std::count(usable.begin(), usable.end(), true) > 1) rails_[rail]->abort(what);
-      report_rail_event({RailEventKind::kFailed, rail, -1, 0, what});
+    hooks.on_rail_error = [this](int rail, const std::string& what, bool stalled) {
+      // A stalled rail is not aborted here: rank 0 decides (a stall can be the echo of another
+      // rail's failure on a slower rank), and kDown aborts it everywhere.
+      report_rail_event({RailEventKind::kFailed, rail, -1, stalled ? 1u : 0u, what});
     };
   }
   std::vector<transport::Rail*> rails;

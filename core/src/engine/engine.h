@@ -58,7 +58,7 @@ struct EngineConfig {
   size_t segment_bytes = 1 << 20;
   size_t socket_buffer_bytes = 4 << 20;
   std::string timeline_path;  // NEZHA_TIMELINE: empty = no timeline
-  double rail_stall_ms = 150;  // NEZHA_RAIL_STALL_MS: see ExecutorOptions::stall_s
+  double rail_stall_ms = 100;  // NEZHA_RAIL_STALL_MS: see ExecutorOptions::stall_s
   // Re-admission back-off of a failed rail (doubles while it flaps, up to the max).
   double rail_probe_backoff_s = 0.25;
   double rail_probe_backoff_max_s = 3;

@@ -53,9 +53,11 @@ void Engine::handle_local_rail_events() {
     if (e.kind == RailEventKind::kFailed) {
       std::vector<bool> usable = usable_rails();
       if (!usable[e.rail] || failure_reported_[e.rail]) continue;  // already being handled
-      // The rail was aborted where the failure was seen (unless it is the last one: then an overdue
-      // share waits for its own deadline, and an error is fatal at rank 0).
-      failure_reported_[e.rail] = true;
+      // A stall on the last rail is not a rail failure to act on: the operation's own deadline
+      // (NEZHA_TIMEOUT_S) and the liveness checks name whoever is really stuck.
+      if (e.value && std::count(usable.begin(), usable.end(), true) < 2) continue;
+      // Errors are reported once; stalls once per stalled operation (rank 0 may ignore one).
+      if (!e.value) failure_reported_[e.rail] = true;
       control_->avoid_path(e.rail, true);  // the report itself must not go out on the failed rail
       NZ_LOG(Debug) << rank_prefix(config_.rank) << "rail " << e.rail << " failed here: " << e.text;
     }
@@ -79,7 +81,7 @@ void Engine::on_rail_events_from(int rank, const std::vector<RailEvent>& events)
   for (const RailEvent& e : events) {
     switch (e.kind) {
       case RailEventKind::kFailed:
-        apply_decision(failover_->on_failed(e.rail, rank, e.text, now));
+        apply_decision(failover_->on_failed(e.rail, rank, e.text, /*stalled=*/e.value != 0, now));
         break;
       case RailEventKind::kDrained: {
         std::vector<multirail::RailEstimate> est;

@@ -40,8 +40,8 @@ Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, Sha
   for (size_t i = 0; i < rails_.size(); ++i) completed_[i] = 0;
   if (opt_.failover && hooks_.on_rail_error)
     watchdog_ = std::make_unique<RailWatchdog>(
-        rails_.size(), opt_.stall_s,
-        [this](int rail) { return rails_[rail]->counters().bytes_received; }, hooks_.on_rail_error);
+        rails_.size(), opt_.stall_s, [this](int rail) { return rails_[rail]->counters().bytes_received; },
+        [this](int rail, const std::string& what) { hooks_.on_rail_error(rail, what, /*stalled=*/true); });
   for (size_t i = 0; i < rails_.size(); ++i) workers_.push_back(std::make_unique<RailWorker>());
 }
 
@@ -144,7 +144,9 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
     }
     // Small lone payloads run on the engine thread when the rail is idle: a thread handoff costs
     // more than the whole log-step exchange.
-    post_share(std::move(rec), plan.size() == 1 && share.count * esize <= opt_.inline_max_bytes);
+    // With failover the engine thread must never wait on a rail: it is what reacts to the rail's
+    // failure (and a rank blocked there would stall every other rail's redo).
+    post_share(std::move(rec), !opt_.failover && plan.size() == 1 && share.count * esize <= opt_.inline_max_bytes);
   }
 }
 
@@ -205,7 +207,7 @@ void Executor::run_share(ShareRecord& rec) {
         std::lock_guard<std::mutex> lock(ledger_mu_);
         rec.state = ShareRecord::State::kLost;
       }
-      hooks_.on_rail_error(r, what);
+      hooks_.on_rail_error(r, what, /*stalled=*/false);
       return;
     }
     {
@@ -332,7 +334,7 @@ void Executor::run_on_one_rail(const Response& resp, std::vector<TensorEntry> en
                         " failed on rail '" + rails_[r]->properties().name + "': " + ex.what();
       NZ_LOG(Error) << msg;
       // Only allreduce shares are kept for redo; the rail still fails over for what follows.
-      if (opt_.failover && !fatal_) hooks_.on_rail_error(r, msg);
+      if (opt_.failover && !fatal_) hooks_.on_rail_error(r, msg, /*stalled=*/false);
       e.handle->complete(msg);
     }
   });

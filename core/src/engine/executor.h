@@ -52,8 +52,9 @@ struct ExecutorOptions {
 
 // Failover hooks, called from rail workers and the watchdog (any thread; must not block).
 struct ExecutorHooks {
-  // A share on `rail` failed or is overdue and was marked lost (`what` says why).
-  std::function<void(int rail, const std::string& what)> on_rail_error;
+  // A share on `rail` failed (its handle is not completed: the share is lost until redone), or
+  // the rail has received nothing for stall_s while busy (stalled: the share is still running).
+  std::function<void(int rail, const std::string& what, bool stalled)> on_rail_error;
 };
 
 // Called from rail workers after each allreduce share (and calibration): which rail, how many

@@ -41,13 +41,14 @@ int RailFailover::num_usable() const {
 }
 
 RailFailover::Decision RailFailover::on_failed(int rail, int rank, const std::string& why,
-                                               Clock::time_point now) {
+                                               bool stalled, Clock::time_point now) {
   check(rail, rank);
   Rail& r = rails_[rail];
   Decision d;
   switch (r.phase) {
     case Phase::kUp:
       if (num_usable() < 2) {
+        if (stalled) return d;
         d.fatal = "rail '" + r.name + "' failed on rank " + std::to_string(rank) +
                   " and no other rail is up: " + why;
         return d;

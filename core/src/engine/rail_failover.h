@@ -1,7 +1,7 @@
 // Rank 0's side of rail failover and re-admission (pure: no sockets, no threads, time passed in).
 //
 // The protocol, in the order its messages travel (RailEvent in message_codec.h):
-//  1. A rank sees a share fail or overrun (RailWatchdog) on rail r: it aborts r locally and reports
+//  1. A rank sees a share fail on rail r, or r go silent while busy (RailWatchdog), and reports
 //     kFailed. Rank 0 marks r down at once (later plans leave it out) and broadcasts kDown in the
 //     ordered response stream.
 //  2. Every rank, at kDown, aborts r (so shares blocked on it fail at once), lets r's worker drain,
@@ -37,7 +37,9 @@ class RailFailover {
     std::string fatal;                 // non-empty: the job cannot go on
   };
 
-  Decision on_failed(int rail, int rank, const std::string& why, Clock::time_point now);
+  // `stalled`: the rail went silent (RailWatchdog) rather than failing with an error. A stall of
+  // the last usable rail is ignored: it may be the echo of another rail's failure on a slow rank.
+  Decision on_failed(int rail, int rank, const std::string& why, bool stalled, Clock::time_point now);
   Decision on_drained(int rail, int rank, uint64_t completed,
                       const std::vector<multirail::RailEstimate>& estimates);
   Decision on_probe_ready(int rail, int rank);
