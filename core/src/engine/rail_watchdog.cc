@@ -3,6 +3,9 @@
 #include <chrono>
 
 namespace nezha::engine {
+namespace {
+constexpr int kReportAgainAfter = 4;  // silences
+}  // namespace
 
 RailWatchdog::RailWatchdog(size_t num_rails, double silence_s,
                            std::function<uint64_t(int rail)> bytes_received, Callback on_stall)
@@ -25,16 +28,17 @@ void RailWatchdog::stop() {
 
 void RailWatchdog::begin(int rail, std::string what) {
   uint64_t bytes = bytes_received_(rail);
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Slot& s = slots_[rail];
     s.active = true;
-    s.reported = false;
     s.bytes = bytes;
     s.last_progress = Clock::now();
     s.what = std::move(what);
+    wake = idle_;  // a ticking watchdog sees the new work on its next tick: no wakeup per operation
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 void RailWatchdog::end(int rail) {
@@ -50,17 +54,19 @@ void RailWatchdog::run() {
     Clock::time_point now = Clock::now();
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& s = slots_[i];
-      if (!s.active || s.reported) continue;
+      if (!s.active) continue;
       watching = true;
       uint64_t bytes = bytes_received_(static_cast<int>(i));
       if (bytes != s.bytes) {
         s.bytes = bytes;
         s.last_progress = now;
       } else if (now - s.last_progress >= silence_) {
-        s.reported = true;
         double ms = std::chrono::duration<double, std::milli>(now - s.last_progress).count();
         stalled.emplace_back(static_cast<int>(i), s.what + " received nothing for " +
                                                       std::to_string(static_cast<int>(ms)) + " ms");
+        // Still silent later: report again (rank 0 may have ignored the first report while the
+        // rail looked like the last one up).
+        s.last_progress = now + kReportAgainAfter * silence_;
       }
     }
     if (!stalled.empty()) {
@@ -69,6 +75,7 @@ void RailWatchdog::run() {
       lock.lock();
       continue;
     }
+    idle_ = !watching;
     if (watching) cv_.wait_for(lock, silence_ / 4);
     else cv_.wait(lock);
   }

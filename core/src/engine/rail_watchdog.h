@@ -6,8 +6,8 @@
 // test: a large share on a slow but working rail is never reported, and neither is a peer that is a
 // little late on a loaded machine.
 //
-// Wakes only while some rail has work running (sleeps on a condition variable otherwise) and reports
-// each stalled operation once.
+// Wakes only while some rail has work running (sleeps on a condition variable otherwise); a rail
+// that stays silent is reported again every few silences.
 #pragma once
 
 #include <condition_variable>
@@ -44,7 +44,6 @@ class RailWatchdog {
 
   struct Slot {
     bool active = false;
-    bool reported = false;
     uint64_t bytes = 0;
     Clock::time_point last_progress{};
     std::string what;
@@ -56,6 +55,7 @@ class RailWatchdog {
   std::condition_variable cv_;
   std::vector<Slot> slots_;
   bool stopping_ = false;
+  bool idle_ = true;  // waiting without a timeout: begin() must wake it
   std::thread thread_;
 };
 
