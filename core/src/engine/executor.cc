@@ -13,20 +13,6 @@
 #include "common/logging.h"
 
 namespace nezha::engine {
-namespace {
-
-std::string names_str(const Response& r) {
-  std::string s;
-  for (size_t i = 0; i < r.names.size() && i < 4; ++i) s += (i ? ", '" : "'") + r.names[i] + "'";
-  if (r.names.size() > 4) s += " and " + std::to_string(r.names.size() - 4) + " more";
-  return s;
-}
-
-double effective_postscale(const Response& r, int size) {
-  return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
-}
-
-}  // namespace
 
 Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, ShareObserver observer,
                    ExecutorHooks hooks)
@@ -152,7 +138,10 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
 
 void Executor::post_share(std::shared_ptr<ShareRecord> rec, bool may_inline) {
   const int r = rec->share.rail;
-  auto run = [this, rec]() { run_share(*rec); };
+  auto run = [this, rec]() {
+    if (rec->single) run_single_record(*rec);
+    else run_share(*rec);
+  };
   if (!(may_inline && workers_[r]->try_run_inline(run))) workers_[r]->post(std::move(run));
 }
 
@@ -244,100 +233,6 @@ void Executor::finish_allreduce(AllreduceJob& job) {
     }
     off += count * esize;
   }
-}
-
-void Executor::run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries) {
-  int r = resp.plan.empty() ? 0 : resp.plan[0].rail;
-  uint64_t seq = seq_[r]++;
-  auto shared = std::make_shared<std::vector<TensorEntry>>(std::move(entries));
-  workers_[r]->post([this, r, seq, resp, shared]() {
-    TensorEntry& e = (*shared)[0];
-    if (watchdog_)
-      watchdog_->begin(r, std::string(op_type_name(resp.type)) + " of " + names_str(resp));
-    try {
-      collectives::CollectiveOptions copt;
-      copt.seq = seq;
-      copt.segment_bytes = opt_.segment_bytes;
-      copt.logstep_max_bytes = opt_.logstep_max_bytes;
-      copt.deadline = Deadline::after_seconds(opt_.timeout_s);
-      transport::Rail& rail = *rails_[r];
-      const size_t esize = dtype_size(resp.dtype);
-      const int me = opt_.rank, n = opt_.size;
-      OpResult& res = e.handle->result();
-      const std::vector<int64_t>& shape = e.req.shape;
-      auto out_shape = [&](int64_t rows) {
-        std::vector<int64_t> s = shape.empty() ? std::vector<int64_t>{1} : shape;
-        s[0] = rows;
-        return s;
-      };
-      switch (resp.type) {
-        case OpType::kBroadcast: {
-          size_t bytes = static_cast<size_t>(resp.counts[0]) * esize;
-          if (me == resp.root && e.output != e.input) std::memcpy(e.output, e.input, bytes);
-          collectives::broadcast(rail, e.output, bytes, resp.root, copt);
-          break;
-        }
-        case OpType::kAllgather: {
-          size_t row_bytes = static_cast<size_t>(resp.row_elements[0]) * esize;
-          std::vector<size_t> bytes(n);
-          int64_t rows = 0;
-          for (int i = 0; i < n; ++i) {
-            bytes[i] = static_cast<size_t>(resp.rank_rows[i]) * row_bytes;
-            rows += resp.rank_rows[i];
-          }
-          res.output.resize(static_cast<size_t>(rows) * row_bytes);
-          collectives::allgatherv(rail, e.input, res.output.data(), bytes, copt);
-          res.output_shape = out_shape(rows);
-          break;
-        }
-        case OpType::kAlltoall: {
-          size_t row_bytes = static_cast<size_t>(resp.row_elements[0]) * esize;
-          std::vector<size_t> send(n), recv(n);
-          int64_t rows = 0;
-          res.received_splits.assign(n, 0);
-          for (int i = 0; i < n; ++i) {
-            send[i] = static_cast<size_t>(resp.splits_matrix[me * n + i]) * row_bytes;
-            res.received_splits[i] = resp.splits_matrix[i * n + me];
-            recv[i] = static_cast<size_t>(res.received_splits[i]) * row_bytes;
-            rows += res.received_splits[i];
-          }
-          res.output.resize(static_cast<size_t>(rows) * row_bytes);
-          collectives::alltoallv(rail, e.input, send, res.output.data(), recv, copt);
-          res.output_shape = out_shape(rows);
-          break;
-        }
-        case OpType::kReducescatter: {
-          size_t total = static_cast<size_t>(resp.counts[0]);
-          size_t row = static_cast<size_t>(resp.row_elements[0]);
-          std::vector<size_t> counts(n);
-          for (int i = 0; i < n; ++i) counts[i] = static_cast<size_t>(resp.rank_rows[i]) * row;
-          BufferPool::Buffer scratch = pool_.acquire(total * esize);
-          std::memcpy(scratch.data(), e.input, total * esize);
-          if (resp.prescale != 1.0) collectives::scale(scratch.data(), total, resp.dtype, resp.prescale);
-          res.output.resize(counts[me] * esize);
-          collectives::reducescatterv(rail, scratch.data(), res.output.data(), counts, resp.dtype,
-                                      resp.op, copt);
-          double post = effective_postscale(resp, n);
-          if (post != 1.0) collectives::scale(res.output.data(), counts[me], resp.dtype, post);
-          res.output_shape = out_shape(resp.rank_rows[me]);
-          break;
-        }
-        default:
-          throw NezhaError(std::string("unexpected operation ") + op_type_name(resp.type));
-      }
-      if (watchdog_) watchdog_->end(r);
-      completed_[r] = seq + 1;
-      e.handle->complete();
-    } catch (const std::exception& ex) {
-      if (watchdog_) watchdog_->end(r);
-      std::string msg = std::string(op_type_name(resp.type)) + " of " + names_str(resp) +
-                        " failed on rail '" + rails_[r]->properties().name + "': " + ex.what();
-      NZ_LOG(Error) << msg;
-      // Only allreduce shares are kept for redo; the rail still fails over for what follows.
-      if (opt_.failover && !fatal_) hooks_.on_rail_error(r, msg, /*stalled=*/false);
-      e.handle->complete(msg);
-    }
-  });
 }
 
 }  // namespace nezha::engine

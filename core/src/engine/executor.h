@@ -101,9 +101,14 @@ class Executor {
 
  private:
   struct AllreduceJob;
+  struct SingleJob;
   struct ShareRecord;
   void post_share(std::shared_ptr<ShareRecord> rec, bool may_inline);
-  void run_share(ShareRecord& rec);
+  void run_share(ShareRecord& rec);          // an allreduce share
+  void run_single_record(ShareRecord& rec);  // a one-rail collective
+  void run_single(const Response& resp, const TensorEntry& e, transport::Rail& rail, uint64_t seq,
+                  const void* input, void* output, OpResult& res);
+  static size_t single_input_bytes(const SingleJob& job);
   void part_done(AllreduceJob& job);
   void run_allreduce(const Response& resp, std::vector<TensorEntry> entries);
   void run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries);

@@ -66,10 +66,12 @@ void Executor::redo(int rail, uint64_t first, int target) {
   }
   size_t redo_bytes = 0;
   for (auto& old : moved) {
-    const size_t esize = dtype_size(old->job->resp.dtype);
-    const size_t bytes = old->share.count * esize;
+    if (old->single && old->single->finished && old->state != ShareRecord::State::kDone) continue;
+    const size_t esize = old->job ? dtype_size(old->job->resp.dtype) : 1;
+    const size_t bytes = old->job ? old->share.count * esize : single_input_bytes(*old->single);
     auto rec = std::make_shared<ShareRecord>();
     rec->job = old->job;
+    rec->single = old->single;
     rec->share = old->share;
     rec->share.rail = target;
     rec->is_redo = true;
@@ -82,10 +84,12 @@ void Executor::redo(int rail, uint64_t first, int target) {
       rec->into_scratch = old->into_scratch || old->state == ShareRecord::State::kDone;
       if (old->original.data()) {
         rec->original = std::move(old->original);
-      } else {
-        // Never started here: its range still holds the input.
+      } else if (bytes > 0) {
+        // Never started here: the input is still intact.
         rec->original = pool_.acquire(bytes);
-        std::memcpy(rec->original.data(), old->job->data + old->share.offset * esize, bytes);
+        const void* from = old->job ? static_cast<const void*>(old->job->data + old->share.offset * esize)
+                                    : old->single->entry.input;
+        std::memcpy(rec->original.data(), from, bytes);
       }
       rec->original_bytes = bytes;
       rec->seq = seq_[target]++;
@@ -123,6 +127,13 @@ void Executor::fail_all(const std::string& reason) {
     }
   }
   for (auto& rec : records) {
+    if (rec->single) {
+      SingleJob& job = *rec->single;
+      if (!job.finished.exchange(true))
+        job.entry.handle->complete(std::string(op_type_name(job.resp.type)) + " of '" +
+                                   job.entry.req.name + "': " + reason);
+      continue;
+    }
     AllreduceJob& job = *rec->job;
     if (job.finished.exchange(true)) continue;
     for (auto& e : job.entries)

@@ -12,6 +12,25 @@
 
 namespace nezha::engine {
 
+// "'a', 'b' and 3 more": names an operation in errors and the timeline.
+inline std::string names_str(const Response& r) {
+  std::string s;
+  for (size_t i = 0; i < r.names.size() && i < 4; ++i) s += (i ? ", '" : "'") + r.names[i] + "'";
+  if (r.names.size() > 4) s += " and " + std::to_string(r.names.size() - 4) + " more";
+  return s;
+}
+
+inline double effective_postscale(const Response& r, int size) {
+  return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
+}
+
+// A collective that runs whole on one rail (broadcast, allgather, alltoall, reducescatter).
+struct Executor::SingleJob {
+  Response resp;
+  TensorEntry entry;
+  std::atomic<bool> finished{false};
+};
+
 // One (possibly fused) allreduce in flight, shared by the rail jobs that carry its shares.
 struct Executor::AllreduceJob {
   Response resp;
@@ -28,11 +47,12 @@ struct Executor::AllreduceJob {
 // One share of an allreduce on one rail, kept in the rail's ledger while failover is on.
 struct Executor::ShareRecord {
   enum class State { kQueued, kRunning, kDone, kLost };
-  std::shared_ptr<AllreduceJob> job;
+  std::shared_ptr<AllreduceJob> job;     // an allreduce share, or
+  std::shared_ptr<SingleJob> single;     // a whole one-rail collective (share: rail only)
   multirail::RailShare share;  // share.rail: the rail it runs on
   uint64_t seq = 0;
   State state = State::kQueued;  // guarded by ledger_mu_
-  BufferPool::Buffer original;   // the range's input, taken when the share first started
+  BufferPool::Buffer original;   // the range's (or the single op's) input, taken when it first started
   size_t original_bytes = 0;
   bool is_redo = false;       // restores `original` before running
   bool into_scratch = false;  // this rank had completed it: run for the others, keep nothing

@@ -145,6 +145,57 @@ TEST(EngineFailoverTest, SmallOperationsOnAFailedRailAreRedone) {
   run_and_check(job, 2, 2, 64, [](int) {});
 }
 
+TEST(EngineFailoverTest, BroadcastAndAllgatherInFlightOnAFailedRailAreRedone) {
+  TwoRailJob job(3);
+  const int n = job.size();
+  for (int step = 0; step < 12; ++step) {
+    // Fail each rail once, on different ranks, while both kinds of operation are in flight.
+    if (step == 3) job[2].testing_fail_rail(0, "injected");
+    if (step == 8) {
+      ASSERT_TRUE(wait_all_up(job, 0));
+      job[1].testing_fail_rail(1, "injected");
+    }
+    std::vector<std::vector<float>> bc(n), ag(n), big(n), big_out(n);
+    std::vector<std::shared_ptr<OpHandle>> hb(n), hg(n), ha(n);
+    for (int r = 0; r < n; ++r) {
+      // A striped allreduce too, so both rails carry traffic (an idle rail's failure goes unseen).
+      big[r].assign(1 << 20, static_cast<float>(r + step));
+      big_out[r].assign(1 << 20, 0);
+      ha[r] = allreduce(job[r], "big", big[r], big_out[r]);
+      bc[r].assign(4096, r == 1 ? static_cast<float>(step) : -1.0f);
+      TensorEntry b;
+      b.req.type = OpType::kBroadcast;
+      b.req.name = "bcast";
+      b.req.shape = {4096};
+      b.req.root = 1;
+      b.input = b.output = bc[r].data();
+      hb[r] = job[r].enqueue(std::move(b));
+      ag[r].assign(static_cast<size_t>(r + 1) * 8, static_cast<float>(100 * step + r));
+      TensorEntry g;
+      g.req.type = OpType::kAllgather;
+      g.req.name = "gather";
+      g.req.shape = {r + 1, 8};
+      g.input = ag[r].data();
+      hg[r] = job[r].enqueue(std::move(g));
+    }
+    for (int r = 0; r < n; ++r) {
+      ASSERT_TRUE(hb[r]->wait_for(kWaitS) && hg[r]->wait_for(kWaitS)) << "step " << step << " rank " << r;
+      ASSERT_EQ(hb[r]->error(), "") << "step " << step;
+      ASSERT_EQ(hg[r]->error(), "") << "step " << step;
+      for (float v : bc[r]) ASSERT_EQ(v, static_cast<float>(step)) << "step " << step << " rank " << r;
+      ASSERT_TRUE(ha[r]->wait_for(kWaitS));
+      ASSERT_EQ(ha[r]->error(), "") << "step " << step;
+      for (float v : big_out[r]) ASSERT_EQ(v, static_cast<float>(3 + 3 * step)) << "step " << step;
+      const auto& out = hg[r]->result().output;
+      ASSERT_EQ(out.size(), (1 + 2 + 3) * 8 * sizeof(float));
+      const float* f = reinterpret_cast<const float*>(out.data());
+      size_t at = 0;
+      for (int q = 0; q < n; ++q)
+        for (int i = 0; i < (q + 1) * 8; ++i) ASSERT_EQ(f[at++], static_cast<float>(100 * step + q));
+    }
+  }
+}
+
 TEST(EngineFailoverTest, LosingTheLastRailFailsEveryRankNamingTheRail) {
   TwoRailJob job(2);
   run_and_check(job, 1, 1, 1 << 16, [](int) {});

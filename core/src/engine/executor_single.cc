@@ -1,0 +1,162 @@
+// Executor: collectives that run whole on one rail (broadcast, allgather, alltoall,
+// reducescatter). With failover they are kept in the rail's ledger like allreduce shares, with a
+// copy of their input, so a rail failure redoes them on another rail (executor_failover.cc).
+#include <cstring>
+
+#include "collectives/collectives.h"
+#include "collectives/reduce.h"
+#include "common/error.h"
+#include "common/logging.h"
+#include "engine/executor.h"
+#include "engine/executor_jobs.h"
+
+namespace nezha::engine {
+
+void Executor::run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries) {
+  auto rec = std::make_shared<ShareRecord>();
+  rec->single = std::make_shared<SingleJob>();
+  rec->single->resp = resp;
+  rec->single->entry = std::move(entries.at(0));
+  rec->share.rail = resp.plan.empty() ? 0 : resp.plan[0].rail;
+  rec->seq = seq_[rec->share.rail]++;
+  if (opt_.failover) {
+    std::lock_guard<std::mutex> lock(ledger_mu_);
+    ledger_[rec->share.rail].push_back(rec);
+  }
+  post_share(std::move(rec), false);
+}
+
+size_t Executor::single_input_bytes(const SingleJob& job) {
+  const Response& r = job.resp;
+  const size_t esize = dtype_size(r.dtype);
+  if (r.type == OpType::kBroadcast || r.type == OpType::kReducescatter)
+    return static_cast<size_t>(r.counts[0]) * esize;
+  return static_cast<size_t>(job.entry.req.num_elements()) * esize;  // allgather, alltoall: this rank's
+}
+
+void Executor::run_single_record(ShareRecord& rec) {
+  SingleJob& job = *rec.single;
+  TensorEntry& e = job.entry;
+  const Response& resp = job.resp;
+  const int r = rec.share.rail;
+  if (job.finished && !rec.into_scratch) return;
+  const size_t in_bytes = single_input_bytes(job);
+  if (opt_.failover) {
+    std::lock_guard<std::mutex> lock(ledger_mu_);
+    rec.state = ShareRecord::State::kRunning;
+    if (!rec.original.data() && in_bytes > 0) {  // first run: keep the input for a redo
+      rec.original = pool_.acquire(in_bytes);
+      rec.original_bytes = in_bytes;
+      std::memcpy(rec.original.data(), e.input, in_bytes);
+    }
+  }
+  const void* input = rec.is_redo && in_bytes > 0 ? rec.original.data() : e.input;
+  // A rank that had completed the operation takes part in its redo without touching what it
+  // delivered: results go to scratch.
+  OpResult scratch_result;
+  BufferPool::Buffer scratch_out;
+  OpResult& res = rec.into_scratch ? scratch_result : e.handle->result();
+  void* output = e.output;
+  if (rec.into_scratch && resp.type == OpType::kBroadcast) {
+    scratch_out = pool_.acquire(in_bytes);
+    output = scratch_out.data();
+  }
+  if (watchdog_) watchdog_->begin(r, std::string(op_type_name(resp.type)) + " of " + names_str(resp));
+  try {
+    run_single(resp, e, *rails_[r], rec.seq, input, output, res);
+    if (watchdog_) watchdog_->end(r);
+    completed_[r] = rec.seq + 1;
+    if (opt_.failover) {
+      std::lock_guard<std::mutex> lock(ledger_mu_);
+      rec.state = ShareRecord::State::kDone;
+    }
+    if (!rec.into_scratch && !job.finished.exchange(true)) e.handle->complete();
+  } catch (const std::exception& ex) {
+    if (watchdog_) watchdog_->end(r);
+    std::string msg = std::string(op_type_name(resp.type)) + " of " + names_str(resp) +
+                      " failed on rail '" + rails_[r]->properties().name + "': " + ex.what();
+    if (opt_.failover && !fatal_) {
+      {
+        std::lock_guard<std::mutex> lock(ledger_mu_);
+        rec.state = ShareRecord::State::kLost;
+      }
+      hooks_.on_rail_error(r, msg, /*stalled=*/false);
+      return;
+    }
+    NZ_LOG(Error) << msg;
+    if (!rec.into_scratch && !job.finished.exchange(true)) e.handle->complete(msg);
+  }
+}
+
+void Executor::run_single(const Response& resp, const TensorEntry& e, transport::Rail& rail,
+                          uint64_t seq, const void* input, void* output, OpResult& res) {
+  collectives::CollectiveOptions copt;
+  copt.seq = seq;
+  copt.segment_bytes = opt_.segment_bytes;
+  copt.logstep_max_bytes = opt_.logstep_max_bytes;
+  copt.deadline = Deadline::after_seconds(opt_.timeout_s);
+  const size_t esize = dtype_size(resp.dtype);
+  const int me = opt_.rank, n = opt_.size;
+  const std::vector<int64_t>& shape = e.req.shape;
+  auto out_shape = [&](int64_t rows) {
+    std::vector<int64_t> s = shape.empty() ? std::vector<int64_t>{1} : shape;
+    s[0] = rows;
+    return s;
+  };
+  switch (resp.type) {
+    case OpType::kBroadcast: {
+      size_t bytes = static_cast<size_t>(resp.counts[0]) * esize;
+      if (me == resp.root && output != input) std::memcpy(output, input, bytes);
+      collectives::broadcast(rail, output, bytes, resp.root, copt);
+      break;
+    }
+    case OpType::kAllgather: {
+      size_t row_bytes = static_cast<size_t>(resp.row_elements[0]) * esize;
+      std::vector<size_t> bytes(n);
+      int64_t rows = 0;
+      for (int i = 0; i < n; ++i) {
+        bytes[i] = static_cast<size_t>(resp.rank_rows[i]) * row_bytes;
+        rows += resp.rank_rows[i];
+      }
+      res.output.resize(static_cast<size_t>(rows) * row_bytes);
+      collectives::allgatherv(rail, input, res.output.data(), bytes, copt);
+      res.output_shape = out_shape(rows);
+      break;
+    }
+    case OpType::kAlltoall: {
+      size_t row_bytes = static_cast<size_t>(resp.row_elements[0]) * esize;
+      std::vector<size_t> send(n), recv(n);
+      int64_t rows = 0;
+      res.received_splits.assign(n, 0);
+      for (int i = 0; i < n; ++i) {
+        send[i] = static_cast<size_t>(resp.splits_matrix[me * n + i]) * row_bytes;
+        res.received_splits[i] = resp.splits_matrix[i * n + me];
+        recv[i] = static_cast<size_t>(res.received_splits[i]) * row_bytes;
+        rows += res.received_splits[i];
+      }
+      res.output.resize(static_cast<size_t>(rows) * row_bytes);
+      collectives::alltoallv(rail, input, send, res.output.data(), recv, copt);
+      res.output_shape = out_shape(rows);
+      break;
+    }
+    case OpType::kReducescatter: {
+      size_t total = static_cast<size_t>(resp.counts[0]);
+      size_t row = static_cast<size_t>(resp.row_elements[0]);
+      std::vector<size_t> counts(n);
+      for (int i = 0; i < n; ++i) counts[i] = static_cast<size_t>(resp.rank_rows[i]) * row;
+      BufferPool::Buffer scratch = pool_.acquire(total * esize);
+      std::memcpy(scratch.data(), input, total * esize);
+      if (resp.prescale != 1.0) collectives::scale(scratch.data(), total, resp.dtype, resp.prescale);
+      res.output.resize(counts[me] * esize);
+      collectives::reducescatterv(rail, scratch.data(), res.output.data(), counts, resp.dtype, resp.op, copt);
+      double post = effective_postscale(resp, n);
+      if (post != 1.0) collectives::scale(res.output.data(), counts[me], resp.dtype, post);
+      res.output_shape = out_shape(resp.rank_rows[me]);
+      break;
+    }
+    default:
+      throw NezhaError(std::string("unexpected operation ") + op_type_name(resp.type));
+  }
+}
+
+}  // namespace nezha::engine
