@@ -30,7 +30,8 @@ def run_drill(tb, cycles: int = 1, rail: int = 1, host: int = 1, down_s: float =
     """Runs the drill on an up Testbed `tb`; returns per-cycle figures and every rank's output.
 
     fault "cut" pulls the cable; "throttle" shapes the host's egress on the rail to 8 kbit/s and
-    back to `rate`."""
+    back to `rate`; "reset" kills the host's TCP connections on the rail (`ss -K`: the peers get a
+    reset) and re-admission is timed from the reset itself."""
     stop_file = Path(tempfile.mkdtemp(prefix="nezha-drill-")) / "stop"
     cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", str(len(tb.hosts)), *tb.nezharun_args(),
            "--", sys.executable, str(WORKER), str(stop_file), str(rail), str(elements)]
@@ -56,14 +57,18 @@ def run_drill(tb, cycles: int = 1, rail: int = 1, host: int = 1, down_s: float =
             cuts.append(time.monotonic())
             if fault == "cut":
                 tb.set_link(rail, False, host=host)
-            else:
+            elif fault == "throttle":
                 tb.set_rate(rail, "8kbit", host=host)
+            else:
+                tb.exec(host, ["ss", "-K", "dst", tb.rail_subnets[rail]], check=True, capture_output=True)
+                restores.append(cuts[-1])  # nothing to restore: the rail may come back at once
             time.sleep(down_s)
             if fault == "cut":
                 tb.set_link(rail, True, host=host)
-            else:
+            elif fault == "throttle":
                 tb.set_rate(rail, rate, host=host)
-            restores.append(time.monotonic())
+            if fault != "reset":
+                restores.append(time.monotonic())
             time.sleep(up_s)
         stop_file.touch()
         proc.wait(timeout=timeout_s)
@@ -116,8 +121,8 @@ def main(argv=None) -> int:
     p.add_argument("--elements", type=int, default=1 << 20, help="float32 elements per allreduce")
     p.add_argument("--down-s", type=float, default=3.0)
     p.add_argument("--up-s", type=float, default=6.0)
-    p.add_argument("--fault", choices=["cut", "throttle"], default="cut",
-                   help="pull the cable, or shape the rail to 8 kbit/s")
+    p.add_argument("--fault", choices=["cut", "throttle", "reset"], default="cut",
+                   help="pull the cable, shape the rail to 8 kbit/s, or reset its connections")
     p.add_argument("--rail", type=int, default=1, help="the rail to fail (0 also carries a control path)")
     args = p.parse_args(argv)
     with Testbed(hosts=args.hosts, rails=2, rates=[args.rate, args.rate]) as tb:
