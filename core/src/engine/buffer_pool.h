@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -28,13 +29,17 @@ class BufferPool {
     size_t capacity_ = 0;
   };
 
-  explicit BufferPool(size_t max_cached = 4) : max_cached_(max_cached) {}
+  // Keeps at most max_cached free buffers and max_cached_bytes of them (smallest dropped first).
+  explicit BufferPool(size_t max_cached = 4, size_t max_cached_bytes = SIZE_MAX)
+      : max_cached_(max_cached), max_cached_bytes_(max_cached_bytes) {}
   Buffer acquire(size_t bytes);
 
  private:
   void give_back(std::unique_ptr<uint8_t[]> mem, size_t capacity);
   std::mutex mu_;
   size_t max_cached_;
+  size_t max_cached_bytes_;
+  size_t cached_bytes_ = 0;
   std::vector<std::pair<size_t, std::unique_ptr<uint8_t[]>>> free_;
 };
 

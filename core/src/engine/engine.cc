@@ -138,10 +138,10 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   eo.stall_s = config_.rail_stall_ms / 1000.0;
   ExecutorHooks hooks;
   if (failover) {
-    hooks.on_rail_error = [this](int rail, const std::string& what, bool stalled) {
-      // A stalled rail is not aborted here: rank 0 decides (a stall can be the echo of another
-      // rail's failure on a slower rank), and kDown aborts it everywhere.
-      report_rail_event({RailEventKind::kFailed, rail, -1, stalled ? 1u : 0u, what});
+    hooks.on_rail_error = [this](int rail, const std::string& what, bool stalled, uint64_t seq) {
+      // A stalled rail is not aborted here: rank 0 decides (a stall can be a late peer, or the echo
+      // of another rail's failure on a slower rank), and kDown aborts it everywhere.
+      report_rail_event({RailEventKind::kFailed, rail, -1, stalled ? seq + 1 : 0u, what});
     };
   }
   std::vector<transport::Rail*> rails;

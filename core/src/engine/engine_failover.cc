@@ -81,7 +81,11 @@ void Engine::on_rail_events_from(int rank, const std::vector<RailEvent>& events)
   for (const RailEvent& e : events) {
     switch (e.kind) {
       case RailEventKind::kFailed:
-        apply_decision(failover_->on_failed(e.rail, rank, e.text, /*stalled=*/e.value != 0, now));
+        apply_decision(failover_->on_failed(e.rail, rank, e.text, /*stalled=*/e.value != 0,
+                                            e.value ? e.value - 1 : 0, now));
+        break;
+      case RailEventKind::kQueryReply:
+        apply_decision(failover_->on_query_reply(e.rail, rank, e.value != 0, now));
         break;
       case RailEventKind::kDrained: {
         std::vector<multirail::RailEstimate> est;
@@ -156,6 +160,13 @@ void Engine::apply_rail_event(const RailEvent& e) {
     case RailEventKind::kRedo:
       executor_->redo(r, e.value, e.target);
       break;
+    case RailEventKind::kQuery: {
+      // Behind: this rank has neither finished the stalled operation nor started it.
+      const uint64_t seq = e.value;
+      bool behind = executor_->completed()[r] <= seq && executor_->running(r) != seq + 1;
+      report_rail_event({RailEventKind::kQueryReply, r, -1, behind ? 1u : 0u, ""});
+      break;
+    }
     case RailEventKind::kProbe:
       set_state(multirail::RailState::kProbing);
       executor_->post_task(r, [this, r] {

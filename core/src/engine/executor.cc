@@ -22,12 +22,18 @@ Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, Sha
       hooks_(std::move(hooks)),
       seq_(rails_.size(), 0),
       completed_(new std::atomic<uint64_t>[rails_.size()]),
+      running_(new std::atomic<uint64_t>[rails_.size()]),
       ledger_(rails_.size()) {
-  for (size_t i = 0; i < rails_.size(); ++i) completed_[i] = 0;
+  for (size_t i = 0; i < rails_.size(); ++i) completed_[i] = running_[i] = 0;
   if (opt_.failover && hooks_.on_rail_error)
     watchdog_ = std::make_unique<RailWatchdog>(
-        rails_.size(), opt_.stall_s, [this](int rail) { return rails_[rail]->counters().bytes_received; },
-        [this](int rail, const std::string& what) { hooks_.on_rail_error(rail, what, /*stalled=*/true); });
+        rails_.size(), opt_.stall_s, [this](int rail) {
+          auto c = rails_[rail]->counters();
+          return c.bytes_sent + c.bytes_received;
+        },
+        [this](int rail, const std::string& what) {
+          hooks_.on_rail_error(rail, what, /*stalled=*/true, running_[rail] - 1);
+        });
   for (size_t i = 0; i < rails_.size(); ++i) workers_.push_back(std::make_unique<RailWorker>());
 }
 
@@ -158,7 +164,7 @@ void Executor::run_share(ShareRecord& rec) {
     std::lock_guard<std::mutex> lock(ledger_mu_);
     rec.state = ShareRecord::State::kRunning;
     if (!rec.original.data()) {  // first run: keep the input in case this rail fails mid-way
-      rec.original = pool_.acquire(bytes);
+      rec.original = originals_.acquire(bytes);
       rec.original_bytes = bytes;
       std::memcpy(rec.original.data(), target, bytes);
     }
@@ -175,11 +181,13 @@ void Executor::run_share(ShareRecord& rec) {
   copt.logstep_max_bytes = opt_.logstep_max_bytes;
   copt.deadline = Deadline::after_seconds(opt_.timeout_s);
   auto start = std::chrono::steady_clock::now();
+  running_[r] = rec.seq + 1;
   if (watchdog_) watchdog_->begin(r, "allreduce of " + names_str(job.resp));
   try {
     collectives::allreduce(*rail, target, rec.share.count, job.resp.dtype, job.resp.op, copt);
-    if (watchdog_) watchdog_->end(r);
+    if (watchdog_) watchdog_->end(r, true);
     completed_[r] = rec.seq + 1;
+    running_[r] = 0;
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (observer_) observer_(r, bytes, start, secs, (rec.is_redo ? "redo: " : "") + names_str(job.resp));
     if (opt_.failover) {
@@ -188,7 +196,8 @@ void Executor::run_share(ShareRecord& rec) {
     }
     if (!rec.into_scratch) part_done(job);
   } catch (const std::exception& e) {
-    if (watchdog_) watchdog_->end(r);
+    if (watchdog_) watchdog_->end(r, false);
+    running_[r] = 0;
     std::string what = "allreduce of " + names_str(job.resp) + " failed on rail '" +
                        rail->properties().name + "': " + e.what();
     if (opt_.failover && !fatal_) {
@@ -196,7 +205,7 @@ void Executor::run_share(ShareRecord& rec) {
         std::lock_guard<std::mutex> lock(ledger_mu_);
         rec.state = ShareRecord::State::kLost;
       }
-      hooks_.on_rail_error(r, what, /*stalled=*/false);
+      hooks_.on_rail_error(r, what, /*stalled=*/false, rec.seq);
       return;
     }
     {

@@ -47,14 +47,15 @@ struct ExecutorOptions {
   size_t logstep_max_bytes = 65536;
   size_t inline_max_bytes = 65536;  // allreduces up to this size may run on the engine thread
   bool failover = false;            // keep input copies so a failed rail's shares can be redone
-  double stall_s = 0.15;            // a rail that receives nothing this long while busy has failed
+  double stall_s = 0.1;  // minimum silence limit of a busy rail (RailWatchdog adapts it upwards)
 };
 
 // Failover hooks, called from rail workers and the watchdog (any thread; must not block).
 struct ExecutorHooks {
   // A share on `rail` failed (its handle is not completed: the share is lost until redone), or
   // the rail has received nothing for stall_s while busy (stalled: the share is still running).
-  std::function<void(int rail, const std::string& what, bool stalled)> on_rail_error;
+  // `seq`: the stalled operation's sequence number on the rail.
+  std::function<void(int rail, const std::string& what, bool stalled, uint64_t seq)> on_rail_error;
 };
 
 // Called from rail workers after each allreduce share (and calibration): which rail, how many
@@ -89,6 +90,8 @@ class Executor {
                   std::function<void(const std::string& error)> done);
   // 1 + sequence number of the last operation completed on each rail (any thread).
   std::vector<uint64_t> completed() const;
+  // 1 + sequence number of the operation running on the rail now, 0 if none (any thread).
+  uint64_t running(int rail) const { return running_[rail]; }
   // Every share on `rail` with seq >= first is run again on `target`, in seq order. The rail's
   // worker must be idle (drained after the rail was aborted).
   void redo(int rail, uint64_t first, int target);
@@ -118,9 +121,13 @@ class Executor {
   std::vector<transport::Rail*> rails_;
   ShareObserver observer_;
   BufferPool pool_;
+  // Input copies kept for redo: one per operation in flight, reused step after step (a fresh 100 MB
+  // allocation per step costs more in page faults than the copy itself).
+  BufferPool originals_{64, size_t{1} << 30};
   ExecutorHooks hooks_;
   std::vector<uint64_t> seq_;  // next operation number per rail (engine thread only)
   std::unique_ptr<std::atomic<uint64_t>[]> completed_;  // per rail, see completed()
+  std::unique_ptr<std::atomic<uint64_t>[]> running_;    // per rail, see running()
   mutable std::mutex ledger_mu_;
   std::vector<std::deque<std::shared_ptr<ShareRecord>>> ledger_;  // per rail, in seq order
   std::atomic<bool> fatal_{false};

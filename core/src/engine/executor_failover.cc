@@ -86,7 +86,7 @@ void Executor::redo(int rail, uint64_t first, int target) {
         rec->original = std::move(old->original);
       } else if (bytes > 0) {
         // Never started here: the input is still intact.
-        rec->original = pool_.acquire(bytes);
+        rec->original = originals_.acquire(bytes);
         const void* from = old->job ? static_cast<const void*>(old->job->data + old->share.offset * esize)
                                     : old->single->entry.input;
         std::memcpy(rec->original.data(), from, bytes);

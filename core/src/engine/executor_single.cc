@@ -45,7 +45,7 @@ void Executor::run_single_record(ShareRecord& rec) {
     std::lock_guard<std::mutex> lock(ledger_mu_);
     rec.state = ShareRecord::State::kRunning;
     if (!rec.original.data() && in_bytes > 0) {  // first run: keep the input for a redo
-      rec.original = pool_.acquire(in_bytes);
+      rec.original = originals_.acquire(in_bytes);
       rec.original_bytes = in_bytes;
       std::memcpy(rec.original.data(), e.input, in_bytes);
     }
@@ -61,18 +61,21 @@ void Executor::run_single_record(ShareRecord& rec) {
     scratch_out = pool_.acquire(in_bytes);
     output = scratch_out.data();
   }
-  if (watchdog_) watchdog_->begin(r, std::string(op_type_name(resp.type)) + " of " + names_str(resp));
+  // Not watched for silence: a tree broadcast's leaves legitimately hear nothing while their parent
+  // receives the whole payload. A failed rail shows here as an error (or the deadline), or is found
+  // by the allreduce traffic it carries; either way this operation is redone.
+  running_[r] = rec.seq + 1;
   try {
     run_single(resp, e, *rails_[r], rec.seq, input, output, res);
-    if (watchdog_) watchdog_->end(r);
     completed_[r] = rec.seq + 1;
+    running_[r] = 0;
     if (opt_.failover) {
       std::lock_guard<std::mutex> lock(ledger_mu_);
       rec.state = ShareRecord::State::kDone;
     }
     if (!rec.into_scratch && !job.finished.exchange(true)) e.handle->complete();
   } catch (const std::exception& ex) {
-    if (watchdog_) watchdog_->end(r);
+    running_[r] = 0;
     std::string msg = std::string(op_type_name(resp.type)) + " of " + names_str(resp) +
                       " failed on rail '" + rails_[r]->properties().name + "': " + ex.what();
     if (opt_.failover && !fatal_) {
@@ -80,7 +83,7 @@ void Executor::run_single_record(ShareRecord& rec) {
         std::lock_guard<std::mutex> lock(ledger_mu_);
         rec.state = ShareRecord::State::kLost;
       }
-      hooks_.on_rail_error(r, msg, /*stalled=*/false);
+      hooks_.on_rail_error(r, msg, /*stalled=*/false, rec.seq);
       return;
     }
     NZ_LOG(Error) << msg;

@@ -40,8 +40,19 @@ int RailFailover::num_usable() const {
                                         [](const Rail& r) { return r.phase == Phase::kUp; }));
 }
 
+RailFailover::Decision RailFailover::take_down(int rail, const std::string& why, Clock::time_point now) {
+  Rail& r = rails_[rail];
+  Decision d;
+  r.querying = false;
+  r.health.mark_failed(now);
+  r.phase = Phase::kDraining;
+  start_collecting(r);
+  d.broadcast.push_back({RailEventKind::kDown, rail, -1, 0, "rail '" + r.name + "' " + why});
+  return d;
+}
+
 RailFailover::Decision RailFailover::on_failed(int rail, int rank, const std::string& why,
-                                               bool stalled, Clock::time_point now) {
+                                               bool stalled, uint64_t seq, Clock::time_point now) {
   check(rail, rank);
   Rail& r = rails_[rail];
   Decision d;
@@ -53,11 +64,12 @@ RailFailover::Decision RailFailover::on_failed(int rail, int rank, const std::st
                   " and no other rail is up: " + why;
         return d;
       }
-      r.health.mark_failed(now);
-      r.phase = Phase::kDraining;
+      if (!stalled) return take_down(rail, "failed on rank " + std::to_string(rank) + ": " + why, now);
+      if (r.querying) return d;  // one check at a time; a stall that goes on is reported again
+      r.querying = true;
+      r.query_why = "failed on rank " + std::to_string(rank) + ": " + why;
       start_collecting(r);
-      d.broadcast.push_back({RailEventKind::kDown, rail, -1, 0,
-                             "rail '" + r.name + "' failed on rank " + std::to_string(rank) + ": " + why});
+      d.broadcast.push_back({RailEventKind::kQuery, rail, -1, seq, ""});
       return d;
     case Phase::kResetting:
     case Phase::kConnecting:
@@ -69,6 +81,18 @@ RailFailover::Decision RailFailover::on_failed(int rail, int rank, const std::st
     default:
       return d;  // already down: several shares report the same failure
   }
+}
+
+RailFailover::Decision RailFailover::on_query_reply(int rail, int rank, bool behind, Clock::time_point now) {
+  check(rail, rank);
+  Rail& r = rails_[rail];
+  if (r.phase != Phase::kUp || !r.querying) return {};
+  if (behind) {
+    r.querying = false;  // a late rank, not a dead rail
+    return {};
+  }
+  if (!collect(r, rank)) return {};
+  return take_down(rail, r.query_why, now);
 }
 
 RailFailover::Decision RailFailover::on_drained(int rail, int rank, uint64_t completed,

@@ -2,8 +2,11 @@
 //
 // The protocol, in the order its messages travel (RailEvent in message_codec.h):
 //  1. A rank sees a share fail on rail r, or r go silent while busy (RailWatchdog), and reports
-//     kFailed. Rank 0 marks r down at once (later plans leave it out) and broadcasts kDown in the
-//     ordered response stream.
+//     kFailed. For an error, rank 0 marks r down at once (later plans leave it out) and broadcasts
+//     kDown in the ordered response stream. A stall is first checked with every rank (kQuery /
+//     kQueryReply): if some rank has not reached the stalled operation yet, the silence is that
+//     rank being late (a busy or starved process), not the rail, and nothing happens (the reporter
+//     reports again if the silence goes on). Otherwise kDown as for an error.
 //  2. Every rank, at kDown, aborts r (so shares blocked on it fail at once), lets r's worker drain,
 //     and reports kDrained with how far it got on r (1 + seq of its last completed operation).
 //  3. With every report in, rank 0 broadcasts kRedo{r, first = min over ranks, target rail}: every
@@ -37,9 +40,13 @@ class RailFailover {
     std::string fatal;                 // non-empty: the job cannot go on
   };
 
-  // `stalled`: the rail went silent (RailWatchdog) rather than failing with an error. A stall of
-  // the last usable rail is ignored: it may be the echo of another rail's failure on a slow rank.
-  Decision on_failed(int rail, int rank, const std::string& why, bool stalled, Clock::time_point now);
+  // `stalled`: the rail went silent (RailWatchdog) in operation `seq` rather than failing with an
+  // error. A stall of the last usable rail is ignored: it may be the echo of another rail's failure
+  // on a slow rank.
+  Decision on_failed(int rail, int rank, const std::string& why, bool stalled, uint64_t seq,
+                     Clock::time_point now);
+  // `behind`: the rank has not reached the operation a stall was reported in.
+  Decision on_query_reply(int rail, int rank, bool behind, Clock::time_point now);
   Decision on_drained(int rail, int rank, uint64_t completed,
                       const std::vector<multirail::RailEstimate>& estimates);
   Decision on_probe_ready(int rail, int rank);
@@ -59,10 +66,13 @@ class RailFailover {
     Phase phase = Phase::kUp;
     std::vector<bool> reported;  // per rank, for the phase's collection
     uint64_t first_incomplete = 0;
+    bool querying = false;  // kUp: a stall report is being checked with every rank
+    std::string query_why;  // the report being checked ("failed on rank R: ...")
   };
   bool collect(Rail& rail, int rank);  // true once every rank has reported
   void start_collecting(Rail& rail);
   void check(int rail, int rank) const;
+  Decision take_down(int rail, const std::string& why, Clock::time_point now);
 
   int size_;
   std::vector<Rail> rails_;

@@ -1,16 +1,20 @@
 #include "engine/rail_watchdog.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace nezha::engine {
 namespace {
-constexpr int kReportAgainAfter = 4;  // silences
+constexpr int kReportAgainAfter = 4;  // limits
+constexpr int kTicksPerLimit = 4;
+constexpr int kGapFactor = 3;         // the limit is this many times the longest healthy pause
+constexpr double kHealthyDecay = 0.98;  // per completed operation: an old hiccup fades
 }  // namespace
 
-RailWatchdog::RailWatchdog(size_t num_rails, double silence_s,
-                           std::function<uint64_t(int rail)> bytes_received, Callback on_stall)
-    : silence_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(silence_s))),
-      bytes_received_(std::move(bytes_received)),
+RailWatchdog::RailWatchdog(size_t num_rails, double min_silence_s,
+                           std::function<uint64_t(int rail)> bytes_moved, Callback on_stall)
+    : min_silence_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_silence_s))),
+      bytes_moved_(std::move(bytes_moved)),
       on_stall_(std::move(on_stall)),
       slots_(num_rails),
       thread_([this] { run(); }) {}
@@ -26,8 +30,17 @@ void RailWatchdog::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+Clock::duration RailWatchdog::limit_locked(int rail) const {
+  return std::max(min_silence_, kGapFactor * slots_[rail].healthy_pause);
+}
+
+double RailWatchdog::limit_s(int rail) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::chrono::duration<double>(limit_locked(rail)).count();
+}
+
 void RailWatchdog::begin(int rail, std::string what) {
-  uint64_t bytes = bytes_received_(rail);
+  uint64_t bytes = bytes_moved_(rail);
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -35,38 +48,48 @@ void RailWatchdog::begin(int rail, std::string what) {
     s.active = true;
     s.bytes = bytes;
     s.last_progress = Clock::now();
+    s.longest_pause = Clock::duration::zero();
     s.what = std::move(what);
     wake = idle_;  // a ticking watchdog sees the new work on its next tick: no wakeup per operation
   }
   if (wake) cv_.notify_all();
 }
 
-void RailWatchdog::end(int rail) {
+void RailWatchdog::end(int rail, bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
-  slots_[rail].active = false;  // no notify: the next check just finds nothing to watch
+  Slot& s = slots_[rail];
+  s.active = false;  // no notify: the next tick just finds nothing to watch
+  if (!ok) return;
+  s.longest_pause = std::max(s.longest_pause, Clock::now() - s.last_progress);
+  auto decayed = std::chrono::duration_cast<Clock::duration>(s.healthy_pause * kHealthyDecay);
+  s.healthy_pause = std::max(decayed, s.longest_pause);
 }
 
 void RailWatchdog::run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     bool watching = false;
+    Clock::duration tick = min_silence_ / kTicksPerLimit;
     std::vector<std::pair<int, std::string>> stalled;
     Clock::time_point now = Clock::now();
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& s = slots_[i];
       if (!s.active) continue;
       watching = true;
-      uint64_t bytes = bytes_received_(static_cast<int>(i));
+      const Clock::duration limit = limit_locked(static_cast<int>(i));
+      tick = std::min(tick, limit / kTicksPerLimit);
+      uint64_t bytes = bytes_moved_(static_cast<int>(i));
       if (bytes != s.bytes) {
+        s.longest_pause = std::max(s.longest_pause, now - s.last_progress);
         s.bytes = bytes;
         s.last_progress = now;
-      } else if (now - s.last_progress >= silence_) {
+      } else if (now - s.last_progress >= limit) {
         double ms = std::chrono::duration<double, std::milli>(now - s.last_progress).count();
-        stalled.emplace_back(static_cast<int>(i), s.what + " received nothing for " +
+        stalled.emplace_back(static_cast<int>(i), s.what + " moved no data for " +
                                                       std::to_string(static_cast<int>(ms)) + " ms");
         // Still silent later: report again (rank 0 may have ignored the first report while the
         // rail looked like the last one up).
-        s.last_progress = now + kReportAgainAfter * silence_;
+        s.last_progress = now + kReportAgainAfter * limit;
       }
     }
     if (!stalled.empty()) {
@@ -76,7 +99,7 @@ void RailWatchdog::run() {
       continue;
     }
     idle_ = !watching;
-    if (watching) cv_.wait_for(lock, silence_ / 4);
+    if (watching) cv_.wait_for(lock, tick);
     else cv_.wait(lock);
   }
 }

@@ -1,13 +1,18 @@
 // Notices a rail that stopped moving data. A link that goes down (or is throttled to nearly
 // nothing) raises no socket error: TCP just waits, for minutes. While a rail's worker runs an
-// operation, this thread checks that rail's received-byte counter every quarter of `silence`; a rail
-// that has received nothing for `silence` is reported, so the engine can move the work to the other
-// rails within a fraction of a second instead of NEZHA_TIMEOUT_S. Progress, not total time, is the
-// test: a large share on a slow but working rail is never reported, and neither is a peer that is a
-// little late on a loaded machine.
+// operation, this thread checks that rail's byte counters (sent + received: a broadcast root only
+// sends) a few times per silence limit; a rail that has moved nothing for the limit is reported, so
+// the engine can move the work to the other rails within a fraction of a second instead of
+// NEZHA_TIMEOUT_S.
+//
+// The limit adapts to the machine: it is the larger of `min_silence` and kGapFactor x the longest
+// pause seen inside recent operations that completed normally. On dedicated hosts pauses are a few
+// milliseconds and the limit stays at the minimum; on an oversubscribed machine (ranks sharing
+// cores with compute) a healthy rail can pause for 100 ms while a peer waits for a CPU, and the
+// limit grows with that instead of failing healthy rails over.
 //
 // Wakes only while some rail has work running (sleeps on a condition variable otherwise); a rail
-// that stays silent is reported again every few silences.
+// that stays silent is reported again every few limits.
 #pragma once
 
 #include <condition_variable>
@@ -26,8 +31,8 @@ class RailWatchdog {
  public:
   // on_stall(rail, what) runs on the watchdog thread; it must not block for long.
   using Callback = std::function<void(int rail, const std::string& what)>;
-  // bytes_received(rail): the rail's received-byte counter (thread-safe).
-  RailWatchdog(size_t num_rails, double silence_s, std::function<uint64_t(int rail)> bytes_received,
+  // bytes_moved(rail): the rail's sent + received byte counters (thread-safe).
+  RailWatchdog(size_t num_rails, double min_silence_s, std::function<uint64_t(int rail)> bytes_moved,
                Callback on_stall);
   ~RailWatchdog();
   RailWatchdog(const RailWatchdog&) = delete;
@@ -35,21 +40,26 @@ class RailWatchdog {
 
   // The rail's worker started an operation (`what` names it in the report).
   void begin(int rail, std::string what);
-  // The operation finished (or failed) on its own.
-  void end(int rail);
+  // The operation finished; `ok` = normally (its pauses then teach the limit what is healthy).
+  void end(int rail, bool ok);
   void stop();
+
+  double limit_s(int rail);  // the current silence limit (tests, logs)
 
  private:
   void run();
+  Clock::duration limit_locked(int rail) const;
 
   struct Slot {
     bool active = false;
     uint64_t bytes = 0;
     Clock::time_point last_progress{};
+    Clock::duration longest_pause{};  // within the current operation
+    Clock::duration healthy_pause{};  // decaying maximum over operations that completed
     std::string what;
   };
-  Clock::duration silence_;
-  std::function<uint64_t(int)> bytes_received_;
+  Clock::duration min_silence_;
+  std::function<uint64_t(int)> bytes_moved_;
   Callback on_stall_;
   std::mutex mu_;
   std::condition_variable cv_;

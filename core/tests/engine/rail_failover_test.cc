@@ -31,12 +31,12 @@ std::vector<multirail::RailEstimate> estimates(double beta0, double beta1, doubl
 TEST(RailFailover, FailureIsBroadcastOnceAndRedoStartsAtTheSlowestRank) {
   RailFailover f(3, {"a", "b", "c"}, fast_backoff());
   auto t0 = Clock::now();
-  auto d = f.on_failed(1, 2, "reset by peer", false, t0);
+  auto d = f.on_failed(1, 2, "reset by peer", false, 0, t0);
   ASSERT_EQ(d.broadcast.size(), 1u);
   EXPECT_EQ(d.broadcast[0].kind, RailEventKind::kDown);
   EXPECT_NE(d.broadcast[0].text.find("rail 'b' failed on rank 2: reset by peer"), std::string::npos);
   EXPECT_EQ(f.usable(), (std::vector<bool>{true, false, true}));
-  EXPECT_TRUE(f.on_failed(1, 0, "again", false, t0).broadcast.empty());  // same failure seen elsewhere
+  EXPECT_TRUE(f.on_failed(1, 0, "again", false, 0, t0).broadcast.empty());  // same failure seen elsewhere
 
   EXPECT_TRUE(f.on_drained(1, 0, 17, estimates(1, 1, 5)).broadcast.empty());
   EXPECT_TRUE(f.on_drained(1, 2, 15, estimates(1, 1, 5)).broadcast.empty());
@@ -50,7 +50,7 @@ TEST(RailFailover, FailureIsBroadcastOnceAndRedoStartsAtTheSlowestRank) {
 TEST(RailFailover, ProbeAfterBackoffReadmitsWhenEveryRankSucceeds) {
   RailFailover f(2, {"a", "b"}, fast_backoff());
   auto t0 = Clock::now();
-  f.on_failed(0, 1, "x", false, t0);
+  f.on_failed(0, 1, "x", false, 0, t0);
   f.on_drained(0, 0, 3, {});
   f.on_drained(0, 1, 3, {});
   EXPECT_TRUE(f.start_due_probes(t0 + milliseconds(50)).broadcast.empty());
@@ -72,7 +72,7 @@ TEST(RailFailover, ProbeAfterBackoffReadmitsWhenEveryRankSucceeds) {
 TEST(RailFailover, FailedProbeAbortsEverywhereAndBacksOffLonger) {
   RailFailover f(2, {"a", "b"}, fast_backoff());
   auto t0 = Clock::now();
-  f.on_failed(1, 0, "x", false, t0);
+  f.on_failed(1, 0, "x", false, 0, t0);
   f.on_drained(1, 0, 0, {});
   f.on_drained(1, 1, 0, {});
   f.start_due_probes(t0 + milliseconds(100));
@@ -89,20 +89,53 @@ TEST(RailFailover, FailedProbeAbortsEverywhereAndBacksOffLonger) {
   EXPECT_EQ(f.start_due_probes(t1 + milliseconds(200)).broadcast.size(), 1u);
 }
 
+TEST(RailFailover, StallIsCheckedWithEveryRankAndALateRankCancelsIt) {
+  RailFailover f(3, {"a", "b"}, fast_backoff());
+  auto t0 = Clock::now();
+  auto d = f.on_failed(1, 2, "silent", true, 41, t0);
+  ASSERT_EQ(d.broadcast.size(), 1u);
+  EXPECT_EQ(d.broadcast[0].kind, RailEventKind::kQuery);
+  EXPECT_EQ(d.broadcast[0].value, 41u);
+  EXPECT_EQ(f.usable(), (std::vector<bool>{true, true}));  // not down yet
+  EXPECT_TRUE(f.on_failed(1, 0, "silent too", true, 41, t0).broadcast.empty());  // one check at a time
+  EXPECT_TRUE(f.on_query_reply(1, 0, false, t0).broadcast.empty());
+  EXPECT_TRUE(f.on_query_reply(1, 1, true, t0).broadcast.empty());  // rank 1 is late: no failover
+  EXPECT_TRUE(f.on_query_reply(1, 2, false, t0).broadcast.empty());
+  EXPECT_EQ(f.usable(), (std::vector<bool>{true, true}));
+  // Reported again later, and this time every rank is at or past the operation: down.
+  f.on_failed(1, 2, "silent", true, 41, t0);
+  for (int rank : {0, 1}) EXPECT_TRUE(f.on_query_reply(1, rank, false, t0).broadcast.empty());
+  d = f.on_query_reply(1, 2, false, t0);
+  ASSERT_EQ(d.broadcast.size(), 1u);
+  EXPECT_EQ(d.broadcast[0].kind, RailEventKind::kDown);
+  EXPECT_NE(d.broadcast[0].text.find("rail 'b' failed on rank 2: silent"), std::string::npos);
+  EXPECT_EQ(f.usable(), (std::vector<bool>{true, false}));
+}
+
+TEST(RailFailover, ErrorDuringAStallCheckTakesTheRailDownAtOnce) {
+  RailFailover f(2, {"a", "b"}, fast_backoff());
+  auto t0 = Clock::now();
+  f.on_failed(0, 1, "silent", true, 3, t0);
+  auto d = f.on_failed(0, 0, "connection reset", false, 0, t0);
+  ASSERT_EQ(d.broadcast.size(), 1u);
+  EXPECT_EQ(d.broadcast[0].kind, RailEventKind::kDown);
+  EXPECT_TRUE(f.on_query_reply(0, 1, false, t0).broadcast.empty());  // the check is over
+}
+
 TEST(RailFailover, LosingTheLastUsableRailIsFatal) {
   RailFailover f(2, {"a", "b"}, fast_backoff());
   auto t0 = Clock::now();
-  EXPECT_EQ(f.on_failed(0, 1, "x", false, t0).fatal, "");
+  EXPECT_EQ(f.on_failed(0, 1, "x", false, 0, t0).fatal, "");
   // A stall there is not acted on (it may echo the other rail's failure); an error is fatal.
-  EXPECT_EQ(f.on_failed(1, 0, "silent", true, t0).fatal, "");
+  EXPECT_EQ(f.on_failed(1, 0, "silent", true, 0, t0).fatal, "");
   EXPECT_EQ(f.usable(), (std::vector<bool>{false, true}));
-  auto d = f.on_failed(1, 0, "link down", false, t0);
+  auto d = f.on_failed(1, 0, "link down", false, 0, t0);
   EXPECT_NE(d.fatal.find("rail 'b' failed on rank 0 and no other rail is up: link down"), std::string::npos);
 }
 
 TEST(RailFailover, OutOfRangeReportsAreProtocolErrors) {
   RailFailover f(2, {"a", "b"});
-  EXPECT_THROW(f.on_failed(2, 0, "x", false, Clock::now()), ProtocolError);
+  EXPECT_THROW(f.on_failed(2, 0, "x", false, 0, Clock::now()), ProtocolError);
   EXPECT_THROW(f.on_drained(0, 5, 0, {}), ProtocolError);
 }
 
