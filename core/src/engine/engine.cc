@@ -44,6 +44,7 @@ EngineConfig EngineConfig::from_knobs() {
   c.socket_buffer_bytes = static_cast<size_t>(knob_int("NEZHA_SOCKET_BUFFER_BYTES"));
   c.timeline_path = knob_string("NEZHA_TIMELINE");
   c.rail_stall_ms = knob_double("NEZHA_RAIL_STALL_MS");
+  c.rail_failover = knob_int("NEZHA_RAIL_FAILOVER") != 0;
   return c;
 }
 
@@ -126,7 +127,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   control_->connect_all(control_columns, deadline);
   for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect_all(column(rails_.size() + i), deadline);
   addrs_by_rank_ = addrs_by_rank;
-  const bool failover = rails_.size() > 1 && config_.size > 1;
+  const bool failover = failover_needed();
 
   ExecutorOptions eo;
   eo.rank = config_.rank;

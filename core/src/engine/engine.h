@@ -59,6 +59,9 @@ struct EngineConfig {
   size_t socket_buffer_bytes = 4 << 20;
   std::string timeline_path;  // NEZHA_TIMELINE: empty = no timeline
   double rail_stall_ms = 100;  // NEZHA_RAIL_STALL_MS: see ExecutorOptions::stall_s
+  // NEZHA_RAIL_FAILOVER: with several rails, keep input copies and fail rails over (off: a rail
+  // failure fails the operations on it, named, and saves one memcpy per operation).
+  bool rail_failover = true;
   // Re-admission back-off of a failed rail (doubles while it flaps, up to the max).
   double rail_probe_backoff_s = 0.25;
   double rail_probe_backoff_max_s = 3;
@@ -122,7 +125,7 @@ class Engine {
   void apply_decision(RailFailover::Decision d);  // rank 0
   std::vector<bool> usable_rails() const;  // in stream order
   std::vector<uint64_t> watermark() const;  // rank 0
-  bool failover_needed() const { return rails_.size() > 1 && config_.size > 1; }
+  bool failover_needed() const { return config_.rail_failover && rails_.size() > 1 && config_.size > 1; }
 
   EngineConfig config_;
   std::unique_ptr<ControlChannel> control_;

@@ -21,7 +21,7 @@ constexpr double kWaitS = 20;
 
 class TwoRailJob {
  public:
-  explicit TwoRailJob(int size) {
+  explicit TwoRailJob(int size, bool failover = true) {
     std::vector<std::vector<std::string>> addrs(size);
     for (int r = 0; r < size; ++r) {
       EngineConfig c;
@@ -35,6 +35,7 @@ class TwoRailJob {
       c.rail_stall_ms = 1000;  // loopback under a loaded CI machine: only real errors fail over here
       c.rail_probe_backoff_s = 0.2;
       c.rail_probe_backoff_max_s = 1;
+      c.rail_failover = failover;
       engines_.push_back(std::make_unique<Engine>(c));
       addrs[r] = engines_.back()->listen_addresses();
     }
@@ -194,6 +195,18 @@ TEST(EngineFailoverTest, BroadcastAndAllgatherInFlightOnAFailedRailAreRedone) {
         for (int i = 0; i < (q + 1) * 8; ++i) ASSERT_EQ(f[at++], static_cast<float>(100 * step + q));
     }
   }
+}
+
+TEST(EngineFailoverTest, WithFailoverOffARailFailureFailsItsOperationsNamingTheRail) {
+  TwoRailJob job(2, /*failover=*/false);
+  run_and_check(job, 1, 1, 1 << 20, [](int) {});
+  job[1].testing_fail_rail(1, "NIC gone");
+  std::vector<float> in(1 << 20, 1.0f), out(1 << 20), in1(1 << 20, 1.0f), out1(1 << 20);
+  auto h0 = allreduce(job[0], "x", in, out);
+  auto h1 = allreduce(job[1], "x", in1, out1);
+  ASSERT_TRUE(h1->wait_for(kWaitS));
+  EXPECT_NE(h1->error().find("failed on rail 'b'"), std::string::npos) << h1->error();
+  h0->wait_for(kWaitS);  // rank 0 fails at its deadline or when rank 1's engine reports
 }
 
 TEST(EngineFailoverTest, LosingTheLastRailFailsEveryRankNamingTheRail) {
