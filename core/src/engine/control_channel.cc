@@ -14,6 +14,8 @@ namespace {
 constexpr double kSendAttemptS = 2.0;     // a path whose socket buffer stays full this long is dead
 constexpr size_t kEnvelopeBytes = 16;     // message number, acknowledgement
 constexpr size_t kMaxEarly = 1u << 16;    // messages held ahead of a gap, per peer
+// Peers exchange messages at least every heartbeat (1 s), each acknowledging what it received.
+constexpr auto kAckTimeout = std::chrono::milliseconds(1500);
 
 uint64_t read_u64(const std::string& s, size_t at) {
   uint64_t v;
@@ -85,7 +87,8 @@ void ControlChannel::flush(int peer, size_t from) {
   while (i < p.unacked.size()) {
     if (p.path < 0) move_peer(peer, "no path", false);  // throws
     try {
-      paths_[p.path]->send_message(peer, p.unacked[i].second, Deadline::after_seconds(kSendAttemptS));
+      paths_[p.path]->send_message(peer, p.unacked[i].envelope, Deadline::after_seconds(kSendAttemptS));
+      p.unacked[i].sent_at = Clock::now();
       ++i;
     } catch (const ProtocolError&) {
       throw;
@@ -106,7 +109,7 @@ void ControlChannel::send(int peer, const std::string& payload) {
   append_u64(envelope, p.next_send);
   append_u64(envelope, p.next_recv);
   envelope += payload;
-  p.unacked.emplace_back(p.next_send++, std::move(envelope));
+  p.unacked.push_back({p.next_send++, std::move(envelope), Clock::now()});
   flush(peer, p.unacked.size() - 1);
 }
 
@@ -118,7 +121,12 @@ void ControlChannel::on_envelope(int peer, std::string envelope) {
   if (ack > p.next_send)
     throw ProtocolError("rank " + std::to_string(peer) + " acknowledged control message " +
                         std::to_string(ack) + " of " + std::to_string(p.next_send) + " sent");
-  while (!p.unacked.empty() && p.unacked.front().first < ack) p.unacked.pop_front();
+  while (!p.unacked.empty() && p.unacked.front().number < ack) p.unacked.pop_front();
+  // The peer talks but has not received what went out a while ago on the current path.
+  if (!p.unacked.empty() && Clock::now() - p.unacked.front().sent_at > kAckTimeout) {
+    move_peer(peer, "messages unacknowledged for over a second", true);
+    flush(peer, 0);
+  }
   if (number < p.next_recv) return;  // a duplicate, sent again after a path switch
   std::string payload = envelope.substr(kEnvelopeBytes);
   if (number > p.next_recv) {

@@ -6,8 +6,10 @@
 // the peer acknowledges them (every message carries the count received from the other side, and
 // ranks exchange messages at least every heartbeat). The receiver delivers in number order, drops
 // duplicates and holds early arrivals. When the current path fails (the connection errors, the
-// engine marks that rail down, or the peer has been silent too long) the sender moves to the next
-// usable path and sends everything unacknowledged again, so nothing is lost, doubled or reordered.
+// engine marks that rail down, the peer has been silent too long, or the peer keeps talking without
+// acknowledging what was sent a while ago: a cable cut on one direction of the path) the sender
+// moves to the next usable path and sends everything unacknowledged again, so nothing is lost,
+// doubled or reordered.
 //
 // Threads: the engine thread only, except abort().
 #pragma once
@@ -61,7 +63,12 @@ class ControlChannel {
   struct PeerState {
     int path = 0;
     uint64_t next_send = 0;
-    std::deque<std::pair<uint64_t, std::string>> unacked;  // (number, envelope)
+    struct Unacked {
+      uint64_t number;
+      std::string envelope;
+      Clock::time_point sent_at;  // last (re)sent
+    };
+    std::deque<Unacked> unacked;
     uint64_t next_recv = 0;
     std::map<uint64_t, std::string> early;  // arrived ahead of a gap (after a path switch)
     std::vector<bool> broken;               // per path: its connection failed

@@ -117,7 +117,7 @@ void Engine::apply_decision(RailFailover::Decision d) {
 void Engine::broadcast_rail_events(std::vector<RailEvent> events) {
   // The news that a rail is down must not itself travel on that rail.
   for (const RailEvent& e : events)
-    if (e.kind == RailEventKind::kDown) control_->avoid_path(e.rail, true);
+    if (e.kind == RailEventKind::kDown || e.kind == RailEventKind::kQuery) control_->avoid_path(e.rail, true);
   ResponseList list;
   list.rail_events = std::move(events);
   list.watermark = watermark();
@@ -163,6 +163,9 @@ void Engine::apply_rail_event(const RailEvent& e) {
     case RailEventKind::kQuery: {
       // Behind: this rank has neither finished the stalled operation nor started it.
       const uint64_t seq = e.value;
+      // The rail is suspect: answer (and talk from now on) over another rail's control path, or a
+      // cut cable under this rank would swallow the answer.
+      control_->avoid_path(r, true);
       bool behind = executor_->completed()[r] <= seq && executor_->running(r) != seq + 1;
       report_rail_event({RailEventKind::kQueryReply, r, -1, behind ? 1u : 0u, ""});
       break;
