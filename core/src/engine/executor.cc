@@ -68,25 +68,35 @@ void Executor::execute(const Response& resp, std::vector<TensorEntry> entries) {
   }
 }
 
-void Executor::calibrate(int rail_index, size_t bytes) {
-  const size_t count = bytes / sizeof(float);
+collectives::CollectiveOptions Executor::options(uint64_t seq, double timeout_s) const {
   collectives::CollectiveOptions copt;
-  copt.seq = seq_[rail_index]++;
+  copt.seq = seq;
   copt.segment_bytes = opt_.segment_bytes;
   copt.logstep_max_bytes = opt_.logstep_max_bytes;
+  copt.deadline = Deadline::after_seconds(timeout_s);
+  return copt;
+}
+
+void Executor::timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double timeout_s,
+                                    const char* label) {
+  const size_t count = bytes / sizeof(float);
+  BufferPool::Buffer buf = pool_.acquire(count * sizeof(float));
+  std::memset(buf.data(), 0, count * sizeof(float));
+  collectives::CollectiveOptions copt = options(seq, timeout_s);
+  auto start = std::chrono::steady_clock::now();
+  collectives::allreduce(*rails_[rail], buf.data(), count, DataType::kFloat32, ReduceOp::kSum, copt);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  completed_[rail] = seq + 1;
+  if (observer_) observer_(rail, count * sizeof(float), start, secs, label);
+}
+
+void Executor::calibrate(int rail_index, size_t bytes) {
+  const uint64_t seq = seq_[rail_index]++;
   std::promise<void> done;
   auto result = done.get_future();
-  workers_[rail_index]->post([&, rail_index, count, copt]() mutable {
+  workers_[rail_index]->post([&, rail_index, bytes, seq] {
     try {
-      BufferPool::Buffer buf = pool_.acquire(count * sizeof(float));
-      std::memset(buf.data(), 0, count * sizeof(float));
-      copt.deadline = Deadline::after_seconds(opt_.timeout_s);
-      auto start = std::chrono::steady_clock::now();
-      collectives::allreduce(*rails_[rail_index], buf.data(), count, DataType::kFloat32,
-                             ReduceOp::kSum, copt);
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      completed_[rail_index] = copt.seq + 1;
-      if (observer_) observer_(rail_index, count * sizeof(float), start, secs, "calibration");
+      timed_test_allreduce(rail_index, bytes, seq, opt_.timeout_s, "calibration");
       done.set_value();
     } catch (...) {
       done.set_exception(std::current_exception());
@@ -159,55 +169,29 @@ void Executor::run_share(ShareRecord& rec) {
   const size_t bytes = rec.share.count * esize;
   uint8_t* target = job.data + rec.share.offset * esize;
   if (job.finished && !rec.into_scratch) return;  // failed for good (fail_all)
+  record_started(rec, target, bytes);
   BufferPool::Buffer scratch;
-  if (opt_.failover) {
-    std::lock_guard<std::mutex> lock(ledger_mu_);
-    rec.state = ShareRecord::State::kRunning;
-    if (!rec.original.data()) {  // first run: keep the input in case this rail fails mid-way
-      rec.original = originals_.acquire(bytes);
-      rec.original_bytes = bytes;
-      std::memcpy(rec.original.data(), target, bytes);
-    }
-  }
   if (rec.into_scratch) {
     scratch = pool_.acquire(bytes);
     target = scratch.data();
   }
   if (rec.is_redo) std::memcpy(target, rec.original.data(), bytes);
 
-  collectives::CollectiveOptions copt;
-  copt.seq = rec.seq;
-  copt.segment_bytes = opt_.segment_bytes;
-  copt.logstep_max_bytes = opt_.logstep_max_bytes;
-  copt.deadline = Deadline::after_seconds(opt_.timeout_s);
+  collectives::CollectiveOptions copt = options(rec.seq, opt_.timeout_s);
   auto start = std::chrono::steady_clock::now();
-  running_[r] = rec.seq + 1;
   if (watchdog_) watchdog_->begin(r, "allreduce of " + names_str(job.resp));
   try {
     collectives::allreduce(*rail, target, rec.share.count, job.resp.dtype, job.resp.op, copt);
     if (watchdog_) watchdog_->end(r, true);
-    completed_[r] = rec.seq + 1;
-    running_[r] = 0;
+    record_done(rec);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (observer_) observer_(r, bytes, start, secs, (rec.is_redo ? "redo: " : "") + names_str(job.resp));
-    if (opt_.failover) {
-      std::lock_guard<std::mutex> lock(ledger_mu_);
-      rec.state = ShareRecord::State::kDone;
-    }
     if (!rec.into_scratch) part_done(job);
   } catch (const std::exception& e) {
     if (watchdog_) watchdog_->end(r, false);
-    running_[r] = 0;
     std::string what = "allreduce of " + names_str(job.resp) + " failed on rail '" +
                        rail->properties().name + "': " + e.what();
-    if (opt_.failover && !fatal_) {
-      {
-        std::lock_guard<std::mutex> lock(ledger_mu_);
-        rec.state = ShareRecord::State::kLost;
-      }
-      hooks_.on_rail_error(r, what, /*stalled=*/false, rec.seq);
-      return;
-    }
+    if (record_lost(rec, what)) return;
     {
       std::lock_guard<std::mutex> lock(job.mu);
       if (job.error.empty()) job.error = what;

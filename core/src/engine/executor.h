@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/collectives.h"
 #include "engine/buffer_pool.h"
 #include "engine/handle.h"
 #include "engine/rail_watchdog.h"
@@ -100,7 +101,6 @@ class Executor {
   // The job cannot go on: completes every unfinished allreduce with `reason`; later failures are
   // plain errors (any thread).
   void fail_all(const std::string& reason);
-  size_t kept_bytes() const;  // input copies held for redo
 
  private:
   struct AllreduceJob;
@@ -113,6 +113,16 @@ class Executor {
                   const void* input, void* output, OpResult& res);
   static size_t single_input_bytes(const SingleJob& job);
   void part_done(AllreduceJob& job);
+  collectives::CollectiveOptions options(uint64_t seq, double timeout_s) const;
+  // A zeroed float32 allreduce of `bytes` on the rail, timed and reported to the observer as
+  // `label`; on the rail's worker (calibration, probes).
+  void timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double timeout_s, const char* label);
+  // Ledger bookkeeping shared by allreduce shares and one-rail collectives (executor_failover.cc):
+  // the record starts (keeps a copy of `bytes` at `input` on its first run), completes, or fails
+  // (returns true when it was marked lost for a redo rather than failed for good).
+  void record_started(ShareRecord& rec, const void* input, size_t bytes);
+  void record_done(ShareRecord& rec);
+  bool record_lost(ShareRecord& rec, const std::string& what);
   void run_allreduce(const Response& resp, std::vector<TensorEntry> entries);
   void run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries);
   static void finish_allreduce(AllreduceJob& job);

@@ -22,25 +22,44 @@ void Executor::post_probe(int rail, size_t bytes, std::function<void()> prepare,
   workers_[rail]->post([this, rail, bytes, seq, prepare = std::move(prepare), done = std::move(done)] {
     try {
       if (prepare) prepare();
-      const size_t count = bytes / sizeof(float);
-      BufferPool::Buffer buf = pool_.acquire(count * sizeof(float));
-      std::memset(buf.data(), 0, count * sizeof(float));
-      collectives::CollectiveOptions copt;
-      copt.seq = seq;
-      copt.segment_bytes = opt_.segment_bytes;
-      copt.logstep_max_bytes = opt_.logstep_max_bytes;
       // A rail that is up but still crawling (throttled) must fail its probe quickly, too.
-      copt.deadline = Deadline::after_seconds(std::min(opt_.timeout_s, kProbeTimeoutS));
-      auto start = std::chrono::steady_clock::now();
-      collectives::allreduce(*rails_[rail], buf.data(), count, DataType::kFloat32, ReduceOp::kSum, copt);
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      completed_[rail] = seq + 1;
-      if (observer_) observer_(rail, count * sizeof(float), start, secs, "probe");
+      timed_test_allreduce(rail, bytes, seq, std::min(opt_.timeout_s, kProbeTimeoutS), "probe");
       done("");
     } catch (const std::exception& e) {
       done(e.what());
     }
   });
+}
+
+void Executor::record_started(ShareRecord& rec, const void* input, size_t bytes) {
+  running_[rec.share.rail] = rec.seq + 1;
+  if (!opt_.failover) return;
+  std::lock_guard<std::mutex> lock(ledger_mu_);
+  rec.state = ShareRecord::State::kRunning;
+  if (!rec.original.data() && bytes > 0) {  // first run: keep the input in case the rail fails mid-way
+    rec.original = originals_.acquire(bytes);
+    rec.original_bytes = bytes;
+    std::memcpy(rec.original.data(), input, bytes);
+  }
+}
+
+void Executor::record_done(ShareRecord& rec) {
+  completed_[rec.share.rail] = rec.seq + 1;
+  running_[rec.share.rail] = 0;
+  if (!opt_.failover) return;
+  std::lock_guard<std::mutex> lock(ledger_mu_);
+  rec.state = ShareRecord::State::kDone;
+}
+
+bool Executor::record_lost(ShareRecord& rec, const std::string& what) {
+  running_[rec.share.rail] = 0;
+  if (!opt_.failover || fatal_) return false;
+  {
+    std::lock_guard<std::mutex> lock(ledger_mu_);
+    rec.state = ShareRecord::State::kLost;
+  }
+  hooks_.on_rail_error(rec.share.rail, what, /*stalled=*/false, rec.seq);
+  return true;
 }
 
 std::vector<uint64_t> Executor::completed() const {
@@ -139,14 +158,6 @@ void Executor::fail_all(const std::string& reason) {
     for (auto& e : job.entries)
       if (e.handle) e.handle->complete("allreduce of '" + e.req.name + "': " + reason);
   }
-}
-
-size_t Executor::kept_bytes() const {
-  std::lock_guard<std::mutex> lock(ledger_mu_);
-  size_t total = 0;
-  for (const auto& q : ledger_)
-    for (const auto& rec : q) total += rec->original.data() ? rec->original_bytes : 0;
-  return total;
 }
 
 }  // namespace nezha::engine

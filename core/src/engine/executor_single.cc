@@ -41,15 +41,7 @@ void Executor::run_single_record(ShareRecord& rec) {
   const int r = rec.share.rail;
   if (job.finished && !rec.into_scratch) return;
   const size_t in_bytes = single_input_bytes(job);
-  if (opt_.failover) {
-    std::lock_guard<std::mutex> lock(ledger_mu_);
-    rec.state = ShareRecord::State::kRunning;
-    if (!rec.original.data() && in_bytes > 0) {  // first run: keep the input for a redo
-      rec.original = originals_.acquire(in_bytes);
-      rec.original_bytes = in_bytes;
-      std::memcpy(rec.original.data(), e.input, in_bytes);
-    }
-  }
+  record_started(rec, e.input, in_bytes);
   const void* input = rec.is_redo && in_bytes > 0 ? rec.original.data() : e.input;
   // A rank that had completed the operation takes part in its redo without touching what it
   // delivered: results go to scratch.
@@ -64,28 +56,14 @@ void Executor::run_single_record(ShareRecord& rec) {
   // Not watched for silence: a tree broadcast's leaves legitimately hear nothing while their parent
   // receives the whole payload. A failed rail shows here as an error (or the deadline), or is found
   // by the allreduce traffic it carries; either way this operation is redone.
-  running_[r] = rec.seq + 1;
   try {
     run_single(resp, e, *rails_[r], rec.seq, input, output, res);
-    completed_[r] = rec.seq + 1;
-    running_[r] = 0;
-    if (opt_.failover) {
-      std::lock_guard<std::mutex> lock(ledger_mu_);
-      rec.state = ShareRecord::State::kDone;
-    }
+    record_done(rec);
     if (!rec.into_scratch && !job.finished.exchange(true)) e.handle->complete();
   } catch (const std::exception& ex) {
-    running_[r] = 0;
     std::string msg = std::string(op_type_name(resp.type)) + " of " + names_str(resp) +
                       " failed on rail '" + rails_[r]->properties().name + "': " + ex.what();
-    if (opt_.failover && !fatal_) {
-      {
-        std::lock_guard<std::mutex> lock(ledger_mu_);
-        rec.state = ShareRecord::State::kLost;
-      }
-      hooks_.on_rail_error(r, msg, /*stalled=*/false, rec.seq);
-      return;
-    }
+    if (record_lost(rec, msg)) return;
     NZ_LOG(Error) << msg;
     if (!rec.into_scratch && !job.finished.exchange(true)) e.handle->complete(msg);
   }
@@ -93,11 +71,7 @@ void Executor::run_single_record(ShareRecord& rec) {
 
 void Executor::run_single(const Response& resp, const TensorEntry& e, transport::Rail& rail,
                           uint64_t seq, const void* input, void* output, OpResult& res) {
-  collectives::CollectiveOptions copt;
-  copt.seq = seq;
-  copt.segment_bytes = opt_.segment_bytes;
-  copt.logstep_max_bytes = opt_.logstep_max_bytes;
-  copt.deadline = Deadline::after_seconds(opt_.timeout_s);
+  collectives::CollectiveOptions copt = options(seq, opt_.timeout_s);
   const size_t esize = dtype_size(resp.dtype);
   const int me = opt_.rank, n = opt_.size;
   const std::vector<int64_t>& shape = e.req.shape;
