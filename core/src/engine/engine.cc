@@ -327,11 +327,7 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
   if (rails_.size() == 1 || r.kind != Response::Kind::kExecute) return {};
   size_t count = 0;
   for (int64_t c : r.counts) count += static_cast<size_t>(c);
-  std::vector<multirail::RailEstimate> est;
-  {
-    std::lock_guard<std::mutex> lock(cost_mu_);
-    for (const auto& c : costs_) est.push_back(c.estimate());
-  }
+  std::vector<multirail::RailEstimate> est = current_estimates();
   multirail::PlanRequest pr;
   pr.count = r.type == OpType::kAllreduce ? count : 0;
   pr.elem_size = dtype_size(r.dtype);
@@ -428,16 +424,23 @@ void Engine::dispatch(std::vector<Response> responses) {
     r.plan = plan_for(r);
     list.responses.push_back(std::move(r));
   }
-  if (rails_.size() > 1) {
-    std::lock_guard<std::mutex> lock(cost_mu_);
-    for (const auto& c : costs_) list.estimates.push_back(c.estimate());
-  }
+  if (rails_.size() > 1) list.estimates = current_estimates();
+  send_in_order(std::move(list));
+}
+
+void Engine::send_in_order(ResponseList list) {
   list.watermark = watermark();
   std::string bytes = encode(list);
-  for (int peer = 1; peer < config_.size; ++peer)
-    control_->send(peer, bytes);
+  for (int peer = 1; peer < config_.size; ++peer) control_->send(peer, bytes);
   last_sent_ = Clock::now();
   execute_locally(list);
+}
+
+std::vector<multirail::RailEstimate> Engine::current_estimates() const {
+  std::lock_guard<std::mutex> lock(cost_mu_);
+  std::vector<multirail::RailEstimate> est;
+  for (const auto& c : costs_) est.push_back(c.estimate());
+  return est;
 }
 
 void Engine::execute_locally(const ResponseList& list) {

@@ -106,6 +106,10 @@ class Engine {
   void forward_new_work();
   void on_control_message(int peer, const std::string& payload);
   void dispatch(std::vector<Response> responses);
+  // Rank 0: sends `list` (with the watermark) to every worker and executes it here, at the same
+  // point of the ordered stream.
+  void send_in_order(ResponseList list);
+  std::vector<multirail::RailEstimate> current_estimates() const;
   void execute_locally(const ResponseList& list);
   void fail_everything(const std::string& reason);
   void wake();

@@ -87,15 +87,9 @@ void Engine::on_rail_events_from(int rank, const std::vector<RailEvent>& events)
       case RailEventKind::kQueryReply:
         apply_decision(failover_->on_query_reply(e.rail, rank, e.value != 0, now));
         break;
-      case RailEventKind::kDrained: {
-        std::vector<multirail::RailEstimate> est;
-        {
-          std::lock_guard<std::mutex> lock(cost_mu_);
-          for (const auto& c : costs_) est.push_back(c.estimate());
-        }
-        apply_decision(failover_->on_drained(e.rail, rank, e.value, est));
+      case RailEventKind::kDrained:
+        apply_decision(failover_->on_drained(e.rail, rank, e.value, current_estimates()));
         break;
-      }
       case RailEventKind::kProbeReady:
         apply_decision(failover_->on_probe_ready(e.rail, rank));
         break;
@@ -120,12 +114,7 @@ void Engine::broadcast_rail_events(std::vector<RailEvent> events) {
     if (e.kind == RailEventKind::kDown || e.kind == RailEventKind::kQuery) control_->avoid_path(e.rail, true);
   ResponseList list;
   list.rail_events = std::move(events);
-  list.watermark = watermark();
-  std::string bytes = encode(list);
-  for (int peer = 1; peer < config_.size; ++peer)
-    if (!peer_shutdown_[peer]) control_->send(peer, bytes);
-  last_sent_ = Clock::now();
-  execute_locally(list);
+  send_in_order(std::move(list));
 }
 
 void Engine::apply_rail_event(const RailEvent& e) {
