@@ -28,6 +28,13 @@ std::vector<multirail::RailEstimate> estimates(double beta0, double beta1, doubl
   return e;
 }
 
+// Two ranks: `rail` fails on rank 1 and both ranks report it drained (so it waits for a probe).
+void fail_and_drain(RailFailover& f, int rail, Clock::time_point now) {
+  f.on_failed(rail, 1, "x", false, 0, now);
+  f.on_drained(rail, 0, 3, {});
+  f.on_drained(rail, 1, 3, {});
+}
+
 TEST(RailFailover, FailureIsBroadcastOnceAndRedoStartsAtTheSlowestRank) {
   RailFailover f(3, {"a", "b", "c"}, fast_backoff());
   auto t0 = Clock::now();
@@ -50,9 +57,7 @@ TEST(RailFailover, FailureIsBroadcastOnceAndRedoStartsAtTheSlowestRank) {
 TEST(RailFailover, ProbeAfterBackoffReadmitsWhenEveryRankSucceeds) {
   RailFailover f(2, {"a", "b"}, fast_backoff());
   auto t0 = Clock::now();
-  f.on_failed(0, 1, "x", false, 0, t0);
-  f.on_drained(0, 0, 3, {});
-  f.on_drained(0, 1, 3, {});
+  fail_and_drain(f, 0, t0);
   EXPECT_TRUE(f.start_due_probes(t0 + milliseconds(50)).broadcast.empty());
   ASSERT_TRUE(f.next_wakeup().has_value());
   auto d = f.start_due_probes(t0 + milliseconds(100));
@@ -72,9 +77,7 @@ TEST(RailFailover, ProbeAfterBackoffReadmitsWhenEveryRankSucceeds) {
 TEST(RailFailover, FailedProbeAbortsEverywhereAndBacksOffLonger) {
   RailFailover f(2, {"a", "b"}, fast_backoff());
   auto t0 = Clock::now();
-  f.on_failed(1, 0, "x", false, 0, t0);
-  f.on_drained(1, 0, 0, {});
-  f.on_drained(1, 1, 0, {});
+  fail_and_drain(f, 1, t0);
   f.start_due_probes(t0 + milliseconds(100));
   f.on_probe_ready(1, 0);
   f.on_probe_ready(1, 1);

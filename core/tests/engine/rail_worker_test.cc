@@ -18,6 +18,23 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// Occupies the worker with a job that waits until open() (returns once the job is running).
+class Blocker {
+ public:
+  explicit Blocker(RailWorker& w) {
+    std::shared_future<void> gate = gate_.get_future().share();
+    w.post([this, gate] {
+      started_.set_value();
+      gate.wait();
+    });
+    started_.get_future().wait();
+  }
+  void open() { gate_.set_value(); }
+
+ private:
+  std::promise<void> started_, gate_;
+};
+
 TEST(RailWorkerTest, JobsRunInPostingOrderOnOneThread) {
   RailWorker w;
   std::vector<int> order;  // written by the worker only
@@ -40,16 +57,10 @@ TEST(RailWorkerTest, StopRunsJobsAlreadyPosted) {
   std::atomic<int> ran{0};
   {
     RailWorker w;
-    std::promise<void> started, gate;
-    std::shared_future<void> open = gate.get_future().share();
-    w.post([&started, open] {
-      started.set_value();
-      open.wait();
-    });
-    started.get_future().wait();
+    Blocker blocker(w);
     for (int i = 0; i < 5; ++i) w.post([&] { ran++; });
     EXPECT_EQ(w.queued(), 5u);
-    gate.set_value();
+    blocker.open();
     w.stop();
     EXPECT_EQ(ran.load(), 5);
     EXPECT_EQ(w.queued(), 0u);
@@ -66,35 +77,23 @@ TEST(RailWorkerTest, TryRunInlineRunsOnCallerWhenIdle) {
 
 TEST(RailWorkerTest, TryRunInlineRefusesWhileAJobRuns) {
   RailWorker w;
-  std::promise<void> started, gate;
-  std::shared_future<void> open = gate.get_future().share();
-  w.post([&started, open] {
-    started.set_value();
-    open.wait();
-  });
-  started.get_future().wait();
+  Blocker blocker(w);
   bool ran = false;
   EXPECT_FALSE(w.try_run_inline([&] { ran = true; }));
   EXPECT_FALSE(ran);
-  gate.set_value();
+  blocker.open();
   w.stop();
   EXPECT_FALSE(ran);
 }
 
 TEST(RailWorkerTest, TryRunInlineRefusesWhileJobsAreQueued) {
   RailWorker w;
-  std::promise<void> started, gate;
-  std::shared_future<void> open = gate.get_future().share();
   std::vector<int> order;
-  w.post([&started, open] {
-    started.set_value();
-    open.wait();
-  });
-  started.get_future().wait();
+  Blocker blocker(w);
   w.post([&] { order.push_back(1); });
   // Running it now would overtake job 1: a collective's messages would pair with the wrong peer op.
   EXPECT_FALSE(w.try_run_inline([&] { order.push_back(2); }));
-  gate.set_value();
+  blocker.open();
   w.stop();
   EXPECT_EQ(order, std::vector<int>{1});
 }
