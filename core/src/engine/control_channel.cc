@@ -2,6 +2,9 @@
 
 #include <poll.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include <cerrno>
 #include <cstring>
 
@@ -14,8 +17,12 @@ namespace {
 constexpr double kSendAttemptS = 2.0;     // a path whose socket buffer stays full this long is dead
 constexpr size_t kEnvelopeBytes = 16;     // message number, acknowledgement
 constexpr size_t kMaxEarly = 1u << 16;    // messages held ahead of a gap, per peer
-// Peers exchange messages at least every heartbeat (1 s), each acknowledging what it received.
-constexpr auto kAckTimeout = std::chrono::milliseconds(1500);
+// Unacknowledged this long, a message is presumed lost under a cut: bare acknowledgements go out
+// after kAckDelay, so this leaves room for a loaded machine's scheduling delays.
+constexpr auto kAckDelay = std::chrono::milliseconds(10);
+constexpr auto kAckTimeout = std::chrono::milliseconds(200);
+constexpr auto kMaxAckTimeout = std::chrono::milliseconds(3200);
+constexpr uint64_t kBareAck = ~uint64_t{0};  // message number of an acknowledgement alone
 
 uint64_t read_u64(const std::string& s, size_t at) {
   uint64_t v;
@@ -29,7 +36,8 @@ void append_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const ch
 
 ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, const std::string& secret,
                                int rank, int size, size_t socket_buffer_bytes)
-    : rank_(rank), size_(size), avoided_(paths.size(), false), peers_(size) {
+    : rank_(rank), size_(size), avoided_(paths.size(), false), black_hole_(paths.size(), false),
+      peers_(size) {
   if (paths.empty()) throw InvalidArgument("the control channel needs at least one rail");
   for (size_t i = 0; i < paths.size(); ++i) {
     transport::TcpRailConfig tc;
@@ -41,7 +49,10 @@ ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, cons
     names_.push_back(tc.name);
     paths_.push_back(std::make_unique<transport::TcpRail>(tc, rank, size));
   }
-  for (auto& p : peers_) p.broken.assign(paths_.size(), false);
+  for (auto& p : peers_) {
+    p.broken.assign(paths_.size(), false);
+    p.ack_timeout = kAckTimeout;
+  }
 }
 
 std::vector<std::string> ControlChannel::listen_addresses() const {
@@ -87,7 +98,7 @@ void ControlChannel::flush(int peer, size_t from) {
   while (i < p.unacked.size()) {
     if (p.path < 0) move_peer(peer, "no path", false);  // throws
     try {
-      paths_[p.path]->send_message(peer, p.unacked[i].envelope, Deadline::after_seconds(kSendAttemptS));
+      send_on_path(peer, p.unacked[i].envelope);
       p.unacked[i].sent_at = Clock::now();
       ++i;
     } catch (const ProtocolError&) {
@@ -102,8 +113,50 @@ void ControlChannel::flush(int peer, size_t from) {
   }
 }
 
+void ControlChannel::send_on_path(int peer, const std::string& envelope) {
+  const int path = peers_[peer].path;
+  if (black_hole_[path]) return;
+  paths_[path]->send_message(peer, envelope, Deadline::after_seconds(kSendAttemptS));
+}
+
+void ControlChannel::send_bare_ack(int peer) {
+  PeerState& p = peers_[peer];
+  std::string envelope;
+  append_u64(envelope, kBareAck);
+  append_u64(envelope, p.next_recv);
+  try {
+    send_on_path(peer, envelope);
+    p.ack_owed_since.reset();
+  } catch (const ProtocolError&) {
+    throw;
+  } catch (const NezhaError& e) {
+    if (aborted_) throw;
+    path_failed(p.path, peer, e.what());  // owed still: the next run goes on the new path
+  }
+}
+
+std::optional<Clock::time_point> ControlChannel::run_timers(Clock::time_point now) {
+  std::optional<Clock::time_point> next;
+  auto consider = [&next](Clock::time_point t) { next = next ? std::min(*next, t) : t; };
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    PeerState& p = peers_[peer];
+    if (!p.unacked.empty() && now - p.unacked.front().sent_at >= p.ack_timeout) {
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.unacked.front().sent_at);
+      p.ack_timeout = std::min<Clock::duration>(2 * p.ack_timeout, kMaxAckTimeout);
+      move_peer(peer, "a message unacknowledged for " + std::to_string(waited.count()) + " ms", true);
+      flush(peer, 0);  // restarts the clock of every message it resends
+    }
+    if (p.ack_owed_since && now - *p.ack_owed_since >= kAckDelay) send_bare_ack(peer);
+    if (!p.unacked.empty()) consider(p.unacked.front().sent_at + p.ack_timeout);
+    if (p.ack_owed_since) consider(*p.ack_owed_since + kAckDelay);
+  }
+  return next;
+}
+
 void ControlChannel::send(int peer, const std::string& payload) {
   PeerState& p = peers_[peer];
+  p.ack_owed_since.reset();  // this message carries the acknowledgement
   std::string envelope;
   envelope.reserve(kEnvelopeBytes + payload.size());
   append_u64(envelope, p.next_send);
@@ -113,7 +166,7 @@ void ControlChannel::send(int peer, const std::string& payload) {
   flush(peer, p.unacked.size() - 1);
 }
 
-void ControlChannel::on_envelope(int peer, std::string envelope) {
+void ControlChannel::on_envelope(int peer, int path, std::string envelope) {
   PeerState& p = peers_[peer];
   if (envelope.size() < kEnvelopeBytes)
     throw ProtocolError("control message from rank " + std::to_string(peer) + " has no envelope");
@@ -121,12 +174,19 @@ void ControlChannel::on_envelope(int peer, std::string envelope) {
   if (ack > p.next_send)
     throw ProtocolError("rank " + std::to_string(peer) + " acknowledged control message " +
                         std::to_string(ack) + " of " + std::to_string(p.next_send) + " sent");
-  while (!p.unacked.empty() && p.unacked.front().number < ack) p.unacked.pop_front();
-  // The peer talks but has not received what went out a while ago on the current path.
-  if (!p.unacked.empty() && Clock::now() - p.unacked.front().sent_at > kAckTimeout) {
-    move_peer(peer, "messages unacknowledged for over a second", true);
-    flush(peer, 0);
+  if (!p.unacked.empty() && p.unacked.front().number < ack) {
+    while (!p.unacked.empty() && p.unacked.front().number < ack) p.unacked.pop_front();
+    p.ack_timeout = kAckTimeout;  // the path works
   }
+  if (path != p.path && !avoided_[path] && !p.broken[path]) {
+    const int from = p.path;
+    p.path = path;
+    NZ_LOG(Info) << "rank " << rank_ << ": control messages to rank " << peer << " move from '"
+                 << names_[from] << "' to '" << names_[path] << "': rank " << peer << " talks there";
+    flush(peer, 0);  // what is unacknowledged may have been lost on the old path
+  }
+  if (number == kBareAck) return;
+  if (!p.ack_owed_since) p.ack_owed_since = Clock::now();  // duplicates too: the sender resent
   if (number < p.next_recv) return;  // a duplicate, sent again after a path switch
   std::string payload = envelope.substr(kEnvelopeBytes);
   if (number > p.next_recv) {
@@ -154,13 +214,20 @@ std::optional<transport::TcpRail::Message> ControlChannel::recv_any(int wake_fd,
   std::vector<pollfd> fds;
   std::vector<int> owner;  // path of each fd; -1 for wake_fd
   for (;;) {
+    Clock::time_point now = Clock::now();
+    std::optional<Clock::time_point> timer = run_timers(now);
+    int timeout_ms = deadline.remaining_ms();  // capped at 1 s
+    if (timer) {
+      const auto until = std::chrono::ceil<std::chrono::milliseconds>(*timer - now).count();
+      timeout_ms = static_cast<int>(std::clamp<long long>(until, 0, timeout_ms));
+    }
     fds.assign({{wake_fd, POLLIN, 0}});
     owner.assign(1, -1);
     for (size_t i = 0; i < paths_.size(); ++i) {
       paths_[i]->append_poll_fds(fds);
       owner.resize(fds.size(), static_cast<int>(i));
     }
-    const int n = ::poll(fds.data(), fds.size(), deadline.remaining_ms());
+    const int n = ::poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno != EINTR) throw NezhaError(std::string("control channel: poll() failed: ") + std::strerror(errno));
     std::vector<bool> readable(paths_.size(), false);
     for (size_t k = 1; n > 0 && k < fds.size(); ++k)
@@ -182,7 +249,8 @@ std::optional<transport::TcpRail::Message> ControlChannel::recv_any(int wake_fd,
           break;
         }
         if (!m) break;
-        on_envelope(m->peer, std::move(m->payload));
+        if (black_hole_[i]) continue;  // tests: lost under the cut
+        on_envelope(m->peer, static_cast<int>(i), std::move(m->payload));
       }
     }
     if (!ready_.empty()) return pop();

@@ -3,13 +3,21 @@
 //
 // One TcpRail per rail address ("path"), each a full mesh with its own connections. A message to a
 // peer goes on that peer's current path; the channel numbers messages per peer and keeps them until
-// the peer acknowledges them (every message carries the count received from the other side, and
-// ranks exchange messages at least every heartbeat). The receiver delivers in number order, drops
-// duplicates and holds early arrivals. When the current path fails (the connection errors, the
-// engine marks that rail down, the peer has been silent too long, or the peer keeps talking without
-// acknowledging what was sent a while ago: a cable cut on one direction of the path) the sender
-// moves to the next usable path and sends everything unacknowledged again, so nothing is lost,
-// doubled or reordered.
+// the peer acknowledges them. Every message carries the count received from the other side; a rank
+// that owes an acknowledgement and sends nothing to that peer within kAckDelay sends a bare one.
+// The receiver delivers in number order, drops duplicates and holds early arrivals. When the
+// current path fails (the connection errors, the engine marks that rail down or the peer has been
+// silent too long, or a message stays unacknowledged past the ack timeout: a pulled cable raises
+// no error, and a request lost under one can leave every rank waiting with no data moving for the
+// rail watchdog to notice) the sender moves to the next usable path and sends everything
+// unacknowledged again, so nothing is lost, doubled or reordered. The ack timeout doubles while
+// moving does not help (a stopped peer) and is back to its base once an acknowledgement arrives.
+// A rank that hears a peer on another path than its own to that peer follows it there: the peer
+// moved because something it sent was lost, and acknowledgements sent back on the old path would be
+// lost too.
+//
+// Timers (bare acknowledgements, ack timeouts) run inside recv_any(), which the engine calls
+// whenever it waits.
 //
 // Threads: the engine thread only, except abort().
 #pragma once
@@ -45,7 +53,7 @@ class ControlChannel {
   // peer is left.
   void send(int peer, const std::string& payload);
   // Next message in order from any peer; std::nullopt when wake_fd is readable or the deadline
-  // passes. Throws PeerError when every path to a peer has failed.
+  // passes. Runs the timers meanwhile. Throws PeerError when every path to a peer has failed.
   std::optional<transport::TcpRail::Message> recv_any(int wake_fd, const Deadline& deadline);
 
   // The engine marked the rail down (true) or up again (false): peers on it move elsewhere.
@@ -58,6 +66,8 @@ class ControlChannel {
   void close();
   // Tests: path `path` fails on this rank only (its sends and receives throw).
   void testing_abort_path(int path, const std::string& why) { paths_.at(path)->abort(why); }
+  // Tests: path `path` loses everything silently on this rank, as under a pulled cable.
+  void testing_black_hole(int path) { black_hole_.at(path) = true; }
 
  private:
   struct PeerState {
@@ -69,6 +79,8 @@ class ControlChannel {
       Clock::time_point sent_at;  // last (re)sent
     };
     std::deque<Unacked> unacked;
+    Clock::duration ack_timeout{};           // current; doubles while moving does not help
+    std::optional<Clock::time_point> ack_owed_since;  // received, not yet acknowledged
     uint64_t next_recv = 0;
     std::map<uint64_t, std::string> early;  // arrived ahead of a gap (after a path switch)
     std::vector<bool> broken;               // per path: its connection failed
@@ -76,14 +88,19 @@ class ControlChannel {
   };
   void flush(int peer, size_t from);
   void move_peer(int peer, const std::string& why, bool after_current);
-  void on_envelope(int peer, std::string envelope);
+  void on_envelope(int peer, int path, std::string envelope);
   void path_failed(int path, int peer, const std::string& why);
+  // Bare acknowledgements due, ack timeouts passed; returns when to run again.
+  std::optional<Clock::time_point> run_timers(Clock::time_point now);
+  void send_bare_ack(int peer);
+  void send_on_path(int peer, const std::string& envelope);
   int pick_path(const PeerState& p, bool after_current) const;
 
   int rank_, size_;
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<transport::TcpRail>> paths_;
   std::vector<bool> avoided_;
+  std::vector<bool> black_hole_;
   std::vector<PeerState> peers_;
   std::deque<transport::TcpRail::Message> ready_;
   std::atomic<bool> aborted_{false};

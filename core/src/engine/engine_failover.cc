@@ -85,7 +85,7 @@ void Engine::on_rail_events_from(int rank, const std::vector<RailEvent>& events)
                                             e.value ? e.value - 1 : 0, now));
         break;
       case RailEventKind::kQueryReply:
-        apply_decision(failover_->on_query_reply(e.rail, rank, e.value != 0, now));
+        apply_decision(failover_->on_query_reply(e.rail, rank, e.value, e.target != 0, now));
         break;
       case RailEventKind::kDrained:
         apply_decision(failover_->on_drained(e.rail, rank, e.value, current_estimates()));
@@ -156,7 +156,7 @@ void Engine::apply_rail_event(const RailEvent& e) {
       // cut cable under this rank would swallow the answer.
       control_->avoid_path(r, true);
       bool behind = executor_->completed()[r] <= seq && executor_->running(r) != seq + 1;
-      report_rail_event({RailEventKind::kQueryReply, r, -1, behind ? 1u : 0u, ""});
+      report_rail_event({RailEventKind::kQueryReply, r, behind ? 1 : 0, seq, ""});
       break;
     }
     case RailEventKind::kProbe:

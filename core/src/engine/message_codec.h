@@ -38,7 +38,7 @@ constexpr int kNumRailEventKinds = 12;
 struct RailEvent {
   RailEventKind kind = RailEventKind::kFailed;
   int32_t rail = 0;
-  int32_t target = -1;  // kRedo: the rail that takes over
+  int32_t target = -1;  // kRedo: the rail that takes over; kQueryReply: 1 = behind (value: the seq)
   uint64_t value = 0;
   std::string text;
 };

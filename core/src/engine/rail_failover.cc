@@ -65,8 +65,11 @@ RailFailover::Decision RailFailover::on_failed(int rail, int rank, const std::st
         return d;
       }
       if (!stalled) return take_down(rail, "failed on rank " + std::to_string(rank) + ": " + why, now);
-      if (r.querying) return d;  // one check at a time; a stall that goes on is reported again
+      // One check at a time (a stall that goes on is reported again), unless this stall is in an
+      // earlier operation: check that one instead (see the header).
+      if (r.querying && seq >= r.query_seq) return d;
       r.querying = true;
+      r.query_seq = seq;
       r.query_why = "failed on rank " + std::to_string(rank) + ": " + why;
       start_collecting(r);
       d.broadcast.push_back({RailEventKind::kQuery, rail, -1, seq, ""});
@@ -83,10 +86,11 @@ RailFailover::Decision RailFailover::on_failed(int rail, int rank, const std::st
   }
 }
 
-RailFailover::Decision RailFailover::on_query_reply(int rail, int rank, bool behind, Clock::time_point now) {
+RailFailover::Decision RailFailover::on_query_reply(int rail, int rank, uint64_t seq, bool behind,
+                                                    Clock::time_point now) {
   check(rail, rank);
   Rail& r = rails_[rail];
-  if (r.phase != Phase::kUp || !r.querying) return {};
+  if (r.phase != Phase::kUp || !r.querying || seq != r.query_seq) return {};
   if (behind) {
     r.querying = false;  // a late rank, not a dead rail
     return {};

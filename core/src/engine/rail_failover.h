@@ -42,11 +42,16 @@ class RailFailover {
 
   // `stalled`: the rail went silent (RailWatchdog) in operation `seq` rather than failing with an
   // error. A stall of the last usable rail is ignored: it may be the echo of another rail's failure
-  // on a slow rank.
+  // on a slow rank. A stall in an earlier operation than the one being checked restarts the check
+  // there: after a cut, the rank beside the cut can be done with operation N (its last bytes sat in
+  // its socket buffer) and stall in N+1 while its neighbour stalls in N; checking N+1 finds the
+  // neighbour "behind" and would cancel, and the report of N, dropped while N+1 was checked, would
+  // come back only several limits later (seen: a cut hidden for its whole 3 s).
   Decision on_failed(int rail, int rank, const std::string& why, bool stalled, uint64_t seq,
                      Clock::time_point now);
-  // `behind`: the rank has not reached the operation a stall was reported in.
-  Decision on_query_reply(int rail, int rank, bool behind, Clock::time_point now);
+  // The rank's answer to the check of the stall in operation `seq`; `behind`: it has not reached
+  // that operation. Answers to an earlier check (superseded, see on_failed) are ignored.
+  Decision on_query_reply(int rail, int rank, uint64_t seq, bool behind, Clock::time_point now);
   Decision on_drained(int rail, int rank, uint64_t completed,
                       const std::vector<multirail::RailEstimate>& estimates);
   Decision on_probe_ready(int rail, int rank);
@@ -67,6 +72,7 @@ class RailFailover {
     std::vector<bool> reported;  // per rank, for the phase's collection
     uint64_t first_incomplete = 0;
     bool querying = false;  // kUp: a stall report is being checked with every rank
+    uint64_t query_seq = 0;  // the operation being checked
     std::string query_why;  // the report being checked ("failed on rank R: ...")
   };
   bool collect(Rail& rail, int rank);  // true once every rank has reported

@@ -5,10 +5,13 @@
 
 namespace nezha::engine {
 namespace {
-constexpr int kReportAgainAfter = 4;  // limits
+constexpr int kReportAgainAfter = 2;  // limits
 constexpr int kTicksPerLimit = 4;
 constexpr int kGapFactor = 3;         // the limit is this many times the longest healthy pause
 constexpr double kHealthyDecay = 0.98;  // per completed operation: an old hiccup fades
+// However slow the machine, a rail silent this long is reported: a limit learned from one freak
+// pause must not hide a pulled cable for seconds.
+constexpr std::chrono::seconds kMaxLimit{1};
 }  // namespace
 
 RailWatchdog::RailWatchdog(size_t num_rails, double min_silence_s,
@@ -31,7 +34,8 @@ void RailWatchdog::stop() {
 }
 
 Clock::duration RailWatchdog::limit_locked(int rail) const {
-  return std::max(min_silence_, kGapFactor * slots_[rail].healthy_pause);
+  return std::max(min_silence_, std::min<Clock::duration>(kGapFactor * slots_[rail].healthy_pause,
+                                                           kMaxLimit));
 }
 
 double RailWatchdog::limit_s(int rail) {
@@ -49,6 +53,7 @@ void RailWatchdog::begin(int rail, std::string what) {
     s.bytes = bytes;
     s.last_progress = Clock::now();
     s.longest_pause = Clock::duration::zero();
+    s.moved = false;
     s.what = std::move(what);
     wake = idle_;  // a ticking watchdog sees the new work on its next tick: no wakeup per operation
   }
@@ -59,7 +64,7 @@ void RailWatchdog::end(int rail, bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
   Slot& s = slots_[rail];
   s.active = false;  // no notify: the next tick just finds nothing to watch
-  if (!ok) return;
+  if (!ok || !s.moved) return;
   s.longest_pause = std::max(s.longest_pause, Clock::now() - s.last_progress);
   auto decayed = std::chrono::duration_cast<Clock::duration>(s.healthy_pause * kHealthyDecay);
   s.healthy_pause = std::max(decayed, s.longest_pause);
@@ -80,7 +85,8 @@ void RailWatchdog::run() {
       tick = std::min(tick, limit / kTicksPerLimit);
       uint64_t bytes = bytes_moved_(static_cast<int>(i));
       if (bytes != s.bytes) {
-        s.longest_pause = std::max(s.longest_pause, now - s.last_progress);
+        if (s.moved) s.longest_pause = std::max(s.longest_pause, now - s.last_progress);
+        s.moved = true;
         s.bytes = bytes;
         s.last_progress = now;
       } else if (now - s.last_progress >= limit) {

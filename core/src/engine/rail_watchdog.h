@@ -6,10 +6,13 @@
 // NEZHA_TIMEOUT_S.
 //
 // The limit adapts to the machine: it is the larger of `min_silence` and kGapFactor x the longest
-// pause seen inside recent operations that completed normally. On dedicated hosts pauses are a few
-// milliseconds and the limit stays at the minimum; on an oversubscribed machine (ranks sharing
-// cores with compute) a healthy rail can pause for 100 ms while a peer waits for a CPU, and the
-// limit grows with that instead of failing healthy rails over.
+// pause seen inside recent operations that completed normally (at most 1 s). On dedicated hosts
+// pauses are a few milliseconds and the limit stays at the minimum; on an oversubscribed machine
+// (ranks sharing cores with compute) a healthy rail can pause for 100 ms while a peer waits for a
+// CPU, and the limit grows with that instead of failing healthy rails over. The wait before an
+// operation's first byte is not a pause: it is peers arriving late (skew at startup can be a
+// second), which the engine's stall check tells apart from a dead rail; learning from it once
+// raised the limit past 3 s and hid the first cable cut of a run.
 //
 // Wakes only while some rail has work running (sleeps on a condition variable otherwise); a rail
 // that stays silent is reported again every few limits.
@@ -54,7 +57,8 @@ class RailWatchdog {
     bool active = false;
     uint64_t bytes = 0;
     Clock::time_point last_progress{};
-    Clock::duration longest_pause{};  // within the current operation
+    bool moved = false;               // the current operation has moved a byte
+    Clock::duration longest_pause{};  // within the current operation, after its first byte
     Clock::duration healthy_pause{};  // decaying maximum over operations that completed
     std::string what;
   };

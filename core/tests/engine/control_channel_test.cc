@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,6 +91,44 @@ TEST(ControlChannel, AvoidedPathMovesPeersAndFailedPathIsSurvived) {
     got.insert(got.end(), more.begin(), more.end());
   }
   EXPECT_EQ(got, (std::vector<std::string>{"y", "z"}));
+}
+
+TEST(ControlChannel, QuietPeerAcknowledgesSoNothingMoves) {
+  Pair p(2);
+  p[0].send(1, "x");
+  EXPECT_EQ(p.receive(1, 1), std::vector<std::string>{"x"});
+  EXPECT_TRUE(p.quiet(1));  // rank 1 has nothing to say: it acknowledges "x" on its own
+  // Well past the ack timeout: had the acknowledgement not come, rank 0 would have moved.
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(p.quiet(0));
+  EXPECT_EQ(p[0].path_of(1), 0);
+}
+
+TEST(ControlChannel, MessagesLostUnderACutGoAroundItWithinASecond) {
+  // A pulled cable under path a on both sides: no error anywhere, everything on it is lost. A
+  // request and its reply must still get through (each side's ack timeout moves it to path b),
+  // with nobody else talking: the rail watchdog has nothing to watch while ranks wait for this.
+  Pair p(2);
+  p[0].testing_black_hole(0);
+  p[1].testing_black_hole(0);
+  auto start = Clock::now();
+  double reply_after_s = -1;
+  run_ranks(2, [&](int r) {
+    if (r == 1) {
+      p[1].send(0, "request");
+      auto got = p.receive(1, 1);
+      reply_after_s = std::chrono::duration<double>(Clock::now() - start).count();
+      EXPECT_EQ(got, std::vector<std::string>{"reply"});
+      EXPECT_TRUE(p.quiet(1));  // acknowledges the reply
+    } else {
+      EXPECT_EQ(p.receive(0, 1), std::vector<std::string>{"request"});
+      p[0].send(1, "reply");
+      for (int i = 0; i < 8; ++i) p.quiet(0);  // rank 0 waits, as an engine does: timers run
+    }
+  });
+  EXPECT_GT(reply_after_s, 0);
+  EXPECT_LT(reply_after_s, 2.0);  // about 2 x 200 ms; 2.5 s is the engine's silence switch
+  EXPECT_EQ(p[0].path_of(1), 1);
+  EXPECT_EQ(p[1].path_of(0), 1);
 }
 
 TEST(ControlChannel, EveryPathFailingIsAPeerError) {

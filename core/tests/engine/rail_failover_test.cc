@@ -101,18 +101,40 @@ TEST(RailFailover, StallIsCheckedWithEveryRankAndALateRankCancelsIt) {
   EXPECT_EQ(d.broadcast[0].value, 41u);
   EXPECT_EQ(f.usable(), (std::vector<bool>{true, true}));  // not down yet
   EXPECT_TRUE(f.on_failed(1, 0, "silent too", true, 41, t0).broadcast.empty());  // one check at a time
-  EXPECT_TRUE(f.on_query_reply(1, 0, false, t0).broadcast.empty());
-  EXPECT_TRUE(f.on_query_reply(1, 1, true, t0).broadcast.empty());  // rank 1 is late: no failover
-  EXPECT_TRUE(f.on_query_reply(1, 2, false, t0).broadcast.empty());
+  EXPECT_TRUE(f.on_query_reply(1, 0, 41, false, t0).broadcast.empty());
+  EXPECT_TRUE(f.on_query_reply(1, 1, 41, true, t0).broadcast.empty());  // rank 1 is late: no failover
+  EXPECT_TRUE(f.on_query_reply(1, 2, 41, false, t0).broadcast.empty());
   EXPECT_EQ(f.usable(), (std::vector<bool>{true, true}));
   // Reported again later, and this time every rank is at or past the operation: down.
   f.on_failed(1, 2, "silent", true, 41, t0);
-  for (int rank : {0, 1}) EXPECT_TRUE(f.on_query_reply(1, rank, false, t0).broadcast.empty());
-  d = f.on_query_reply(1, 2, false, t0);
+  for (int rank : {0, 1}) EXPECT_TRUE(f.on_query_reply(1, rank, 41, false, t0).broadcast.empty());
+  d = f.on_query_reply(1, 2, 41, false, t0);
   ASSERT_EQ(d.broadcast.size(), 1u);
   EXPECT_EQ(d.broadcast[0].kind, RailEventKind::kDown);
   EXPECT_NE(d.broadcast[0].text.find("rail 'b' failed on rank 2: silent"), std::string::npos);
   EXPECT_EQ(f.usable(), (std::vector<bool>{true, false}));
+}
+
+TEST(RailFailover, StallInAnEarlierOperationRestartsTheCheckThere) {
+  // After a cut, rank 0 finished operation 7 (its last bytes were already buffered) and stalls in
+  // 8; rank 1 never got those bytes and stalls in 7. Checking 8 alone would find rank 1 "behind".
+  RailFailover f(2, {"a", "b"}, fast_backoff());
+  auto t0 = Clock::now();
+  auto d = f.on_failed(0, 0, "silent in 8", true, 8, t0);
+  ASSERT_EQ(d.broadcast.size(), 1u);
+  EXPECT_EQ(d.broadcast[0].value, 8u);
+  d = f.on_failed(0, 1, "silent in 7", true, 7, t0);  // earlier: check 7 instead
+  ASSERT_EQ(d.broadcast.size(), 1u);
+  EXPECT_EQ(d.broadcast[0].kind, RailEventKind::kQuery);
+  EXPECT_EQ(d.broadcast[0].value, 7u);
+  EXPECT_TRUE(f.on_failed(0, 0, "silent in 8", true, 8, t0).broadcast.empty());  // later: ignored
+  // Rank 1's answer to the superseded check of 8 ("behind") must not cancel the check of 7.
+  EXPECT_TRUE(f.on_query_reply(0, 1, 8, true, t0).broadcast.empty());
+  EXPECT_TRUE(f.on_query_reply(0, 0, 7, false, t0).broadcast.empty());
+  d = f.on_query_reply(0, 1, 7, false, t0);
+  ASSERT_EQ(d.broadcast.size(), 1u);
+  EXPECT_EQ(d.broadcast[0].kind, RailEventKind::kDown);
+  EXPECT_NE(d.broadcast[0].text.find("failed on rank 1: silent in 7"), std::string::npos);
 }
 
 TEST(RailFailover, ErrorDuringAStallCheckTakesTheRailDownAtOnce) {
@@ -122,7 +144,7 @@ TEST(RailFailover, ErrorDuringAStallCheckTakesTheRailDownAtOnce) {
   auto d = f.on_failed(0, 0, "connection reset", false, 0, t0);
   ASSERT_EQ(d.broadcast.size(), 1u);
   EXPECT_EQ(d.broadcast[0].kind, RailEventKind::kDown);
-  EXPECT_TRUE(f.on_query_reply(0, 1, false, t0).broadcast.empty());  // the check is over
+  EXPECT_TRUE(f.on_query_reply(0, 1, 3, false, t0).broadcast.empty());  // the check is over
 }
 
 TEST(RailFailover, LosingTheLastUsableRailIsFatal) {

@@ -50,21 +50,46 @@ TEST(RailWatchdog, ProgressAndIdleRailsAreNotReported) {
   EXPECT_EQ(h.count(), 0u);
 }
 
+// One healthy operation: its first byte, then a pause of `pause`, then the rest and the end. The
+// pause the watchdog sees runs from its first sample of the first byte (within one 12.5 ms tick),
+// so it is `pause` to `pause` + 15 ms.
+void healthy_op(Harness& h, int rail, milliseconds pause) {
+  h.dog.begin(rail, "healthy");
+  h.bytes[rail] += 1;
+  std::this_thread::sleep_for(milliseconds(15));
+  std::this_thread::sleep_for(pause);
+  h.bytes[rail] += 1;
+  h.dog.end(rail, true);
+}
+
 TEST(RailWatchdog, LimitGrowsWithPausesOfHealthyOperations) {
   Harness h;
   EXPECT_NEAR(h.dog.limit_s(0), 0.05, 1e-9);
-  h.dog.begin(0, "slow but healthy");
-  std::this_thread::sleep_for(milliseconds(40));  // a pause below the limit, then it completes
-  h.bytes[0] += 1;
-  h.dog.end(0, true);
-  EXPECT_GE(h.dog.limit_s(0), 0.1);  // about 3 x 40 ms
+  healthy_op(h, 0, milliseconds(30));  // a pause below the limit, then it completes
+  EXPECT_GE(h.dog.limit_s(0), 0.075);  // about 3 x 30 ms
   EXPECT_NEAR(h.dog.limit_s(1), 0.05, 1e-9);  // per rail
-  // A later pause of the same length is now well inside the limit.
-  h.dog.begin(0, "again");
-  std::this_thread::sleep_for(milliseconds(70));
+  // A later, longer pause is now inside the limit.
+  healthy_op(h, 0, milliseconds(60));
+  EXPECT_EQ(h.count(), 0u);
+}
+
+TEST(RailWatchdog, WaitingForTheFirstByteIsNotLearnedAsAPause) {
+  // Peers arriving late (startup skew) must not raise the limit: it once grew past a cable cut.
+  Harness h;
+  h.dog.begin(0, "peers late");
+  std::this_thread::sleep_for(milliseconds(40));
+  h.bytes[0] += 1;
+  std::this_thread::sleep_for(milliseconds(20));
   h.bytes[0] += 1;
   h.dog.end(0, true);
-  EXPECT_EQ(h.count(), 0u);
+  EXPECT_NEAR(h.dog.limit_s(0), 0.05, 1e-9);
+}
+
+TEST(RailWatchdog, LearnedLimitIsCappedAtOneSecond) {
+  Harness h;
+  for (int pause_ms : {30, 70, 180, 400}) healthy_op(h, 0, milliseconds(pause_ms));
+  EXPECT_EQ(h.count(), 0u);  // each pause was inside the limit learned before it
+  EXPECT_NEAR(h.dog.limit_s(0), 1.0, 1e-9);  // 3 x 400 ms, capped
 }
 
 }  // namespace
