@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/cache_rounds.h"
 #include "engine/coordinator.h"
 #include "engine/executor.h"
 #include "engine/message_codec.h"
@@ -56,9 +57,18 @@ struct EngineConfig {
   size_t segment_bytes = 1 << 20;
   size_t socket_buffer_bytes = 4 << 20;
   std::string timeline_path;  // NEZHA_TIMELINE: empty = no timeline
+  bool cache_rounds = true;   // NEZHA_CACHE_ROUNDS: cached allreduces skip rank 0 (cache_rounds.h)
 
   // Defaults from the knob table (NEZHA_* environment variables).
   static EngineConfig from_knobs();
+};
+
+// Where executed tensors were scheduled (counts of tensors, this rank).
+struct EngineStats {
+  uint64_t tensors_via_rounds = 0;       // by a cache round, without rank 0
+  uint64_t tensors_via_coordinator = 0;  // by a response from rank 0
+  uint64_t requests_to_coordinator = 0;  // tensor requests this rank sent to rank 0
+  uint64_t rounds = 0;                   // cache rounds completed
 };
 
 struct RailStat {
@@ -86,14 +96,22 @@ class Engine {
   void shutdown();
 
   std::vector<RailStat> rail_stats() const;
+  EngineStats stats() const;
   const EngineConfig& config() const { return config_; }
 
  private:
   void loop();
   void forward_new_work();
+  void send_requests(RequestList list, bool send_shutdown);
   void on_control_message(int peer, const std::string& payload);
   void dispatch(std::vector<Response> responses);
-  void execute_locally(const ResponseList& list);
+  void execute_locally(const ResponseList& list, bool from_round = false);
+  // Cache rounds (cache_rounds.h): send due vectors, execute what the total order allows.
+  void pump_rounds();
+  void execute_round(RoundOutcome& outcome);
+  void send_round(const RoundMessage& msg);
+  bool control_loss_expected(int peer) const;
+  void warn_round_stalls(Clock::time_point now);
   void fail_everything(const std::string& reason);
   void wake();
   std::vector<multirail::RailShare> plan_for(const Response& r);
@@ -118,7 +136,9 @@ class Engine {
   std::string failure_;                                       // set once the engine is unusable
 
   // Loop thread only.
-  std::unordered_map<std::string, std::pair<int32_t, Request>> cache_;
+  std::unique_ptr<CacheRounds> rounds_;  // the response cache and the cache rounds
+  std::vector<Response> held_dispatch_;  // rank 0: responses waiting behind a join (cache_rounds.h)
+  bool pumping_ = false;
   std::vector<bool> peer_shutdown_;
   std::vector<Clock::time_point> last_heard_;  // per peer: last control message (heartbeats too)
   Clock::time_point last_sent_;                // last control message this rank sent
@@ -136,6 +156,9 @@ class Engine {
   std::vector<double> current_share_;                     // of the last allreduce plan
   bool last_plan_striped_ = false;                        // rank 0: for cold/hot transition logs
   std::vector<int> idle_large_ops_;
+  std::vector<int> round_idle_large_ops_;  // probe counters of round plans: same on every rank
+  std::atomic<uint64_t> tensors_via_rounds_{0}, tensors_via_coordinator_{0};
+  std::atomic<uint64_t> requests_to_coordinator_{0}, rounds_completed_{0};
   Timeline timeline_;                       // rank 0: large ops since a rail's last share
 };
 

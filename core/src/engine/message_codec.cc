@@ -11,6 +11,7 @@ namespace {
 
 constexpr uint8_t kRequestListTag = 0xA1;
 constexpr uint8_t kResponseListTag = 0xB2;
+constexpr uint8_t kRoundMessageTag = 0xC3;
 constexpr uint32_t kMaxItems = 1u << 20;      // tensors, dims, ranks: far above any real job
 constexpr uint32_t kMaxString = kMaxControlString;  // tensor names, error messages
 
@@ -197,6 +198,7 @@ std::string encode(const ResponseList& list) {
   Writer w;
   w.put<uint8_t>(kResponseListTag);
   w.put<uint8_t>(list.shutdown ? 1 : 0);
+  w.put<uint64_t>(list.round);
   std::vector<uint8_t> est = list.estimates.empty() ? std::vector<uint8_t>{}
                                                     : multirail::encode_estimates(list.estimates);
   w.put_string(std::string(est.begin(), est.end()));
@@ -204,6 +206,48 @@ std::string encode(const ResponseList& list) {
   w.put<uint32_t>(static_cast<uint32_t>(list.responses.size()));
   for (const auto& r : list.responses) put_response(w, r);
   return w.take();
+}
+
+std::string encode(const RoundMessage& msg) {
+  Writer w;
+  w.put<uint8_t>(kRoundMessageTag);
+  w.put<uint64_t>(msg.round);
+  w.put<uint32_t>(msg.join_gen);
+  w.put_vector<int32_t>(msg.pending);
+  w.put_vector<int32_t>(msg.invalidate);
+  w.put_vector<uint32_t>(msg.invalidate_versions);
+  std::vector<uint8_t> est = msg.estimates.empty() ? std::vector<uint8_t>{}
+                                                   : multirail::encode_estimates(msg.estimates);
+  w.put_string(std::string(est.begin(), est.end()));
+  return w.take();
+}
+
+bool is_round_message(const std::string& bytes) {
+  return !bytes.empty() && static_cast<uint8_t>(bytes[0]) == kRoundMessageTag;
+}
+
+RoundMessage decode_round_message(const std::string& bytes) {
+  Reader rd(bytes);
+  if (rd.get<uint8_t>() != kRoundMessageTag) throw ProtocolError("control message: not a cache round");
+  RoundMessage msg;
+  msg.round = rd.get<uint64_t>();
+  msg.join_gen = rd.get<uint32_t>();
+  msg.pending = rd.get_vector<int32_t>();
+  msg.invalidate = rd.get_vector<int32_t>();
+  msg.invalidate_versions = rd.get_vector<uint32_t>();
+  if (msg.invalidate_versions.size() != msg.invalidate.size())
+    throw ProtocolError("control message: cache round has " + std::to_string(msg.invalidate.size()) +
+                        " invalidations but " + std::to_string(msg.invalidate_versions.size()) +
+                        " versions");
+  for (const auto* ids : {&msg.pending, &msg.invalidate})
+    for (size_t i = 0; i < ids->size(); ++i)
+      if ((*ids)[i] < 0 || (i > 0 && (*ids)[i] <= (*ids)[i - 1]))
+        throw ProtocolError("control message: cache round ids must be ascending and >= 0");
+  std::string est = rd.get_string();
+  if (!est.empty())
+    msg.estimates = multirail::decode_estimates(reinterpret_cast<const uint8_t*>(est.data()), est.size());
+  rd.expect_end();
+  return msg;
 }
 
 RequestList decode_request_list(const std::string& bytes) {
@@ -222,6 +266,7 @@ ResponseList decode_response_list(const std::string& bytes) {
   if (rd.get<uint8_t>() != kResponseListTag) throw ProtocolError("control message: not a response list");
   ResponseList list;
   list.shutdown = rd.get<uint8_t>() != 0;
+  list.round = rd.get<uint64_t>();
   std::string est = rd.get_string();
   if (!est.empty())
     list.estimates = multirail::decode_estimates(reinterpret_cast<const uint8_t*>(est.data()), est.size());
