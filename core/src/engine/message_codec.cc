@@ -198,13 +198,13 @@ std::string encode(const ResponseList& list) {
   Writer w;
   w.put<uint8_t>(kResponseListTag);
   w.put<uint8_t>(list.shutdown ? 1 : 0);
-  w.put<uint64_t>(list.round);
   std::vector<uint8_t> est = list.estimates.empty() ? std::vector<uint8_t>{}
                                                     : multirail::encode_estimates(list.estimates);
   w.put_string(std::string(est.begin(), est.end()));
   w.put_string(list.fatal);
   w.put<uint32_t>(static_cast<uint32_t>(list.responses.size()));
   for (const auto& r : list.responses) put_response(w, r);
+  w.put<uint64_t>(list.round);
   return w.take();
 }
 
@@ -266,13 +266,13 @@ ResponseList decode_response_list(const std::string& bytes) {
   if (rd.get<uint8_t>() != kResponseListTag) throw ProtocolError("control message: not a response list");
   ResponseList list;
   list.shutdown = rd.get<uint8_t>() != 0;
-  list.round = rd.get<uint64_t>();
   std::string est = rd.get_string();
   if (!est.empty())
     list.estimates = multirail::decode_estimates(reinterpret_cast<const uint8_t*>(est.data()), est.size());
   list.fatal = rd.get_string();
   uint32_t n = rd.get_count(kMaxItems, "responses");
   for (uint32_t i = 0; i < n; ++i) list.responses.push_back(get_response(rd));
+  list.round = rd.get<uint64_t>();
   rd.expect_end();
   return list;
 }
