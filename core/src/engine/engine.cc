@@ -217,6 +217,11 @@ void Engine::fail_everything(const std::string& reason) {
 }
 
 void Engine::forward_new_work() {
+  route_new_work();
+  pump_rounds();
+}
+
+void Engine::route_new_work() {
   RequestList list;
   bool send_shutdown = false;
   const Clock::time_point now = Clock::now();
@@ -247,7 +252,6 @@ void Engine::forward_new_work() {
   }
   requests_to_coordinator_ += list.requests.size();
   if (!list.requests.empty() || send_shutdown) send_requests(std::move(list), send_shutdown);
-  pump_rounds();
 }
 
 void Engine::send_requests(RequestList list, bool send_shutdown) {

@@ -57,7 +57,7 @@ struct EngineConfig {
   size_t segment_bytes = 1 << 20;
   size_t socket_buffer_bytes = 4 << 20;
   std::string timeline_path;  // NEZHA_TIMELINE: empty = no timeline
-  bool cache_rounds = true;   // NEZHA_CACHE_ROUNDS: cached allreduces skip rank 0 (cache_rounds.h)
+  bool cache_rounds = false;  // NEZHA_CACHE_ROUNDS: cached allreduces skip rank 0 (cache_rounds.h)
 
   // Defaults from the knob table (NEZHA_* environment variables).
   static EngineConfig from_knobs();
@@ -101,7 +101,8 @@ class Engine {
 
  private:
   void loop();
-  void forward_new_work();
+  void forward_new_work();  // route_new_work, then pump_rounds
+  void route_new_work();    // cached allreduces to the rounds, the rest to rank 0
   void send_requests(RequestList list, bool send_shutdown);
   void on_control_message(int peer, const std::string& payload);
   void dispatch(std::vector<Response> responses);

@@ -25,6 +25,9 @@ void Engine::pump_rounds() {
   } reset{pumping_};
   for (;;) {
     if (rounds_->round_due()) {
+      // Answer with everything submitted so far: a tensor enqueued a moment ago would otherwise
+      // miss this round and cost another one.
+      route_new_work();
       std::vector<multirail::RailEstimate> est;
       if (config_.rank == 0 && rails_.size() > 1) {
         std::lock_guard<std::mutex> lock(cost_mu_);

@@ -44,6 +44,7 @@ class Cluster {
       c.timeout_s = 5;
       c.connect_timeout_s = 10;
       c.socket_buffer_bytes = 1 << 20;
+      c.cache_rounds = true;
       if (tweak) tweak(c);
       engines_.push_back(std::make_unique<Engine>(c));
       addrs[r] = engines_.back()->listen_addresses();
