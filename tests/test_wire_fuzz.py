@@ -48,7 +48,8 @@ def _mutate(data, edits):
        st.integers(0, 400))
 def test_mutated_or_truncated_control_messages_never_crash(edits, cut):
     for seed, decode in ((testing.sample_request_list(), testing.decode_request_list),
-                         (testing.sample_response_list(), testing.decode_response_list)):
+                         (testing.sample_response_list(), testing.decode_response_list),
+                         (testing.sample_round_message(), testing.decode_round_message)):
         for data in (_mutate(seed, edits), seed[:cut], seed + bytes([cut % 256])):
             try:
                 decode(data)
@@ -59,7 +60,8 @@ def test_mutated_or_truncated_control_messages_never_crash(edits, cut):
 @FUZZ
 @given(st.binary(max_size=300))
 def test_random_control_messages_never_crash(raw):
-    for decode in (testing.decode_request_list, testing.decode_response_list):
+    for decode in (testing.decode_request_list, testing.decode_response_list,
+                   testing.decode_round_message):
         try:
             decode(raw)
         except nezha.NezhaError:
@@ -69,7 +71,15 @@ def test_random_control_messages_never_crash(raw):
 def test_valid_samples_decode_and_huge_counts_are_refused():
     assert testing.decode_request_list(testing.sample_request_list()) == (2, False)
     assert testing.decode_response_list(testing.sample_response_list()) == (1, False)
+    assert testing.decode_round_message(testing.sample_round_message()) == (5, 3, 1, 1)
     # A request list claiming 2^32-1 requests must be refused before any allocation.
     huge = bytes([0xA1, 0]) + struct.pack("<I", 0xFFFFFFFF)
     with pytest.raises(nezha.NezhaError):
         testing.decode_request_list(huge)
+
+
+def test_round_message_with_huge_id_count_is_refused():
+    # Tag, u64 round, u32 join generation, then a pending-id count of 2^32-1.
+    huge = bytes([0xC3]) + struct.pack("<QI", 1, 0) + struct.pack("<I", 0xFFFFFFFF)
+    with pytest.raises(nezha.NezhaError):
+        testing.decode_round_message(huge)

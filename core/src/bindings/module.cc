@@ -158,6 +158,20 @@ PYBIND11_MODULE(_core, m) {
     auto list = engine::decode_response_list(std::string(raw));
     return py::make_tuple(list.responses.size(), list.shutdown);
   }, "Decodes a coordinator->worker control message: (number of responses, shutdown).");
+  testing.def("decode_round_message", [](py::bytes raw) {
+    auto msg = engine::decode_round_message(std::string(raw));
+    return py::make_tuple(msg.round, msg.pending.size(), msg.invalidate.size(), msg.join_gen);
+  }, "Decodes a rank<->rank cache-round vector: (round, pending ids, invalidations, join generation).");
+  testing.def("sample_round_message", [] {
+    engine::RoundMessage m;
+    m.round = 5;
+    m.join_gen = 1;
+    m.pending = {0, 3, 9};
+    m.invalidate = {4};
+    m.invalidate_versions = {2};
+    m.estimates = {{10.0, 8.0, 12}, {25.0, 1.0, 3}};
+    return py::bytes(engine::encode(m));
+  }, "A valid encoded cache-round vector, as a seed for mutation.");
   testing.def("sample_request_list", [] {
     engine::RequestList list;
     engine::Request r;

@@ -19,6 +19,7 @@ const std::vector<KnobSpec>& knob_table() {
       {"NEZHA_LOGSTEP_MAX_BYTES", "65536", "Payloads up to this size use the log-step allreduce; larger ones the pipelined ring."},
       {"NEZHA_SEGMENT_BYTES", "1048576", "Pipeline segment size of the ring algorithms, in bytes."},
       {"NEZHA_SOCKET_BUFFER_BYTES", "4194304", "SO_SNDBUF/SO_RCVBUF requested for data sockets."},
+      {"NEZHA_CACHE_ROUNDS", "0", "1: cached allreduces are agreed among the ranks directly in cache rounds instead of through rank 0 (off: no gain measured on loopback, twice the messages)."},
       {"NEZHA_CONNECT_TIMEOUT_S", "60", "Longest wait for peers to connect at init()."},
       {"NEZHA_RAIL_FAILOVER", "1", "With several rails, go on when a rail fails (keeps a copy of each operation's input until every rank has it; 0: a rail failure fails its operations)."},
       {"NEZHA_RAIL_STALL_MS", "100", "With several rails: a rail that moves no data this long while it has work fails over to the other rails (the limit grows to 3x the longest pause seen on healthy operations)."},

@@ -12,6 +12,7 @@
 #include "common/knobs.h"
 #include "common/logging.h"
 #include "engine/message_codec.h"
+#include "engine/round_plan.h"
 
 namespace nezha::engine {
 namespace {
@@ -45,6 +46,7 @@ EngineConfig EngineConfig::from_knobs() {
   c.timeline_path = knob_string("NEZHA_TIMELINE");
   c.rail_stall_ms = knob_double("NEZHA_RAIL_STALL_MS");
   c.rail_failover = knob_int("NEZHA_RAIL_FAILOVER") != 0;
+  c.cache_rounds = knob_int("NEZHA_CACHE_ROUNDS") != 0;
   return c;
 }
 
@@ -82,6 +84,13 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   rail_state_.assign(rails_.size(), multirail::RailState::kUp);
   failure_reported_.assign(rails_.size(), false);
   idle_large_ops_.assign(rails_.size(), 0);
+  round_idle_large_ops_.assign(rails_.size(), 0);
+  CacheRoundsOptions ro;
+  ro.rank = config_.rank;
+  ro.size = config_.size;
+  ro.enabled = config_.cache_rounds;
+  ro.fusion_threshold = config_.fusion_threshold;
+  rounds_ = std::make_unique<CacheRounds>(ro);
   current_share_[0] = 1.0;
   std::vector<std::string> rail_names;
   for (const auto& r : rails_) rail_names.push_back(r->properties().name);
@@ -173,6 +182,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   calibrate_rails();
   last_heard_.assign(config_.size, Clock::now());
   path_switched_at_.assign(config_.size, Clock::time_point{});
+  round_path_switched_at_.assign(config_.size, Clock::time_point{});
   last_sent_ = Clock::now();
   thread_ = std::thread([this] { loop(); });
 }
@@ -243,19 +253,31 @@ void Engine::fail_everything(const std::string& reason) {
 }
 
 void Engine::forward_new_work() {
+  route_new_work();
+  pump_rounds();
+}
+
+void Engine::route_new_work() {
   RequestList list;
   bool send_shutdown = false;
+  const Clock::time_point now = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& name : new_names_) {
       auto it = in_flight_.find(name);
       if (it == in_flight_.end()) continue;
       const Request& req = it->second.req;
-      auto c = cache_.find(name);
-      if (c != cache_.end() && c->second.second.same_metadata(req)) {
+      CacheRounds::Decision d = rounds_->route(req);
+      if (d.route == CacheRounds::Route::kRound) {
+        rounds_->add_pending(d.id, now);  // agreed in a cache round, not by rank 0
+        continue;
+      }
+      if (d.invalidate) rounds_->announce_invalidation(d.id, d.version);
+      if (req.type == OpType::kJoin) rounds_->set_joined();
+      if (d.route == CacheRounds::Route::kBrief) {
         Request brief;
         brief.name = name;
-        brief.cache_id = c->second.first;
+        brief.cache_id = d.id;
         list.requests.push_back(std::move(brief));
       } else {
         list.requests.push_back(req);
@@ -264,7 +286,11 @@ void Engine::forward_new_work() {
     new_names_.clear();
     if (shutdown_requested_ && !shutdown_sent_) send_shutdown = shutdown_sent_ = true;
   }
-  if (list.requests.empty() && !send_shutdown) return;
+  requests_to_coordinator_ += list.requests.size();
+  if (!list.requests.empty() || send_shutdown) send_requests(std::move(list), send_shutdown);
+}
+
+void Engine::send_requests(RequestList list, bool send_shutdown) {
   if (config_.rank == 0) {
     coordinator_->submit(0, std::move(list.requests), Clock::now());
     if (send_shutdown) peer_shutdown_[0] = true;
@@ -281,6 +307,7 @@ void Engine::send_heartbeats(Clock::time_point now) {
   if (config_.rank == 0) {
     ResponseList beat;
     beat.watermark = watermark();
+    beat.round = rounds_->tag();
     std::string bytes = encode(beat);
     for (int peer = 1; peer < config_.size; ++peer)
       if (!peer_shutdown_[peer])
@@ -307,6 +334,22 @@ void Engine::check_liveness(Clock::time_point now) {
       throw TimeoutError(peer, "no message from rank " + std::to_string(peer) + " for " +
                                    std::to_string(static_cast<int>(silent)) +
                                    " s (NEZHA_TIMEOUT_S): it is stopped, hung or unreachable");
+  }
+  // Workers exchange nothing but cache-round vectors, so a cut under their control path shows only
+  // as an overdue vector: try the next path (resending what is unacknowledged) as for rank 0 above.
+  for (int peer : rounds_->late_ranks(now, kSwitchPathAfterS)) {
+    if (now - round_path_switched_at_[peer] < seconds(kSwitchPathAfterS)) continue;
+    round_path_switched_at_[peer] = now;
+    control_->switch_path(peer, "cache-round vector overdue");
+  }
+  std::vector<int> late = rounds_->late_ranks(now, config_.timeout_s);
+  if (!late.empty()) {
+    std::string who;
+    for (int r : late) who += (who.empty() ? "" : ",") + std::to_string(r);
+    throw TimeoutError(late[0], "cache round " + std::to_string(rounds_->completed() + 1) +
+                                    ": no vector from rank(s) " + who + " within " +
+                                    std::to_string(static_cast<int>(config_.timeout_s)) +
+                                    " s (NEZHA_TIMEOUT_S)");
   }
 }
 
@@ -361,33 +404,12 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
 void Engine::add_probe_shares(multirail::Plan& plan,
                               const std::vector<multirail::RailEstimate>& est,
                               const std::vector<bool>& usable, size_t count, size_t elem_size) {
-  // A rail that carries nothing is never measured again, so a wrong or outdated estimate (or a
-  // rail that got faster) would exclude it for good. Large payloads therefore lend a small probe
-  // share to a rail that is unknown or has been idle for kProbeEvery large operations.
-  constexpr size_t kMinProbeBytes = size_t{1} << 20;
-  constexpr int kProbeEvery = 16;
-  if (count * elem_size < kMinProbeBytes * 4) return;
-  std::vector<bool> has_share(rails_.size(), false);
-  for (const auto& sh : plan.shares) has_share[sh.rail] = sh.count > 0;
-  for (size_t rail = 0; rail < rails_.size(); ++rail) {
-    if (!usable[rail]) continue;
-    if (has_share[rail]) {
-      idle_large_ops_[rail] = 0;
-      continue;
-    }
-    if (est[rail].known() && ++idle_large_ops_[rail] < kProbeEvery) continue;
-    idle_large_ops_[rail] = 0;
-    // Take the probe from the end of the largest share (offsets stay contiguous).
-    auto largest = std::max_element(plan.shares.begin(), plan.shares.end(),
-                                    [](const auto& a, const auto& b) { return a.count < b.count; });
-    size_t probe = std::max(kMinProbeBytes / elem_size, count / 50);
-    if (largest == plan.shares.end() || largest->count < 2 * probe) continue;
-    largest->count -= probe;
-    for (auto it = largest + 1; it != plan.shares.end(); ++it) it->offset -= probe;
-    plan.shares.push_back({static_cast<int>(rail), count - probe, probe});
-    NZ_LOG(Debug) << rank_prefix(config_.rank) << "probing rail '"
-                  << rails_[rail]->properties().name << "' with " << probe * elem_size << " bytes";
-  }
+  engine::add_probe_shares(plan, est, count, elem_size, idle_large_ops_, usable,
+                           [this](int rail, size_t bytes) {
+                             NZ_LOG(Debug) << rank_prefix(config_.rank) << "probing rail '"
+                                           << rails_[rail]->properties().name << "' with "
+                                           << bytes << " bytes";
+                           });
 }
 
 void Engine::observe_share(int rail, size_t bytes, Clock::time_point start, double seconds,
@@ -418,22 +440,32 @@ void Engine::calibrate_rails() {
 }
 
 void Engine::dispatch(std::vector<Response> responses) {
-  if (responses.empty()) return;
+  // A join response waits for a cache round in which every rank was joined (cache_rounds.h), and
+  // what follows it waits behind it.
+  for (auto& r : responses) held_dispatch_.push_back(std::move(r));
+  auto end = held_dispatch_.end();
+  if (!rounds_->join_may_complete())
+    end = std::find_if(held_dispatch_.begin(), held_dispatch_.end(),
+                       [](const Response& r) { return r.type == OpType::kJoin; });
+  if (end == held_dispatch_.begin()) return;
   ResponseList list;
-  for (auto& r : responses) {
-    r.plan = plan_for(r);
-    list.responses.push_back(std::move(r));
+  for (auto it = held_dispatch_.begin(); it != end; ++it) {
+    it->plan = plan_for(*it);
+    list.responses.push_back(std::move(*it));
   }
+  held_dispatch_.erase(held_dispatch_.begin(), end);
   if (rails_.size() > 1) list.estimates = current_estimates();
   send_in_order(std::move(list));
 }
 
 void Engine::send_in_order(ResponseList list) {
   list.watermark = watermark();
+  list.round = rounds_->tag();
   std::string bytes = encode(list);
   for (int peer = 1; peer < config_.size; ++peer) control_->send(peer, bytes);
   last_sent_ = Clock::now();
-  execute_locally(list);
+  rounds_->hold(std::move(list));  // rank 0 executes it in the same place as every other rank
+  pump_rounds();
 }
 
 std::vector<multirail::RailEstimate> Engine::current_estimates() const {
@@ -443,7 +475,7 @@ std::vector<multirail::RailEstimate> Engine::current_estimates() const {
   return est;
 }
 
-void Engine::execute_locally(const ResponseList& list) {
+void Engine::execute_locally(const ResponseList& list, bool from_round) {
   if (!list.estimates.empty()) {
     std::lock_guard<std::mutex> lock(cost_mu_);
     shared_estimates_ = list.estimates;
@@ -472,7 +504,9 @@ void Engine::execute_locally(const ResponseList& list) {
           continue;
         }
         if (i < resp.cache_ids.size() && resp.cache_ids[i] >= 0)
-          cache_[resp.names[i]] = {resp.cache_ids[i], it->second.req};
+          rounds_->learn(resp.cache_ids[i], it->second.req, resp, i);
+        rounds_->forget_pending(resp.names[i]);
+        ++(from_round ? tensors_via_rounds_ : tensors_via_coordinator_);
         timeline_.negotiation_finished(resp.names[i]);
         entries.push_back(std::move(it->second));
         in_flight_.erase(it);
@@ -485,27 +519,35 @@ void Engine::execute_locally(const ResponseList& list) {
     if (resp.kind == Response::Kind::kError) {
       NZ_LOG(Warning) << rank_prefix(config_.rank) << resp.error;
     }
+    if (resp.type == OpType::kJoin && resp.kind == Response::Kind::kExecute) rounds_->join_completed();
     executor_->execute(resp, std::move(entries));
   }
 }
 
 void Engine::on_control_message(int peer, const std::string& payload) {
   last_heard_[peer] = Clock::now();
-  if (config_.rank == 0) {
+  if (is_round_message(payload)) {
+    rounds_->receive(peer, decode_round_message(payload));
+    pump_rounds();
+  } else if (config_.rank == 0) {
     RequestList list = decode_request_list(payload);
     if (failover_ && list.completed.size() == rails_.size()) completed_by_rank_[peer] = list.completed;
     coordinator_->submit(peer, std::move(list.requests), Clock::now());
     if (!list.rail_events.empty()) on_rail_events_from(peer, list.rail_events);
     if (list.shutdown) peer_shutdown_[peer] = true;
   } else {
+    if (peer != 0)
+      throw ProtocolError("rank " + std::to_string(peer) + " sent a response list; only rank 0 does");
     ResponseList list = decode_response_list(payload);
     if (!list.fatal.empty()) {
       fail_everything(list.fatal);
       finished_ = true;
       return;
     }
-    execute_locally(list);
-    if (list.shutdown) finished_ = true;
+    bool bye = list.shutdown;
+    rounds_->hold(std::move(list));  // executed after the round it is tagged with
+    pump_rounds();
+    if (bye) finished_ = true;
   }
 }
 
@@ -519,6 +561,7 @@ void Engine::loop() {
       send_heartbeats(now);
       check_liveness(now);
       if (failover_) apply_decision(failover_->start_due_probes(now));
+      warn_round_stalls(now);
       if (config_.rank == 0) {
         dispatch(coordinator_->take_ready(now));
         dispatch(coordinator_->check_stalls(now));
@@ -549,6 +592,8 @@ void Engine::loop() {
         if (auto t = coordinator_->next_wakeup(now)) until = std::min(until, *t);
       if (failover_)
         if (auto t = failover_->next_wakeup()) until = std::min(until, std::max(now, *t));
+      if (auto t = rounds_->next_wakeup(config_.timeout_s, config_.stall_check_s))
+        until = std::min(until, *t);
       if (shutdown_deadline) until = std::min(until, *shutdown_deadline);
       double wait_s = std::max(0.0, std::chrono::duration<double>(until - now).count());
       if (config_.size > 1) {
@@ -556,10 +601,7 @@ void Engine::loop() {
           auto msg = control_->recv_any(wake_fd_, Deadline::after_seconds(wait_s));
           if (msg) on_control_message(msg->peer, msg->payload);
         } catch (const PeerError& e) {
-          // Workers talk only to rank 0, and a rank that already said goodbye may close: neither
-          // loss matters. Anything else means a rank is gone.
-          bool expected = config_.rank == 0 ? peer_shutdown_[e.peer()] : e.peer() != 0;
-          if (!expected) throw;
+          if (!control_loss_expected(e.peer())) throw;
           NZ_LOG(Debug) << rank_prefix(config_.rank) << "control connection closed: " << e.what();
         }
       } else {
@@ -580,6 +622,15 @@ void Engine::loop() {
     fail_everything(reason);
   }
   finished_ = true;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  s.tensors_via_rounds = tensors_via_rounds_;
+  s.tensors_via_coordinator = tensors_via_coordinator_;
+  s.requests_to_coordinator = requests_to_coordinator_;
+  s.rounds = rounds_completed_;
+  return s;
 }
 
 std::vector<RailStat> Engine::rail_stats() const {

@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/cache_rounds.h"
 #include "engine/control_channel.h"
 #include "engine/coordinator.h"
 #include "engine/executor.h"
@@ -65,9 +66,18 @@ struct EngineConfig {
   // Re-admission back-off of a failed rail (doubles while it flaps, up to the max).
   double rail_probe_backoff_s = 0.25;
   double rail_probe_backoff_max_s = 3;
+  bool cache_rounds = false;  // NEZHA_CACHE_ROUNDS: cached allreduces skip rank 0 (cache_rounds.h)
 
   // Defaults from the knob table (NEZHA_* environment variables).
   static EngineConfig from_knobs();
+};
+
+// Where executed tensors were scheduled (counts of tensors, this rank).
+struct EngineStats {
+  uint64_t tensors_via_rounds = 0;       // by a cache round, without rank 0
+  uint64_t tensors_via_coordinator = 0;  // by a response from rank 0
+  uint64_t requests_to_coordinator = 0;  // tensor requests this rank sent to rank 0
+  uint64_t rounds = 0;                   // cache rounds completed
 };
 
 struct RailStat {
@@ -95,6 +105,7 @@ class Engine {
   void shutdown();
 
   std::vector<RailStat> rail_stats() const;
+  EngineStats stats() const;
 
   // Tests: makes `rail` fail on this rank only, as a NIC error would (its data calls throw; the
   // peers just stop hearing from it on that rail).
@@ -103,14 +114,22 @@ class Engine {
 
  private:
   void loop();
-  void forward_new_work();
+  void forward_new_work();  // route_new_work, then pump_rounds
+  void route_new_work();    // cached allreduces to the rounds, the rest to rank 0
+  void send_requests(RequestList list, bool send_shutdown);
   void on_control_message(int peer, const std::string& payload);
   void dispatch(std::vector<Response> responses);
   // Rank 0: sends `list` (with the watermark) to every worker and executes it here, at the same
   // point of the ordered stream.
   void send_in_order(ResponseList list);
   std::vector<multirail::RailEstimate> current_estimates() const;
-  void execute_locally(const ResponseList& list);
+  void execute_locally(const ResponseList& list, bool from_round = false);
+  // Cache rounds (cache_rounds.h): send due vectors, execute what the total order allows.
+  void pump_rounds();
+  void execute_round(RoundOutcome& outcome);
+  void send_round(const RoundMessage& msg);
+  bool control_loss_expected(int peer) const;
+  void warn_round_stalls(Clock::time_point now);
   void fail_everything(const std::string& reason);
   void wake();
   std::vector<multirail::RailShare> plan_for(const Response& r);
@@ -149,10 +168,13 @@ class Engine {
   std::vector<RailEvent> local_rail_events_;                  // from workers, for the loop to send
 
   // Loop thread only.
-  std::unordered_map<std::string, std::pair<int32_t, Request>> cache_;
+  std::unique_ptr<CacheRounds> rounds_;  // the response cache and the cache rounds
+  std::vector<Response> held_dispatch_;  // rank 0: responses waiting behind a join (cache_rounds.h)
+  bool pumping_ = false;
   std::vector<bool> peer_shutdown_;
   std::vector<Clock::time_point> last_heard_;  // per peer: last control message (heartbeats too)
   std::vector<Clock::time_point> path_switched_at_;  // per peer: last_heard_ when we last switched
+  std::vector<Clock::time_point> round_path_switched_at_;  // per peer: last switch for a round
   std::vector<std::vector<uint64_t>> completed_by_rank_;  // rank 0: each rank's last report
   std::vector<bool> failure_reported_;  // per rail: this rank already reported it failed
   Clock::time_point last_sent_;                // last control message this rank sent
@@ -171,6 +193,9 @@ class Engine {
   std::vector<multirail::RailState> rail_state_;          // as of the last event executed
   bool last_plan_striped_ = false;                        // rank 0: for cold/hot transition logs
   std::vector<int> idle_large_ops_;
+  std::vector<int> round_idle_large_ops_;  // probe counters of round plans: same on every rank
+  std::atomic<uint64_t> tensors_via_rounds_{0}, tensors_via_coordinator_{0};
+  std::atomic<uint64_t> requests_to_coordinator_{0}, rounds_completed_{0};
   Timeline timeline_;                       // rank 0: large ops since a rail's last share
 };
 

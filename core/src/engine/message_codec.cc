@@ -11,6 +11,7 @@ namespace {
 
 constexpr uint8_t kRequestListTag = 0xA1;
 constexpr uint8_t kResponseListTag = 0xB2;
+constexpr uint8_t kRoundMessageTag = 0xC3;
 constexpr uint32_t kMaxItems = 1u << 20;      // tensors, dims, ranks: far above any real job
 constexpr uint32_t kMaxString = kMaxControlString;  // tensor names, error messages
 
@@ -230,7 +231,50 @@ std::string encode(const ResponseList& list) {
   for (const auto& r : list.responses) put_response(w, r);
   put_rail_events(w, list.rail_events);
   w.put_vector<uint64_t>(list.watermark);
+  w.put<uint64_t>(list.round);
   return w.take();
+}
+
+std::string encode(const RoundMessage& msg) {
+  Writer w;
+  w.put<uint8_t>(kRoundMessageTag);
+  w.put<uint64_t>(msg.round);
+  w.put<uint32_t>(msg.join_gen);
+  w.put_vector<int32_t>(msg.pending);
+  w.put_vector<int32_t>(msg.invalidate);
+  w.put_vector<uint32_t>(msg.invalidate_versions);
+  std::vector<uint8_t> est = msg.estimates.empty() ? std::vector<uint8_t>{}
+                                                   : multirail::encode_estimates(msg.estimates);
+  w.put_string(std::string(est.begin(), est.end()));
+  return w.take();
+}
+
+bool is_round_message(const std::string& bytes) {
+  return !bytes.empty() && static_cast<uint8_t>(bytes[0]) == kRoundMessageTag;
+}
+
+RoundMessage decode_round_message(const std::string& bytes) {
+  Reader rd(bytes);
+  if (rd.get<uint8_t>() != kRoundMessageTag) throw ProtocolError("control message: not a cache round");
+  RoundMessage msg;
+  msg.round = rd.get<uint64_t>();
+  msg.join_gen = rd.get<uint32_t>();
+  msg.pending = rd.get_vector<int32_t>();
+  msg.invalidate = rd.get_vector<int32_t>();
+  msg.invalidate_versions = rd.get_vector<uint32_t>();
+  if (msg.invalidate_versions.size() != msg.invalidate.size())
+    throw ProtocolError("control message: cache round has " + std::to_string(msg.invalidate.size()) +
+                        " invalidations but " + std::to_string(msg.invalidate_versions.size()) +
+                        " versions");
+  for (const auto* ids : {&msg.pending, &msg.invalidate})
+    for (size_t i = 0; i < ids->size(); ++i)
+      if ((*ids)[i] < 0 || (i > 0 && (*ids)[i] <= (*ids)[i - 1]))
+        throw ProtocolError("control message: cache round ids must be ascending and >= 0");
+  std::string est = rd.get_string();
+  if (!est.empty())
+    msg.estimates = multirail::decode_estimates(reinterpret_cast<const uint8_t*>(est.data()), est.size());
+  rd.expect_end();
+  return msg;
 }
 
 RequestList decode_request_list(const std::string& bytes) {
@@ -259,6 +303,7 @@ ResponseList decode_response_list(const std::string& bytes) {
   for (uint32_t i = 0; i < n; ++i) list.responses.push_back(get_response(rd));
   list.rail_events = get_rail_events(rd);
   list.watermark = rd.get_vector<uint64_t>();
+  list.round = rd.get<uint64_t>();
   rd.expect_end();
   return list;
 }

@@ -1,5 +1,5 @@
 // Binary encoding of control-channel messages (worker -> coordinator request lists, coordinator ->
-// worker response lists). Little-endian, every length checked against what remains, so a garbage
+// worker response lists, rank <-> rank cache-round vectors; the first byte tells them apart). Little-endian, every length checked against what remains, so a garbage
 // or truncated message is a ProtocolError, never an out-of-bounds read or a huge allocation.
 #pragma once
 
@@ -62,11 +62,28 @@ struct ResponseList {
   std::vector<RailEvent> rail_events;
   // Per rail: shares every rank has completed (minimum of the ranks' `completed`); may be empty.
   std::vector<uint64_t> watermark;
+  // The last cache round rank 0 had started when it sent this list: every rank executes the list
+  // after that round's operations and before the next round's (cache_rounds.h).
+  uint64_t round = 0;
+};
+
+// One rank's vector in a cache round (cache_rounds.h), sent to every other rank.
+struct RoundMessage {
+  uint64_t round = 0;
+  uint32_t join_gen = 0;            // 0: no join() in flight; else joins completed + 1 when joined
+  std::vector<int32_t> pending;     // cache ids submitted and waiting, ascending
+  std::vector<int32_t> invalidate;  // cache ids this rank re-submitted with other metadata
+  std::vector<uint32_t> invalidate_versions;  // per id: the cache entry's version it saw
+  std::vector<multirail::RailEstimate> estimates;  // rank 0 only: plans of this round use these
 };
 
 std::string encode(const RequestList& list);
 std::string encode(const ResponseList& list);
+std::string encode(const RoundMessage& msg);
 RequestList decode_request_list(const std::string& bytes);
 ResponseList decode_response_list(const std::string& bytes);
+RoundMessage decode_round_message(const std::string& bytes);
+// True when the bytes are (claim to be) a RoundMessage: lets the engine route before decoding.
+bool is_round_message(const std::string& bytes);
 
 }  // namespace nezha::engine
