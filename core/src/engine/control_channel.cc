@@ -69,10 +69,10 @@ void ControlChannel::connect_all(const std::vector<std::vector<std::string>>& ad
   for (size_t i = 0; i < paths_.size(); ++i) paths_[i]->connect_all(addrs[i], deadline);
 }
 
-int ControlChannel::pick_path(const PeerState& p, bool after_current) const {
+int ControlChannel::pick_path(const PeerState& p, bool after_current, bool any_path) const {
   const int n = static_cast<int>(paths_.size());
   const int start = after_current && p.path >= 0 ? p.path + 1 : 0;
-  for (bool allow_avoided : {false, true})
+  for (bool allow_avoided : {any_path, true})
     for (int i = 0; i < n; ++i) {
       int path = (start + i) % n;
       if (!p.broken[path] && (allow_avoided || !avoided_[path])) return path;
@@ -80,10 +80,10 @@ int ControlChannel::pick_path(const PeerState& p, bool after_current) const {
   return -1;
 }
 
-void ControlChannel::move_peer(int peer, const std::string& why, bool after_current) {
+void ControlChannel::move_peer(int peer, const std::string& why, bool after_current, bool any_path) {
   PeerState& p = peers_[peer];
   int from = p.path;
-  p.path = pick_path(p, after_current);
+  p.path = pick_path(p, after_current, any_path);
   if (p.path < 0)
     throw PeerError(peer, "every control path to rank " + std::to_string(peer) + " failed; last: " +
                               p.last_error);
@@ -144,7 +144,10 @@ std::optional<Clock::time_point> ControlChannel::run_timers(Clock::time_point no
     if (!p.unacked.empty() && now - p.unacked.front().sent_at >= p.ack_timeout) {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.unacked.front().sent_at);
       p.ack_timeout = std::min<Clock::duration>(2 * p.ack_timeout, kMaxAckTimeout);
-      move_peer(peer, "a message unacknowledged for " + std::to_string(waited.count()) + " ms", true);
+      // Every path in turn, avoided ones too: a rail marked down by mistake (a false stall on an
+      // overloaded machine) may be the only one that works while the other is cut.
+      move_peer(peer, "a message unacknowledged for " + std::to_string(waited.count()) + " ms", true,
+                /*any_path=*/true);
       flush(peer, 0);  // restarts the clock of every message it resends
     }
     if (p.ack_owed_since && now - *p.ack_owed_since >= kAckDelay) send_bare_ack(peer);
@@ -178,7 +181,8 @@ void ControlChannel::on_envelope(int peer, int path, std::string envelope) {
     while (!p.unacked.empty() && p.unacked.front().number < ack) p.unacked.pop_front();
     p.ack_timeout = kAckTimeout;  // the path works
   }
-  if (path != p.path && !avoided_[path] && !p.broken[path]) {
+  // Onto an avoided path too: the peer reached us there, after its preferred ones failed it.
+  if (path != p.path && !p.broken[path]) {
     const int from = p.path;
     p.path = path;
     NZ_LOG(Info) << "rank " << rank_ << ": control messages to rank " << peer << " move from '"

@@ -87,14 +87,15 @@ class ControlChannel {
     std::string last_error;
   };
   void flush(int peer, size_t from);
-  void move_peer(int peer, const std::string& why, bool after_current);
+  // `any_path`: avoided paths are as good as the others (the preferred ones have not worked).
+  void move_peer(int peer, const std::string& why, bool after_current, bool any_path = false);
   void on_envelope(int peer, int path, std::string envelope);
   void path_failed(int path, int peer, const std::string& why);
   // Bare acknowledgements due, ack timeouts passed; returns when to run again.
   std::optional<Clock::time_point> run_timers(Clock::time_point now);
   void send_bare_ack(int peer);
   void send_on_path(int peer, const std::string& envelope);
-  int pick_path(const PeerState& p, bool after_current) const;
+  int pick_path(const PeerState& p, bool after_current, bool any_path = false) const;
 
   int rank_, size_;
   std::vector<std::string> names_;

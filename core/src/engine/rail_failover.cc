@@ -96,6 +96,10 @@ RailFailover::Decision RailFailover::on_query_reply(int rail, int rank, uint64_t
     return {};
   }
   if (!collect(r, rank)) return {};
+  if (num_usable() < 2) {  // another rail went down meanwhile: this one is all that is left
+    r.querying = false;
+    return {};
+  }
   return take_down(rail, r.query_why, now);
 }
 

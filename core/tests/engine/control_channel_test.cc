@@ -131,6 +131,26 @@ TEST(ControlChannel, MessagesLostUnderACutGoAroundItWithinASecond) {
   EXPECT_EQ(p[1].path_of(0), 1);
 }
 
+TEST(ControlChannel, AckTimeoutsTryAvoidedPathsWhenThePreferredOneIsCut) {
+  // Rail a was marked down by mistake (avoided), rail b is really cut: a still works and must be
+  // used, or no rank could tell rank 0 anything until the job timed out.
+  Pair p(2);
+  for (int r = 0; r < 2; ++r) {
+    p[r].avoid_path(0, true);
+    p[r].testing_black_hole(1);
+  }
+  run_ranks(2, [&](int r) {
+    if (r == 1) {
+      p[1].send(0, "request");
+      for (int i = 0; i < 5; ++i) p.quiet(1);  // waits, as an engine does: its timers run
+    } else {
+      EXPECT_EQ(p.receive(0, 1), std::vector<std::string>{"request"});
+      for (int i = 0; i < 5; ++i) p.quiet(0);  // acknowledges it, on the path it came by
+    }
+  });
+  EXPECT_EQ(p[1].path_of(0), 0);  // acknowledged there: it stays
+}
+
 TEST(ControlChannel, EveryPathFailingIsAPeerError) {
   Pair p(2);
   p[0].testing_abort_path(0, "gone");

@@ -137,6 +137,17 @@ TEST(RailFailover, StallInAnEarlierOperationRestartsTheCheckThere) {
   EXPECT_NE(d.broadcast[0].text.find("failed on rank 1: silent in 7"), std::string::npos);
 }
 
+TEST(RailFailover, StallCheckDoesNotTakeDownTheLastRailLeft) {
+  // Rail b went down (an error) while rail a's stall was being checked: a is all that is left.
+  RailFailover f(2, {"a", "b"}, fast_backoff());
+  auto t0 = Clock::now();
+  ASSERT_EQ(f.on_failed(0, 1, "silent", true, 5, t0).broadcast.size(), 1u);  // the check of a
+  ASSERT_EQ(f.on_failed(1, 0, "connection reset", false, 0, t0).broadcast.size(), 1u);  // b down
+  EXPECT_TRUE(f.on_query_reply(0, 0, 5, false, t0).broadcast.empty());
+  EXPECT_TRUE(f.on_query_reply(0, 1, 5, false, t0).broadcast.empty());
+  EXPECT_EQ(f.usable(), (std::vector<bool>{true, false}));
+}
+
 TEST(RailFailover, ErrorDuringAStallCheckTakesTheRailDownAtOnce) {
   RailFailover f(2, {"a", "b"}, fast_backoff());
   auto t0 = Clock::now();

@@ -79,10 +79,8 @@ TEST(RailWatchdog, WaitingForTheFirstByteIsNotLearnedAsAPause) {
   h.dog.begin(0, "peers late");
   std::this_thread::sleep_for(milliseconds(40));
   h.bytes[0] += 1;
-  std::this_thread::sleep_for(milliseconds(20));
-  h.bytes[0] += 1;
   h.dog.end(0, true);
-  EXPECT_NEAR(h.dog.limit_s(0), 0.05, 1e-9);
+  EXPECT_LT(h.dog.limit_s(0), 0.1);  // learning the 40 ms wait would make it 3 x 40 ms
 }
 
 TEST(RailWatchdog, LearnedLimitIsCappedAtOneSecond) {
