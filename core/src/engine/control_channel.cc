@@ -20,7 +20,7 @@ constexpr size_t kMaxEarly = 1u << 16;    // messages held ahead of a gap, per p
 // Unacknowledged this long, a message is presumed lost under a cut: bare acknowledgements go out
 // after kAckDelay, so this leaves room for a loaded machine's scheduling delays.
 constexpr auto kAckDelay = std::chrono::milliseconds(10);
-constexpr auto kAckTimeout = std::chrono::milliseconds(200);
+constexpr auto kAckTimeout = std::chrono::milliseconds(100);
 constexpr auto kMaxAckTimeout = std::chrono::milliseconds(3200);
 constexpr uint64_t kBareAck = ~uint64_t{0};  // message number of an acknowledgement alone
 

@@ -126,7 +126,7 @@ TEST(ControlChannel, MessagesLostUnderACutGoAroundItWithinASecond) {
     }
   });
   EXPECT_GT(reply_after_s, 0);
-  EXPECT_LT(reply_after_s, 2.0);  // about 2 x 200 ms; 2.5 s is the engine's silence switch
+  EXPECT_LT(reply_after_s, 2.0);  // about 2 x 100 ms; 2.5 s is the engine's silence switch
   EXPECT_EQ(p[0].path_of(1), 1);
   EXPECT_EQ(p[1].path_of(0), 1);
 }
