@@ -21,7 +21,7 @@ constexpr double kWaitS = 20;
 
 class TwoRailJob {
  public:
-  explicit TwoRailJob(int size, bool failover = true) {
+  explicit TwoRailJob(int size, bool failover = true, bool cache_rounds = false) {
     std::vector<std::vector<std::string>> addrs(size);
     for (int r = 0; r < size; ++r) {
       EngineConfig c;
@@ -36,6 +36,7 @@ class TwoRailJob {
       c.rail_probe_backoff_s = 0.2;
       c.rail_probe_backoff_max_s = 1;
       c.rail_failover = failover;
+      c.cache_rounds = cache_rounds;
       engines_.push_back(std::make_unique<Engine>(c));
       addrs[r] = engines_.back()->listen_addresses();
     }
@@ -134,6 +135,20 @@ TEST(EngineFailoverTest, RailFailingOnOneRankIsRedoneOnTheOtherAndReadmitted) {
   // Back in the split: large payloads stripe over it again.
   run_and_check(job, 3, 1, count, [](int) {});
   for (int r = 0; r < job.size(); ++r) EXPECT_GT(job[r].rail_stats()[1].share, 0.1) << "rank " << r;
+}
+
+TEST(EngineFailoverTest, WithCacheRoundsARailFailureIsRedoneAndReadmittedToo) {
+  // Steady steps are agreed in cache rounds, not by rank 0: their plans must follow the rail
+  // events (which travel in rank 0's lists) at the same point on every rank.
+  TwoRailJob job(3, /*failover=*/true, /*cache_rounds=*/true);
+  const size_t count = 1 << 20;
+  run_and_check(job, 10, 2, count, [&](int step) {
+    if (step == 4) job[2].testing_fail_rail(0, "injected NIC error");
+  });
+  ASSERT_TRUE(wait_all_up(job, 0)) << "rail a was not re-admitted; rank 0 sees it " << state_of(job[0], 0);
+  run_and_check(job, 3, 1, count, [](int) {});
+  for (int r = 0; r < job.size(); ++r) EXPECT_GT(job[r].rail_stats()[0].share, 0.1) << "rank " << r;
+  EXPECT_GT(job[0].stats().tensors_via_rounds, 0u);  // the rounds were really used
 }
 
 TEST(EngineFailoverTest, SmallOperationsOnAFailedRailAreRedone) {
