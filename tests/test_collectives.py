@@ -17,3 +17,14 @@ def test_multi_segment_ring_and_logstep_everywhere(job):
                 {"NEZHA_LOGSTEP_MAX_BYTES": str(1 << 30)}):
         result = job(3, "collectives_check.py", env=env, timeout=300)
         assert result.returncode == 0, (env, result.output[-4000:])
+
+
+@pytest.mark.parametrize("script,args", [("collectives_check.py", ()), ("steady_allreduce.py", ("2",))])
+def test_collectives_with_cache_rounds(job, script, args):
+    # NEZHA_CACHE_ROUNDS=1: repeated (cached) allreduces are agreed among the ranks directly
+    # instead of through rank 0; results must be the same, exact and in step on every rank.
+    ranks = 3
+    result = job(ranks, script, *args, env={"NEZHA_CACHE_ROUNDS": "1"}, timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(ranks):
+        assert any(l.startswith(f"OK rank {r}") for l in result.lines(r)), result.output[-4000:]
