@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from nezha.bench import cli
-from nezha.bench.measure import measure, measure_side_by_side
+from nezha.bench.measure import measure
 from nezha.bench.metrics import algbw_gbps, busbw_factor, busbw_gbps, op_data_bytes
 from nezha.bench.progress import ProgressReporter
 from nezha.bench.records import BenchRecord, RailShare, rail_shares, read_json, write_json
@@ -304,40 +304,6 @@ def test_measure_agrees_over_ranks(op):
     assert [r.share for r in first.rails] == pytest.approx([0.75, 0.25])
     assert first.rails[0].bytes == 4 * 3 * first.iters * first.count
     assert first.ranks == 4 and first.op == op and first.impl == "loops"
-
-
-def test_side_by_side_interleaves_iterations_and_reports_each():
-    policy = IterationPolicy(iters=4, warmup=1)
-    calls = {r: [] for r in range(3)}
-
-    def body(tw, r):
-        a, b = LoopBackend(tw, r), LoopBackend(tw, r)
-        a.impl, b.impl = "ours", "theirs"
-        for backend in (a, b):
-            run = backend.prepare
-
-            def prepare(op, count, dtype, backend=backend, run=run):
-                step = run(op, count, dtype)
-
-                class Logged:
-                    @staticmethod
-                    def run():
-                        calls[r].append(backend.impl)
-                        return step.run()
-                    run_checked = staticmethod(step.run_checked)
-                return Logged()
-            backend.prepare = prepare
-        return measure_side_by_side([a, b], ThreadCoordinator(tw, r), "allreduce", 256, "float32", policy)
-
-    results, errors = _run_ranks(3, body)
-    assert errors == [None] * 3
-    ours, theirs = results[0]
-    assert (ours.impl, theirs.impl) == ("ours", "theirs")
-    assert ours.iters == theirs.iters == 4
-    assert all(res == results[0] for res in results)
-    # Warm-up of each, then the timed iterations one of each in turn.
-    assert calls[0] == ["ours", "theirs"] + ["ours", "theirs"] * 4
-    assert ours.rails[0].bytes == 3 * 3 * 4 * ours.count  # only its own timed iterations counted
 
 
 def test_measure_fails_loudly_on_a_wrong_result():

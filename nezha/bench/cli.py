@@ -83,7 +83,7 @@ def baseline_label(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> List[BenchRecord]:
     """Runs the benchmark on this rank; returns nezha's records followed by the baseline's."""
     import nezha
-    from nezha.bench.measure import measure_side_by_side
+    from nezha.bench.measure import measure
     from nezha.bench.nezha_backend import NezhaBackend, NezhaCoordinator
     from nezha.bench.progress import ProgressReporter
 
@@ -100,11 +100,12 @@ def run(args: argparse.Namespace) -> List[BenchRecord]:
         policy = IterationPolicy(iters=args.iters, warmup=args.warmup)
         results = {backend.impl: [] for backend in backends}
         with ProgressReporter(total=len(args.sizes) * len(backends), enabled=coord.rank == 0) as progress:
-            # Per size, nezha's and the baseline's iterations interleaved: the same conditions.
+            # Sizes outermost so nezha and the baseline see the same network conditions per size.
             for num_bytes in args.sizes:
-                progress.starting(" + ".join(b.impl for b in backends), args.op, num_bytes)
-                for record in measure_side_by_side(backends, coord, args.op, num_bytes, args.dtype, policy):
-                    results[record.impl].append(record)
+                for backend in backends:
+                    progress.starting(backend.impl, args.op, num_bytes)
+                    record = measure(backend, coord, args.op, num_bytes, args.dtype, policy)
+                    results[backend.impl].append(record)
                     progress.finished(record)
         ours = results[args.impl_label]
         theirs = results[baseline.impl] if baseline else None

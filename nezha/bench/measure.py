@@ -23,43 +23,24 @@ class Coordinator(Protocol):
 def measure(backend: Backend, coord: Coordinator, op: str, num_bytes: int, dtype: str,
             policy: IterationPolicy) -> BenchRecord:
     """Runs one size on every rank and returns the record every rank agrees on."""
-    return measure_side_by_side([backend], coord, op, num_bytes, dtype, policy)[0]
-
-
-def measure_side_by_side(backends: Sequence[Backend], coord: Coordinator, op: str, num_bytes: int,
-                         dtype: str, policy: IterationPolicy) -> List[BenchRecord]:
-    """Like measure() for several implementations at once, their timed iterations interleaved
-    (one of each in turn, the same count for all), so that load that comes and goes on the machine
-    weighs on each alike: timed one after the other, a comparison at 64 MB moved by 10-20% with
-    the moment each side ran."""
     count = element_count(op, num_bytes, numpy_dtype(dtype).itemsize, coord.world)
-    steps, estimates = [], []
-    for backend in backends:
-        label = f"{backend.impl} {op} {format_size(num_bytes)} ({count} x {dtype}) on rank {coord.rank}"
-        step = backend.prepare(op, count, dtype)
-        # The first iteration is checked against the reference; it also serves as warm-up.
-        expected = expected_output(op, coord.rank, coord.world, count, dtype)
-        checked_us = time_iterations(lambda: verify(label, step.run_checked(), expected), 1)
-        del expected
-        warmup = time_iterations(step.run, policy.warmup)
-        estimates.append(coord.max_over_ranks(median_us(warmup or checked_us)) if policy.is_auto else 0.0)
-        steps.append(step)
-    # One count for all, from the slowest: every side gets at least its own share of the target.
-    iterations = max(policy.timed_iterations(e) for e in estimates)
+    label = f"{backend.impl} {op} {format_size(num_bytes)} ({count} x {dtype}) on rank {coord.rank}"
+    step = backend.prepare(op, count, dtype)
+
+    # The first iteration is checked against the reference; it also serves as warm-up.
+    expected = expected_output(op, coord.rank, coord.world, count, dtype)
+    checked_us = time_iterations(lambda: verify(label, step.run_checked(), expected), 1)
+    del expected
+    warmup = time_iterations(step.run, policy.warmup)
+    estimate_us = coord.max_over_ranks(median_us(warmup or checked_us)) if policy.is_auto else 0.0
+    iterations = policy.timed_iterations(estimate_us)
 
     coord.barrier()
-    before = [backend.rail_bytes() for backend in backends]
-    samples: List[List[float]] = [[] for _ in backends]
-    for _ in range(iterations):
-        for i, step in enumerate(steps):
-            samples[i] += time_iterations(step.run, 1)
-    after = [backend.rail_bytes()[1] for backend in backends]
-    records = []
-    for backend, (names, was), now, mine in zip(backends, before, after, samples):
-        time_us = coord.max_over_ranks(median_us(mine))
-        moved = coord.sum_over_ranks([a - b for a, b in zip(now, was)])
-        records.append(BenchRecord.measured(
-            op=op, num_bytes=count * numpy_dtype(dtype).itemsize, dtype=dtype, ranks=coord.world,
-            impl=backend.impl, time_us=time_us, count=count, iters=iterations,
-            rails=rail_shares(names, moved) if names else []))
-    return records
+    names, before = backend.rail_bytes()
+    samples = time_iterations(step.run, iterations)
+    _, after = backend.rail_bytes()
+    time_us = coord.max_over_ranks(median_us(samples))
+    moved = coord.sum_over_ranks([a - b for a, b in zip(after, before)])
+    return BenchRecord.measured(op=op, num_bytes=count * numpy_dtype(dtype).itemsize, dtype=dtype,
+                                ranks=coord.world, impl=backend.impl, time_us=time_us, count=count,
+                                iters=iterations, rails=rail_shares(names, moved) if names else [])
