@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "engine/engine.h"
+#include "engine_cluster.h"
 #include "transport/tcp_mesh.h"
 
 namespace nezha::engine {
@@ -19,37 +20,18 @@ namespace {
 using transport::testing::run_ranks;
 constexpr double kWaitS = 20;
 
-class TwoRailJob {
+// Two loopback rails "a" and "b".
+class TwoRailJob : public testing::Cluster {
  public:
-  explicit TwoRailJob(int size, bool failover = true, bool cache_rounds = false) {
-    std::vector<std::vector<std::string>> addrs(size);
-    for (int r = 0; r < size; ++r) {
-      EngineConfig c;
-      c.rank = r;
-      c.size = size;
-      c.rails = {{"a", "127.0.0.1"}, {"b", "127.0.0.1"}};
-      c.secret = "failover-test";
-      c.timeout_s = 10;
-      c.connect_timeout_s = 10;
-      c.socket_buffer_bytes = 1 << 20;
-      c.rail_stall_ms = 1000;  // loopback under a loaded CI machine: only real errors fail over here
-      c.rail_probe_backoff_s = 0.2;
-      c.rail_probe_backoff_max_s = 1;
-      c.rail_failover = failover;
-      c.cache_rounds = cache_rounds;
-      engines_.push_back(std::make_unique<Engine>(c));
-      addrs[r] = engines_.back()->listen_addresses();
-    }
-    run_ranks(size, [&](int r) { engines_[r]->connect_and_start(addrs); });
-  }
-  ~TwoRailJob() {
-    run_ranks(size(), [&](int r) { engines_[r]->shutdown(); });
-  }
-  int size() const { return static_cast<int>(engines_.size()); }
-  Engine& operator[](int r) { return *engines_[r]; }
-
- private:
-  std::vector<std::unique_ptr<Engine>> engines_;
+  explicit TwoRailJob(int size, bool failover = true, bool cache_rounds = false)
+      : testing::Cluster(size, testing::loopback_rails(2), [=](EngineConfig& c) {
+          c.timeout_s = 10;
+          c.rail_stall_ms = 1000;  // loopback under a loaded CI machine: only real errors fail over here
+          c.rail_probe_backoff_s = 0.2;
+          c.rail_probe_backoff_max_s = 1;
+          c.rail_failover = failover;
+          c.cache_rounds = cache_rounds;
+        }) {}
 };
 
 float input(int rank, int step, size_t i) {

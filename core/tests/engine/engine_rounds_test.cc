@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine_cluster.h"
 #include "transport/tcp_mesh.h"
 
 namespace nezha::engine {
@@ -24,57 +25,19 @@ constexpr double kWaitS = 10;
 
 using transport::testing::run_ranks;
 
-std::vector<RailConfig> loopback_rails(int n) {
-  std::vector<RailConfig> rails;
-  for (int i = 0; i < n; ++i) rails.push_back({n == 1 ? "lo" : std::string(1, 'a' + i), "127.0.0.1"});
-  return rails;
-}
+using testing::loopback_rails;
+using testing::make_request;
 
-class Cluster {
+// The shared test cluster with cache rounds on (a tweak may turn them off again).
+class Cluster : public testing::Cluster {
  public:
   explicit Cluster(int size, std::vector<RailConfig> rails = loopback_rails(1),
-                   const std::function<void(EngineConfig&)>& tweak = {}) {
-    std::vector<std::vector<std::string>> addrs(size);
-    for (int r = 0; r < size; ++r) {
-      EngineConfig c;
-      c.rank = r;
-      c.size = size;
-      c.rails = rails;
-      c.secret = "rounds-test-secret";
-      c.timeout_s = 5;
-      c.connect_timeout_s = 10;
-      c.socket_buffer_bytes = 1 << 20;
-      c.cache_rounds = true;
-      if (tweak) tweak(c);
-      engines_.push_back(std::make_unique<Engine>(c));
-      addrs[r] = engines_.back()->listen_addresses();
-    }
-    run_ranks(size, [&](int r) { engines_[r]->connect_and_start(addrs); });
-  }
-  ~Cluster() { shutdown(); }
-  int size() const { return static_cast<int>(engines_.size()); }
-  Engine& operator[](int r) { return *engines_[r]; }
-  double shutdown() {
-    if (stopped_) return 0;
-    stopped_ = true;
-    auto start = std::chrono::steady_clock::now();
-    run_ranks(size(), [&](int r) { engines_[r]->shutdown(); });
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-
- private:
-  std::vector<std::unique_ptr<Engine>> engines_;
-  bool stopped_ = false;
+                   const std::function<void(EngineConfig&)>& tweak = {})
+      : testing::Cluster(size, std::move(rails), [&tweak](EngineConfig& c) {
+          c.cache_rounds = true;
+          if (tweak) tweak(c);
+        }) {}
 };
-
-Request make_request(OpType type, const std::string& name, DataType dtype, std::vector<int64_t> shape) {
-  Request r;
-  r.type = type;
-  r.name = name;
-  r.dtype = dtype;
-  r.shape = std::move(shape);
-  return r;
-}
 
 Request float_allreduce(const std::string& name, size_t count) {
   return make_request(OpType::kAllreduce, name, DataType::kFloat32, {static_cast<int64_t>(count)});

@@ -1,6 +1,7 @@
 // Engine end to end, ranks as threads in one process: several Engine objects on loopback exchange
 // listen addresses, connect, and run collectives whose results are checked against plain loops.
 #include "engine/engine.h"
+#include "engine_cluster.h"
 
 #include <gtest/gtest.h>
 
@@ -28,66 +29,9 @@ constexpr double kWaitS = 10;  // longest any single operation may take in these
 
 using transport::testing::run_ranks;  // one thread per rank, first exception rethrown
 
-std::vector<RailConfig> loopback_rails(int n) {
-  std::vector<RailConfig> rails;
-  for (int i = 0; i < n; ++i) rails.push_back({n == 1 ? "lo" : std::string(1, 'a' + i), "127.0.0.1"});
-  return rails;
-}
-
-// A job of `size` engines connected over loopback.
-class Cluster {
- public:
-  explicit Cluster(int size, std::vector<RailConfig> rails = loopback_rails(1),
-                   const std::function<void(EngineConfig&)>& tweak = {}) {
-    std::vector<std::vector<std::string>> addrs(size);
-    for (int r = 0; r < size; ++r) {
-      EngineConfig c;
-      c.rank = r;
-      c.size = size;
-      c.local_rank = r;
-      c.local_size = size;
-      c.rails = rails;
-      c.secret = "engine-test-secret";
-      c.timeout_s = 5;
-      c.connect_timeout_s = 10;
-      c.cycle_time_ms = 1;
-      c.socket_buffer_bytes = 1 << 20;
-      if (tweak) tweak(c);
-      engines_.push_back(std::make_unique<Engine>(c));
-      addrs[r] = engines_.back()->listen_addresses();  // shared, as a rendezvous store would
-    }
-    run_ranks(size, [&](int r) { engines_[r]->connect_and_start(addrs); });
-  }
-
-  ~Cluster() { shutdown(); }
-
-  int size() const { return static_cast<int>(engines_.size()); }
-  Engine& operator[](int r) { return *engines_[r]; }
-
-  // Shuts every rank down concurrently (as separate processes would) and returns the seconds taken.
-  double shutdown() {
-    if (stopped_) return 0;
-    stopped_ = true;
-    auto start = std::chrono::steady_clock::now();
-    run_ranks(size(), [&](int r) { engines_[r]->shutdown(); });
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-
- private:
-  std::vector<std::unique_ptr<Engine>> engines_;
-  bool stopped_ = false;
-};
-
-Request make_request(OpType type, const std::string& name, DataType dtype, std::vector<int64_t> shape,
-                     ReduceOp op = ReduceOp::kSum) {
-  Request r;
-  r.type = type;
-  r.name = name;
-  r.dtype = dtype;
-  r.shape = std::move(shape);
-  r.op = op;
-  return r;
-}
+using testing::Cluster;
+using testing::loopback_rails;
+using testing::make_request;
 
 std::shared_ptr<OpHandle> submit(Engine& e, Request req, const void* in, void* out) {
   TensorEntry t;
