@@ -2,6 +2,8 @@
 // request builders. Shared by the engine's end-to-end tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -73,6 +75,19 @@ inline Request make_request(OpType type, const std::string& name, DataType dtype
   r.shape = std::move(shape);
   r.op = op;
   return r;
+}
+
+inline std::shared_ptr<OpHandle> submit(Engine& e, Request req, const void* in, void* out) {
+  TensorEntry t;
+  t.req = std::move(req);
+  t.input = in;
+  t.output = out;
+  return e.enqueue(std::move(t));
+}
+
+inline void expect_ok(const std::shared_ptr<OpHandle>& h, const std::string& what, double wait_s = 10) {
+  ASSERT_TRUE(h->wait_for(wait_s)) << what << ": not done within " << wait_s << " s";
+  EXPECT_EQ(h->error(), "") << what;
 }
 
 }  // namespace nezha::engine::testing

@@ -43,18 +43,8 @@ Request float_allreduce(const std::string& name, size_t count) {
   return make_request(OpType::kAllreduce, name, DataType::kFloat32, {static_cast<int64_t>(count)});
 }
 
-std::shared_ptr<OpHandle> submit(Engine& e, Request req, const void* in, void* out) {
-  TensorEntry t;
-  t.req = std::move(req);
-  t.input = in;
-  t.output = out;
-  return e.enqueue(std::move(t));
-}
-
-void expect_ok(const std::shared_ptr<OpHandle>& h, const std::string& what) {
-  ASSERT_TRUE(h->wait_for(kWaitS)) << what << ": not done within " << kWaitS << " s";
-  EXPECT_EQ(h->error(), "") << what;
-}
+using testing::expect_ok;
+using testing::submit;
 
 // Small integers: float sums are exact in any order.
 float input(int rank, int step, size_t i) {

@@ -33,18 +33,8 @@ using testing::Cluster;
 using testing::loopback_rails;
 using testing::make_request;
 
-std::shared_ptr<OpHandle> submit(Engine& e, Request req, const void* in, void* out) {
-  TensorEntry t;
-  t.req = std::move(req);
-  t.input = in;
-  t.output = out;
-  return e.enqueue(std::move(t));
-}
-
-void expect_ok(const std::shared_ptr<OpHandle>& h, const std::string& what) {
-  ASSERT_TRUE(h->wait_for(kWaitS)) << what << ": not done within " << kWaitS << " s";
-  EXPECT_EQ(h->error(), "") << what;
-}
+using testing::expect_ok;
+using testing::submit;
 
 // Per-rank input for allreduce tests: small integers so float sums are exact in any order.
 float float_input(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 23) - 11); }
