@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <utility>
 
 #include <cerrno>
 #include <cstring>
@@ -215,6 +217,17 @@ std::optional<transport::TcpRail::Message> ControlChannel::recv_any(int wake_fd,
     return m;
   };
   if (!ready_.empty()) return pop();
+  if (deferred_error_) std::rethrow_exception(std::exchange(deferred_error_, nullptr));
+  // Losing the last path to a peer is reported only after what it sent before is delivered: a
+  // rank's last words (rank 0's fatal error naming a dead rank) come just before its close.
+  auto fail_path = [this](int path, int peer, const std::string& why) {
+    try {
+      path_failed(path, peer, why);
+    } catch (const PeerError&) {
+      if (ready_.empty()) throw;
+      deferred_error_ = std::current_exception();
+    }
+  };
   std::vector<pollfd> fds;
   std::vector<int> owner;  // path of each fd; -1 for wake_fd
   for (;;) {
@@ -242,14 +255,14 @@ std::optional<transport::TcpRail::Message> ControlChannel::recv_any(int wake_fd,
         try {
           m = paths_[i]->recv_message_any(-1, Deadline::after_seconds(0));
         } catch (const PeerError& e) {
-          path_failed(static_cast<int>(i), e.peer(), e.what());
+          fail_path(static_cast<int>(i), e.peer(), e.what());
           continue;  // that peer's socket is closed now; serve the others
         } catch (const ProtocolError&) {
           throw;
         } catch (const NezhaError& e) {  // the whole path was aborted
           if (aborted_) throw;
           for (int peer = 0; peer < size_; ++peer)
-            if (peer != rank_ && !peers_[peer].broken[i]) path_failed(static_cast<int>(i), peer, e.what());
+            if (peer != rank_ && !peers_[peer].broken[i]) fail_path(static_cast<int>(i), peer, e.what());
           break;
         }
         if (!m) break;

@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <deque>
+#include <exception>
 #include <map>
 #include <memory>
 #include <optional>
@@ -104,6 +105,7 @@ class ControlChannel {
   std::vector<bool> black_hole_;
   std::vector<PeerState> peers_;
   std::deque<transport::TcpRail::Message> ready_;
+  std::exception_ptr deferred_error_;  // a peer lost after sending what ready_ still holds
   std::atomic<bool> aborted_{false};
 };
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.h"
@@ -149,6 +150,19 @@ TEST(ControlChannel, AckTimeoutsTryAvoidedPathsWhenThePreferredOneIsCut) {
     }
   });
   EXPECT_EQ(p[1].path_of(0), 0);  // acknowledged there: it stays
+}
+
+TEST(ControlChannel, LastWordsBeforeAPeerClosesAreDeliveredBeforeItsLoss) {
+  // Rank 0's fatal error (naming a dead rank) is the last thing it sends before it closes: the
+  // peer must read it, and only then learn that rank 0 is gone.
+  Pair p(1);
+  p[0].send(1, "last words");
+  p[0].close();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // message and close both arrived
+  auto m = p[1].recv_any(-1, Deadline::after_seconds(3));
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->payload, "last words");
+  EXPECT_THROW(p[1].recv_any(-1, Deadline::after_seconds(3)), PeerError);
 }
 
 TEST(ControlChannel, EveryPathFailingIsAPeerError) {
