@@ -84,14 +84,21 @@ int ControlChannel::pick_path(const PeerState& p, bool after_current, bool any_p
 
 void ControlChannel::move_peer(int peer, const std::string& why, bool after_current, bool any_path) {
   PeerState& p = peers_[peer];
-  int from = p.path;
-  p.path = pick_path(p, after_current, any_path);
-  if (p.path < 0)
+  const int path = pick_path(p, after_current, any_path);
+  if (path < 0) {
+    p.path = -1;
     throw PeerError(peer, "every control path to rank " + std::to_string(peer) + " failed; last: " +
                               p.last_error);
-  if (p.path != from)
+  }
+  set_path(peer, path, why);
+}
+
+void ControlChannel::set_path(int peer, int path, const std::string& why) {
+  PeerState& p = peers_[peer];
+  if (p.path != path)
     NZ_LOG(Info) << "rank " << rank_ << ": control messages to rank " << peer << " move from '"
-                 << (from >= 0 ? names_[from] : "-") << "' to '" << names_[p.path] << "': " << why;
+                 << (p.path >= 0 ? names_[p.path] : "-") << "' to '" << names_[path] << "': " << why;
+  p.path = path;
 }
 
 void ControlChannel::flush(int peer, size_t from) {
@@ -185,10 +192,7 @@ void ControlChannel::on_envelope(int peer, int path, std::string envelope) {
   }
   // Onto an avoided path too: the peer reached us there, after its preferred ones failed it.
   if (path != p.path && !p.broken[path]) {
-    const int from = p.path;
-    p.path = path;
-    NZ_LOG(Info) << "rank " << rank_ << ": control messages to rank " << peer << " move from '"
-                 << names_[from] << "' to '" << names_[path] << "': rank " << peer << " talks there";
+    set_path(peer, path, "rank " + std::to_string(peer) + " talks there");
     flush(peer, 0);  // what is unacknowledged may have been lost on the old path
   }
   if (number == kBareAck) return;

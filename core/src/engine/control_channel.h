@@ -97,6 +97,7 @@ class ControlChannel {
   void send_bare_ack(int peer);
   void send_on_path(int peer, const std::string& envelope);
   int pick_path(const PeerState& p, bool after_current, bool any_path = false) const;
+  void set_path(int peer, int path, const std::string& why);  // logs a change
 
   int rank_, size_;
   std::vector<std::string> names_;

@@ -182,7 +182,6 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   calibrate_rails();
   last_heard_.assign(config_.size, Clock::now());
   path_switched_at_.assign(config_.size, Clock::time_point{});
-  round_path_switched_at_.assign(config_.size, Clock::time_point{});
   last_sent_ = Clock::now();
   thread_ = std::thread([this] { loop(); });
 }
@@ -335,13 +334,8 @@ void Engine::check_liveness(Clock::time_point now) {
                                    std::to_string(static_cast<int>(silent)) +
                                    " s (NEZHA_TIMEOUT_S): it is stopped, hung or unreachable");
   }
-  // Workers exchange nothing but cache-round vectors, so a cut under their control path shows only
-  // as an overdue vector: try the next path (resending what is unacknowledged) as for rank 0 above.
-  for (int peer : rounds_->late_ranks(now, kSwitchPathAfterS)) {
-    if (now - round_path_switched_at_[peer] < seconds(kSwitchPathAfterS)) continue;
-    round_path_switched_at_[peer] = now;
-    control_->switch_path(peer, "cache-round vector overdue");
-  }
+  // (A cache-round vector lost under a cut between two workers needs nothing here: it stays
+  // unacknowledged, and the control channel's ack timeout moves that peer to the next path.)
   std::vector<int> late = rounds_->late_ranks(now, config_.timeout_s);
   if (!late.empty()) {
     std::string who;

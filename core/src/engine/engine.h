@@ -174,7 +174,6 @@ class Engine {
   std::vector<bool> peer_shutdown_;
   std::vector<Clock::time_point> last_heard_;  // per peer: last control message (heartbeats too)
   std::vector<Clock::time_point> path_switched_at_;  // per peer: last_heard_ when we last switched
-  std::vector<Clock::time_point> round_path_switched_at_;  // per peer: last switch for a round
   std::vector<std::vector<uint64_t>> completed_by_rank_;  // rank 0: each rank's last report
   std::vector<bool> failure_reported_;  // per rail: this rank already reported it failed
   Clock::time_point last_sent_;                // last control message this rank sent
