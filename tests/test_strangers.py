@@ -51,8 +51,8 @@ def test_strangers_on_every_port_do_not_disturb_the_job():
             held.append(garbage)
             held.append(socket.create_connection((addr, port), timeout=5))  # silent
             fake = socket.create_connection((addr, port), timeout=5)
-            fake.sendall(b"NZH1" + bytes([1, 1, 0, 0]) + (64).to_bytes(8, "little") * 2 +
-                         os.urandom(64))
+            fake.sendall(b"NZH1" + bytes([2, 1, 0, 0]) + (64).to_bytes(8, "little") * 2 +
+                         bytes(40) + os.urandom(64))
             held.append(fake)
         proc.wait(timeout=90)
     finally:

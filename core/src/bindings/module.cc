@@ -145,7 +145,7 @@ PYBIND11_MODULE(_core, m) {
       throw ProtocolError("frame header must be " + std::to_string(transport::kFrameHeaderBytes) + " bytes");
     auto h = transport::parse_header(reinterpret_cast<const uint8_t*>(b.data()));
     return py::make_tuple(static_cast<int>(h.type), h.flags, h.tag, h.length);
-  }, "Parses a 24-byte frame header: (type, flags, tag, length); ProtocolError if invalid.");
+  }, "Parses a 64-byte frame header: (type, flags, tag, length); ProtocolError if invalid.");
   testing.def("encode_frame_header", [](int type, uint64_t tag, uint64_t length) {
     auto h = transport::encode_header(static_cast<transport::FrameType>(type), tag, length);
     return py::bytes(reinterpret_cast<const char*>(h.data()), h.size());

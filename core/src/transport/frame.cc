@@ -7,6 +7,8 @@
 namespace nezha::transport {
 namespace {
 
+constexpr size_t kReservedOffset = 24;  // bytes [24, 64) of the header: reserved, 0
+
 bool is_known_type(uint8_t t) {
   return t >= static_cast<uint8_t>(FrameType::kHello) && t <= static_cast<uint8_t>(FrameType::kControl);
 }
@@ -62,6 +64,11 @@ FrameHeader parse_header(const uint8_t* bytes) {
                         std::to_string(kFrameVersion) + ")");
   if (!is_known_type(bytes[5]))
     throw ProtocolError("unknown frame type " + std::to_string(bytes[5]));
+  for (size_t i = kReservedOffset; i < kFrameHeaderBytes; ++i) {
+    if (bytes[i] != 0)
+      throw ProtocolError("reserved frame header byte " + std::to_string(i) + " is " +
+                          std::to_string(bytes[i]) + " (must be 0)");
+  }
   FrameHeader h;
   h.type = static_cast<FrameType>(bytes[5]);
   h.flags = static_cast<uint16_t>(get_le(bytes + 6, 2));

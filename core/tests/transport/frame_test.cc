@@ -14,12 +14,13 @@ TEST(Frame, HeaderRoundTrip) {
   EXPECT_EQ(raw[1], 'Z');
   EXPECT_EQ(raw[2], 'H');
   EXPECT_EQ(raw[3], '1');
-  EXPECT_EQ(raw[4], 1);
+  EXPECT_EQ(raw[4], 2);
   EXPECT_EQ(raw[5], static_cast<uint8_t>(FrameType::kControl));
   EXPECT_EQ(raw[8], 0xef);
   EXPECT_EQ(raw[15], 0x01);
   EXPECT_EQ(raw[16], 0x01);  // 4097 = 0x1001
   EXPECT_EQ(raw[17], 0x10);
+  for (size_t i = 24; i < kFrameHeaderBytes; ++i) EXPECT_EQ(raw[i], 0) << "reserved byte " << i;
   const FrameHeader h = parse_header(raw.data());
   EXPECT_EQ(h.type, FrameType::kControl);
   EXPECT_EQ(h.flags, 0);
@@ -43,12 +44,31 @@ TEST(Frame, ParseRejectsBadMagic) {
 
 TEST(Frame, ParseRejectsBadVersion) {
   HeaderBytes raw = encode_header(FrameType::kData, 1, 2);
-  raw[4] = 2;
+  raw[4] = 1;  // a peer built before the 64-byte header
   try {
     parse_header(raw.data());
-    FAIL() << "version 2 accepted";
+    FAIL() << "version 1 accepted";
   } catch (const ProtocolError& e) {
-    EXPECT_NE(std::string(e.what()).find("version 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("version 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Frame, HeaderIsOneCacheLineSoPayloadsStayAligned) {
+  // Frames are packed back to back in the kernel's socket buffers: a payload whose size is a
+  // multiple of 64 must leave the next frame's payload on a cache-line boundary too.
+  EXPECT_EQ(kFrameHeaderBytes, 64u);
+  EXPECT_EQ(encode_header(FrameType::kData, 1, 2).size(), 64u);
+}
+
+TEST(Frame, ParseRejectsNonZeroReservedBytes) {
+  HeaderBytes raw = encode_header(FrameType::kData, 1, 2);
+  raw[40] = 9;
+  try {
+    parse_header(raw.data());
+    FAIL() << "reserved byte accepted";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("reserved frame header byte 40 is 9"), std::string::npos)
+        << e.what();
   }
 }
 
