@@ -13,6 +13,7 @@
 #include "collectives/algorithm_util.h"
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
+#include "common/aligned_buffer.h"
 
 namespace nezha::collectives {
 namespace {
@@ -58,7 +59,7 @@ void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType 
     return;
   }
 
-  std::vector<uint8_t> scratch(bytes);
+  AlignedBuffer scratch(bytes);
   const bool has_extra_partner = r < n - p;
   if (has_extra_partner) {
     rail.recv(r + p, fold_in_tag, scratch.data(), bytes, opt.deadline);

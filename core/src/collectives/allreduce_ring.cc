@@ -1,4 +1,5 @@
-// Pipelined ring allreduce: reduce-scatter then allgather over blocks of (almost) equal size.
+// Pipelined ring allreduce: reduce-scatter then allgather over blocks of (almost) equal size, each
+// starting on a cache line.
 #include <cstdint>
 
 #include "collectives/algorithm_util.h"
@@ -13,7 +14,7 @@ void allreduce_ring(transport::Rail& rail, void* buf, size_t count, DataType dty
   detail::require(buf != nullptr || count == 0, "allreduce_ring: null buffer");
   if (rail.size() == 1 || count == 0) return;
 
-  const std::vector<size_t> counts = detail::even_partition(count, rail.size());
+  const std::vector<size_t> counts = detail::cache_line_partition(count, rail.size(), esize);
   std::vector<size_t> block_bytes(counts.size());
   for (size_t i = 0; i < counts.size(); ++i) block_bytes[i] = counts[i] * esize;
   const size_t segment_elems = detail::segment_elements(opt.segment_bytes, esize);

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "collectives/reduce.h"
+#include "common/aligned_buffer.h"
 
 namespace nezha::collectives::detail {
 namespace {
@@ -36,7 +37,7 @@ void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<
   const size_t esize = dtype_size(dtype);
   const std::vector<size_t> offsets = prefix_offsets(counts);
   const size_t nseg = segments_for(largest, segment_elems);
-  std::vector<uint8_t> scratch(std::min(segment_elems, largest) * esize);
+  AlignedBuffer scratch(std::min(segment_elems, largest) * esize);
   const int next = ring_mod(r + 1, n);
   const int prev = ring_mod(r - 1, n);
 

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <vector>
 
+#include "common/aligned_buffer.h"
+
 namespace nezha::engine {
 
 class BufferPool {
@@ -16,17 +18,15 @@ class BufferPool {
   class Buffer {
    public:
     Buffer() = default;
-    Buffer(BufferPool* pool, std::unique_ptr<uint8_t[]> mem, size_t capacity)
-        : pool_(pool), mem_(std::move(mem)), capacity_(capacity) {}
+    Buffer(BufferPool* pool, AlignedBuffer mem) : pool_(pool), mem_(std::move(mem)) {}
     Buffer(Buffer&&) = default;
     Buffer& operator=(Buffer&&) = default;
-    ~Buffer() { if (pool_ && mem_) pool_->give_back(std::move(mem_), capacity_); }
-    uint8_t* data() const { return mem_.get(); }
+    ~Buffer() { if (pool_ && mem_.data()) pool_->give_back(std::move(mem_)); }
+    uint8_t* data() const { return mem_.data(); }  // starts on a cache line
 
    private:
     BufferPool* pool_ = nullptr;
-    std::unique_ptr<uint8_t[]> mem_;
-    size_t capacity_ = 0;
+    AlignedBuffer mem_;
   };
 
   // Keeps at most max_cached free buffers and max_cached_bytes of them (smallest dropped first).
@@ -35,12 +35,12 @@ class BufferPool {
   Buffer acquire(size_t bytes);
 
  private:
-  void give_back(std::unique_ptr<uint8_t[]> mem, size_t capacity);
+  void give_back(AlignedBuffer mem);
   std::mutex mu_;
   size_t max_cached_;
   size_t max_cached_bytes_;
   size_t cached_bytes_ = 0;
-  std::vector<std::pair<size_t, std::unique_ptr<uint8_t[]>>> free_;
+  std::vector<AlignedBuffer> free_;
 };
 
 }  // namespace nezha::engine
