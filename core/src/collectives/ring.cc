@@ -1,6 +1,7 @@
 #include "collectives/ring.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "collectives/reduce.h"
@@ -24,6 +25,59 @@ size_t segments_for(size_t largest_block, size_t segment_size) {
   return (largest_block + segment_size - 1) / segment_size;
 }
 
+// Message i of a ring phase (step i / nseg, segment i % nseg): what goes to the next rank and where
+// the one from the previous rank lands.
+struct Exchange {
+  const uint8_t* send;
+  size_t send_bytes;
+  uint8_t* recv;
+  size_t recv_bytes;
+};
+
+// Runs the `count` messages of a ring phase; after message i has arrived, received(i) runs (the
+// reduce-scatter adds the segment into place).
+//
+// Lock-step (send i and receive i together, then received(i)) leaves the link to the next rank idle
+// while received(i) runs and until the next exchange starts: on shaped links that was 5-10% of the
+// line rate. Pipelined, message i+1 goes out while message i comes in, so the next rank's link
+// always has a message queued. That is safe when (1) message i+1 depends only on messages up to
+// i+1-nseg (a step's segment k is the previous step's segment k after received()), so nseg >= 2, and
+// (2) the rail can hand over one whole message while its peer reads nothing (send_buffer_bytes):
+// every rank then completes its send of i+1 once its neighbour has read message i, which that
+// neighbour always does, whatever it is sending.
+template <class PlanFn, class ReceivedFn>
+void run_phase(transport::Rail& rail, size_t count, size_t nseg, size_t largest_message,
+               TagSequence& tags, const Deadline& deadline, PlanFn plan, ReceivedFn received) {
+  const int n = rail.size();
+  const int next = ring_mod(rail.rank() + 1, n);
+  const int prev = ring_mod(rail.rank() - 1, n);
+  const bool pipelined = nseg >= 2 && rail.send_buffer_bytes() >= largest_message;
+  if (!pipelined) {
+    for (size_t i = 0; i < count; ++i) {
+      const Exchange x = plan(i);
+      rail.sendrecv(next, x.send, x.send_bytes, prev, x.recv, x.recv_bytes, tags.next(), deadline);
+      received(i);
+    }
+    return;
+  }
+  // Messages are sent and received in the same order, so two copies of the tag sequence, one per
+  // direction, give the receiver the tag the sender used.
+  TagSequence send_tags = tags;
+  const Exchange first = plan(0);
+  rail.send(next, send_tags.next(), first.send, first.send_bytes, deadline);
+  for (size_t i = 0; i < count; ++i) {
+    const Exchange x = plan(i);
+    if (i + 1 < count) {
+      const Exchange ahead = plan(i + 1);
+      rail.sendrecv_tags(next, ahead.send, ahead.send_bytes, send_tags.next(), prev, x.recv,
+                         x.recv_bytes, tags.next(), deadline);
+    } else {
+      rail.recv(prev, tags.next(), x.recv, x.recv_bytes, deadline);
+    }
+    received(i);
+  }
+}
+
 }  // namespace
 
 void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& counts,
@@ -38,23 +92,28 @@ void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<
   const std::vector<size_t> offsets = prefix_offsets(counts);
   const size_t nseg = segments_for(largest, segment_elems);
   AlignedBuffer scratch(std::min(segment_elems, largest) * esize);
-  const int next = ring_mod(r + 1, n);
-  const int prev = ring_mod(r - 1, n);
 
   // Step s: send block r-s-1 (which holds s+1 contributions), receive block r-s-2 and add ours.
   // After n-1 steps the block received last, block r, holds all n contributions.
-  for (int s = 0; s < n - 1; ++s) {
+  // Returns message i and where its received segment is added.
+  auto locate = [&](size_t i) {
+    const int s = static_cast<int>(i / nseg);
+    const size_t k = i % nseg;
     const int send_block = ring_mod(r - s - 1, n);
     const int recv_block = ring_mod(r - s - 2, n);
-    for (size_t k = 0; k < nseg; ++k) {
-      const Segment out = segment_of(k, segment_elems, counts[send_block]);
-      const Segment in = segment_of(k, segment_elems, counts[recv_block]);
-      rail.sendrecv(next, buf + (offsets[send_block] + out.begin) * esize, out.length * esize,
-                    prev, scratch.data(), in.length * esize, tags.next(), deadline);
-      reduce_into(buf + (offsets[recv_block] + in.begin) * esize, scratch.data(), in.length, dtype,
-                  op);
-    }
-  }
+    const Segment out = segment_of(k, segment_elems, counts[send_block]);
+    const Segment in = segment_of(k, segment_elems, counts[recv_block]);
+    return std::make_pair(Exchange{buf + (offsets[send_block] + out.begin) * esize, out.length * esize,
+                                   scratch.data(), in.length * esize},
+                          buf + (offsets[recv_block] + in.begin) * esize);
+  };
+  run_phase(
+      rail, static_cast<size_t>(n - 1) * nseg, nseg, std::min(segment_elems, largest) * esize, tags,
+      deadline, [&](size_t i) { return locate(i).first; },
+      [&](size_t i) {
+        const auto [x, target] = locate(i);
+        reduce_into(target, scratch.data(), x.recv_bytes / esize, dtype, op);
+      });
 }
 
 void ring_allgather(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& block_bytes,
@@ -67,20 +126,21 @@ void ring_allgather(transport::Rail& rail, uint8_t* buf, const std::vector<size_
   const std::vector<size_t> offsets = prefix_offsets(block_bytes);
   segment_bytes = std::max<size_t>(segment_bytes, 1);
   const size_t nseg = segments_for(largest, segment_bytes);
-  const int next = ring_mod(r + 1, n);
-  const int prev = ring_mod(r - 1, n);
 
   // Step s: forward block r-s (our own at s = 0), receive block r-s-1 straight into place.
-  for (int s = 0; s < n - 1; ++s) {
-    const int send_block = ring_mod(r - s, n);
-    const int recv_block = ring_mod(r - s - 1, n);
-    for (size_t k = 0; k < nseg; ++k) {
-      const Segment out = segment_of(k, segment_bytes, block_bytes[send_block]);
-      const Segment in = segment_of(k, segment_bytes, block_bytes[recv_block]);
-      rail.sendrecv(next, buf + offsets[send_block] + out.begin, out.length, prev,
-                    buf + offsets[recv_block] + in.begin, in.length, tags.next(), deadline);
-    }
-  }
+  run_phase(
+      rail, static_cast<size_t>(n - 1) * nseg, nseg, std::min(segment_bytes, largest), tags, deadline,
+      [&](size_t i) {
+        const int s = static_cast<int>(i / nseg);
+        const size_t k = i % nseg;
+        const int send_block = ring_mod(r - s, n);
+        const int recv_block = ring_mod(r - s - 1, n);
+        const Segment out = segment_of(k, segment_bytes, block_bytes[send_block]);
+        const Segment in = segment_of(k, segment_bytes, block_bytes[recv_block]);
+        return Exchange{buf + offsets[send_block] + out.begin, out.length,
+                        buf + offsets[recv_block] + in.begin, in.length};
+      },
+      [](size_t) {});
 }
 
 }  // namespace nezha::collectives::detail

@@ -3,7 +3,9 @@
 // Rank r sends to r+1 and receives from r-1. Every message is cut into segments so no single
 // transfer (and no scratch buffer) exceeds the segment size. All ranks use the same number of
 // segments per step (that of the largest block), sending zero-byte segments where a block is
-// shorter: uneven blocks then never desynchronise the message sequence of neighbours.
+// shorter: uneven blocks then never desynchronise the message sequence of neighbours. Where the rail
+// can buffer a whole segment (Rail::send_buffer_bytes), segment i+1 is sent while segment i is
+// received, so links never idle while a segment is reduced.
 #pragma once
 
 #include <cstddef>

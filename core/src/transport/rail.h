@@ -61,9 +61,21 @@ class Rail {
                     const Deadline& deadline) = 0;
   // Sends send_bytes to send_peer while receiving recv_bytes from recv_peer (may be the same peer),
   // both under the same tag. Either size may be zero (a zero-byte message is still exchanged).
-  virtual void sendrecv(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
-                        void* recv_data, size_t recv_bytes, uint64_t tag,
-                        const Deadline& deadline) = 0;
+  void sendrecv(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
+                void* recv_data, size_t recv_bytes, uint64_t tag, const Deadline& deadline) {
+    sendrecv_tags(send_peer, send_data, send_bytes, tag, recv_peer, recv_data, recv_bytes, tag,
+                  deadline);
+  }
+  // sendrecv with a tag per direction: a pipelined algorithm sends its message i+1 while it receives
+  // message i.
+  virtual void sendrecv_tags(int send_peer, const void* send_data, size_t send_bytes,
+                             uint64_t send_tag, int recv_peer, void* recv_data, size_t recv_bytes,
+                             uint64_t recv_tag, const Deadline& deadline) = 0;
+
+  // Payload bytes a send to any peer is guaranteed to hand over while that peer reads nothing (a
+  // socket's send buffer); 0 if unknown. An algorithm may keep one message of at most this size in
+  // flight ahead of the one it receives without risking a deadlock; it must not assume more.
+  virtual size_t send_buffer_bytes() const { return 0; }
 
   virtual RailCounters counters() const = 0;
   virtual void abort(const std::string& reason) = 0;

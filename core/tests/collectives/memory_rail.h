@@ -15,6 +15,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <limits>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -40,6 +41,10 @@ class MemoryWorld {
   int size() const { return size_; }
   transport::Rail& rail(int rank) { return *rails_.at(static_cast<size_t>(rank)); }
 
+  // What the rails report as send_buffer_bytes(): sends are never limited here, but a world can
+  // claim 0 so that the algorithms take their unpipelined (lock-step) paths.
+  void set_send_buffer_bytes(size_t bytes) { send_buffer_bytes_ = bytes; }
+
   // Messages sent but not yet received, over all mailboxes (a finished collective leaves none).
   size_t undelivered() {
     size_t total = 0;
@@ -51,6 +56,8 @@ class MemoryWorld {
   }
 
  private:
+  size_t send_buffer_bytes_ = SIZE_MAX;
+
   struct Message {
     uint64_t tag;
     std::vector<uint8_t> data;
@@ -125,12 +132,14 @@ class MemoryWorld {
       bytes_received_ += bytes;
     }
 
-    void sendrecv(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
-                  void* recv_data, size_t recv_bytes, uint64_t tag,
-                  const Deadline& deadline) override {
-      send(send_peer, tag, send_data, send_bytes, deadline);
-      recv(recv_peer, tag, recv_data, recv_bytes, deadline);
+    void sendrecv_tags(int send_peer, const void* send_data, size_t send_bytes, uint64_t send_tag,
+                       int recv_peer, void* recv_data, size_t recv_bytes, uint64_t recv_tag,
+                       const Deadline& deadline) override {
+      send(send_peer, send_tag, send_data, send_bytes, deadline);
+      recv(recv_peer, recv_tag, recv_data, recv_bytes, deadline);
     }
+
+    size_t send_buffer_bytes() const override { return world_.send_buffer_bytes_; }
 
     transport::RailCounters counters() const override {
       return {bytes_sent_.load(), bytes_received_.load()};

@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <functional>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,9 +21,12 @@ namespace nezha::testing {
 inline Deadline test_deadline() { return Deadline::after_seconds(20); }
 
 // Returns the exception each rank threw (null where it returned normally).
+// send_buffer_bytes: what the rails claim they buffer (0 makes the algorithms run unpipelined).
 inline std::vector<std::exception_ptr> run_ranks_collect(
-    int size, const std::function<void(transport::Rail&)>& body) {
+    int size, const std::function<void(transport::Rail&)>& body,
+    size_t send_buffer_bytes = std::numeric_limits<size_t>::max()) {
   MemoryWorld world(size);
+  world.set_send_buffer_bytes(send_buffer_bytes);
   std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
@@ -45,8 +49,9 @@ inline std::vector<std::exception_ptr> run_ranks_collect(
 }
 
 // Runs body on every rank and fails the test with each rank's error message if any rank threw.
-inline void run_ranks(int size, const std::function<void(transport::Rail&)>& body) {
-  const auto errors = run_ranks_collect(size, body);
+inline void run_ranks(int size, const std::function<void(transport::Rail&)>& body,
+                      size_t send_buffer_bytes = std::numeric_limits<size_t>::max()) {
+  const auto errors = run_ranks_collect(size, body, send_buffer_bytes);
   for (size_t r = 0; r < errors.size(); ++r) {
     if (!errors[r]) continue;
     try {

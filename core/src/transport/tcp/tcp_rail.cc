@@ -5,7 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 
@@ -200,6 +202,16 @@ void TcpRail::connect_all(const std::vector<std::string>& listen_addrs_by_rank, 
   for (int peer = rank_ + 1; peer < size_; ++peer)
     if (!peers_[peer].fd.valid())
       failures.push_back(rank_name(peer) + " never connected to " + listen_address_);
+  size_t buffer = SIZE_MAX;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_ || !peers_[peer].fd.valid()) continue;
+    int bytes = 0;
+    socklen_t len = sizeof bytes;
+    if (getsockopt(peers_[peer].fd.get(), SOL_SOCKET, SO_SNDBUF, &bytes, &len) != 0 || bytes <= 0)
+      bytes = 0;
+    buffer = std::min(buffer, static_cast<size_t>(bytes) / 2);
+  }
+  send_buffer_bytes_.store(buffer == SIZE_MAX ? 0 : buffer);
   lock.unlock();
   throw_if_aborted();
   if (!failures.empty()) {
@@ -342,11 +354,13 @@ void TcpRail::recv(int peer, uint64_t tag, void* data, size_t bytes, const Deadl
   transfer(nullptr, &in, tag, deadline);
 }
 
-void TcpRail::sendrecv(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
-                       void* recv_data, size_t recv_bytes, uint64_t tag, const Deadline& deadline) {
-  Outgoing out{send_peer, FrameSender(FrameType::kData, tag, send_data, send_bytes)};
-  Incoming in{recv_peer, FrameReceiver(), data_header_handler(recv_peer, tag, recv_data, recv_bytes, config_.name)};
-  transfer(&out, &in, tag, deadline);
+void TcpRail::sendrecv_tags(int send_peer, const void* send_data, size_t send_bytes, uint64_t send_tag,
+                            int recv_peer, void* recv_data, size_t recv_bytes, uint64_t recv_tag,
+                            const Deadline& deadline) {
+  Outgoing out{send_peer, FrameSender(FrameType::kData, send_tag, send_data, send_bytes)};
+  Incoming in{recv_peer, FrameReceiver(),
+              data_header_handler(recv_peer, recv_tag, recv_data, recv_bytes, config_.name)};
+  transfer(&out, &in, recv_tag, deadline);
 }
 
 void TcpRail::send_message(int peer, const std::string& payload, const Deadline& deadline) {

@@ -71,8 +71,12 @@ class TcpRail : public Rail {
 
   void send(int peer, uint64_t tag, const void* data, size_t bytes, const Deadline& deadline) override;
   void recv(int peer, uint64_t tag, void* data, size_t bytes, const Deadline& deadline) override;
-  void sendrecv(int send_peer, const void* send_data, size_t send_bytes, int recv_peer,
-                void* recv_data, size_t recv_bytes, uint64_t tag, const Deadline& deadline) override;
+  void sendrecv_tags(int send_peer, const void* send_data, size_t send_bytes, uint64_t send_tag,
+                     int recv_peer, void* recv_data, size_t recv_bytes, uint64_t recv_tag,
+                     const Deadline& deadline) override;
+  // Half the smallest SO_SNDBUF of the connected peers' sockets (the kernel doubles what was asked
+  // for, to cover its bookkeeping; it also caps it at net.core.wmem_max), read back after connect.
+  size_t send_buffer_bytes() const override { return send_buffer_bytes_.load(); }
 
   RailCounters counters() const override;
   void abort(const std::string& reason) override;
@@ -131,6 +135,7 @@ class TcpRail : public Rail {
   std::atomic<bool> aborted_{false};
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<size_t> send_buffer_bytes_{0};  // 0 until a mesh is connected
   size_t next_control_peer_ = 0;  // round-robin start for recv_message_any
 
   mutable std::mutex mu_;  // guards the fields below, and peers_[*].fd while admitting_
