@@ -53,6 +53,7 @@ void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType 
   const uint64_t fold_out_tag = make_tag(opt.seq, static_cast<uint64_t>(rounds) + 1);
 
   auto* data = static_cast<uint8_t*>(buf);
+  if (opt.before_overwrite) opt.before_overwrite(0, bytes);  // small: all of it, up front
   if (r >= p) {  // an extra rank: hand our data to the partner, get the result back at the end
     rail.send(r - p, fold_in_tag, data, bytes, opt.deadline);
     rail.recv(r - p, fold_out_tag, data, bytes, opt.deadline);

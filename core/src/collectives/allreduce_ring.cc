@@ -21,8 +21,9 @@ void allreduce_ring(transport::Rail& rail, void* buf, size_t count, DataType dty
 
   auto* bytes = static_cast<uint8_t*>(buf);
   detail::TagSequence tags(opt.seq);
-  detail::ring_reduce_scatter(rail, bytes, counts, dtype, op, segment_elems, tags, opt.deadline);
-  detail::ring_allgather(rail, bytes, block_bytes, segment_elems * esize, tags, opt.deadline);
+  const detail::OverwriteHook* hook = opt.before_overwrite ? &opt.before_overwrite : nullptr;
+  detail::ring_reduce_scatter(rail, bytes, counts, dtype, op, segment_elems, tags, opt.deadline, hook);
+  detail::ring_allgather(rail, bytes, block_bytes, segment_elems * esize, tags, opt.deadline, hook);
 }
 
 }  // namespace nezha::collectives

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "common/deadline.h"
@@ -23,6 +24,11 @@ struct CollectiveOptions {
   Deadline deadline = Deadline::never();
   size_t segment_bytes = 1 << 20; // ring pipeline segment (tests set it small to reach multi-segment paths)
   size_t logstep_max_bytes = 65536;  // allreduce(): payloads up to this use the log-step algorithm
+  // allreduce only, may be empty: called with a byte range of the buffer before the algorithm first
+  // changes a byte of it (ranges may repeat; together they cover every byte changed). The engine
+  // keeps the input for a redo on another rail this way, a range at a time while the data moves,
+  // instead of copying the whole input before the operation starts.
+  std::function<void(size_t offset, size_t bytes)> before_overwrite;
 };
 
 // Tag for step `step` of operation `seq`; steps are < 2^20.

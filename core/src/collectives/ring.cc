@@ -34,8 +34,8 @@ struct Exchange {
   size_t recv_bytes;
 };
 
-// Runs the `count` messages of a ring phase; after message i has arrived, received(i) runs (the
-// reduce-scatter adds the segment into place).
+// Runs the `count` messages of a ring phase; before message i is received, before_receive(i) runs;
+// after it has arrived, received(i) (the reduce-scatter adds the segment into place).
 //
 // Lock-step (send i and receive i together, then received(i)) leaves the link to the next rank idle
 // while received(i) runs and until the next exchange starts: on shaped links that was 5-10% of the
@@ -45,9 +45,10 @@ struct Exchange {
 // (2) the rail can hand over one whole message while its peer reads nothing (send_buffer_bytes):
 // every rank then completes its send of i+1 once its neighbour has read message i, which that
 // neighbour always does, whatever it is sending.
-template <class PlanFn, class ReceivedFn>
+template <class PlanFn, class BeforeFn, class ReceivedFn>
 void run_phase(transport::Rail& rail, size_t count, size_t nseg, size_t largest_message,
-               TagSequence& tags, const Deadline& deadline, PlanFn plan, ReceivedFn received) {
+               TagSequence& tags, const Deadline& deadline, PlanFn plan, BeforeFn before_receive,
+               ReceivedFn received) {
   const int n = rail.size();
   const int next = ring_mod(rail.rank() + 1, n);
   const int prev = ring_mod(rail.rank() - 1, n);
@@ -55,6 +56,7 @@ void run_phase(transport::Rail& rail, size_t count, size_t nseg, size_t largest_
   if (!pipelined) {
     for (size_t i = 0; i < count; ++i) {
       const Exchange x = plan(i);
+      before_receive(i);
       rail.sendrecv(next, x.send, x.send_bytes, prev, x.recv, x.recv_bytes, tags.next(), deadline);
       received(i);
     }
@@ -67,6 +69,7 @@ void run_phase(transport::Rail& rail, size_t count, size_t nseg, size_t largest_
   rail.send(next, send_tags.next(), first.send, first.send_bytes, deadline);
   for (size_t i = 0; i < count; ++i) {
     const Exchange x = plan(i);
+    before_receive(i);
     if (i + 1 < count) {
       const Exchange ahead = plan(i + 1);
       rail.sendrecv_tags(next, ahead.send, ahead.send_bytes, send_tags.next(), prev, x.recv,
@@ -82,7 +85,7 @@ void run_phase(transport::Rail& rail, size_t count, size_t nseg, size_t largest_
 
 void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& counts,
                          DataType dtype, ReduceOp op, size_t segment_elems, TagSequence& tags,
-                         const Deadline& deadline) {
+                         const Deadline& deadline, const OverwriteHook* before_overwrite) {
   const int n = rail.size();
   const int r = rail.rank();
   if (n == 1) return;
@@ -109,15 +112,18 @@ void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<
   };
   run_phase(
       rail, static_cast<size_t>(n - 1) * nseg, nseg, std::min(segment_elems, largest) * esize, tags,
-      deadline, [&](size_t i) { return locate(i).first; },
+      deadline, [&](size_t i) { return locate(i).first; }, [](size_t) {},
       [&](size_t i) {
         const auto [x, target] = locate(i);
+        if (before_overwrite && x.recv_bytes > 0)
+          (*before_overwrite)(static_cast<size_t>(target - buf), x.recv_bytes);
         reduce_into(target, scratch.data(), x.recv_bytes / esize, dtype, op);
       });
 }
 
 void ring_allgather(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& block_bytes,
-                    size_t segment_bytes, TagSequence& tags, const Deadline& deadline) {
+                    size_t segment_bytes, TagSequence& tags, const Deadline& deadline,
+                    const OverwriteHook* before_overwrite) {
   const int n = rail.size();
   const int r = rail.rank();
   if (n == 1) return;
@@ -128,17 +134,23 @@ void ring_allgather(transport::Rail& rail, uint8_t* buf, const std::vector<size_
   const size_t nseg = segments_for(largest, segment_bytes);
 
   // Step s: forward block r-s (our own at s = 0), receive block r-s-1 straight into place.
+  auto plan = [&](size_t i) {
+    const int s = static_cast<int>(i / nseg);
+    const size_t k = i % nseg;
+    const int send_block = ring_mod(r - s, n);
+    const int recv_block = ring_mod(r - s - 1, n);
+    const Segment out = segment_of(k, segment_bytes, block_bytes[send_block]);
+    const Segment in = segment_of(k, segment_bytes, block_bytes[recv_block]);
+    return Exchange{buf + offsets[send_block] + out.begin, out.length,
+                    buf + offsets[recv_block] + in.begin, in.length};
+  };
   run_phase(
       rail, static_cast<size_t>(n - 1) * nseg, nseg, std::min(segment_bytes, largest), tags, deadline,
+      plan,
       [&](size_t i) {
-        const int s = static_cast<int>(i / nseg);
-        const size_t k = i % nseg;
-        const int send_block = ring_mod(r - s, n);
-        const int recv_block = ring_mod(r - s - 1, n);
-        const Segment out = segment_of(k, segment_bytes, block_bytes[send_block]);
-        const Segment in = segment_of(k, segment_bytes, block_bytes[recv_block]);
-        return Exchange{buf + offsets[send_block] + out.begin, out.length,
-                        buf + offsets[recv_block] + in.begin, in.length};
+        const Exchange x = plan(i);
+        if (before_overwrite && x.recv_bytes > 0)
+          (*before_overwrite)(static_cast<size_t>(x.recv - buf), x.recv_bytes);
       },
       [](size_t) {});
 }

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "collectives/algorithm_util.h"
@@ -18,17 +19,21 @@
 
 namespace nezha::collectives::detail {
 
+// CollectiveOptions::before_overwrite: offsets are relative to buf.
+using OverwriteHook = std::function<void(size_t offset, size_t bytes)>;
+
 // buf holds counts.size() == rail.size() consecutive blocks (counts in elements). On return block r
 // of buf on rank r holds the reduction over all ranks of block r; other blocks are partial sums.
 // Each element is reduced along one fixed chain of ranks, so the result is identical whichever rank
 // later copies it.
 void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& counts,
                          DataType dtype, ReduceOp op, size_t segment_elems, TagSequence& tags,
-                         const Deadline& deadline);
+                         const Deadline& deadline, const OverwriteHook* before_overwrite = nullptr);
 
 // buf holds rail.size() consecutive blocks (sizes in bytes) and rank r's block r is filled in. On
 // return every block is filled in, copied verbatim from its owner.
 void ring_allgather(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& block_bytes,
-                    size_t segment_bytes, TagSequence& tags, const Deadline& deadline);
+                    size_t segment_bytes, TagSequence& tags, const Deadline& deadline,
+                    const OverwriteHook* before_overwrite = nullptr);
 
 }  // namespace nezha::collectives::detail

@@ -170,14 +170,20 @@ void Executor::run_share(ShareRecord& rec) {
   uint8_t* target = job.data + rec.share.offset * esize;
   if (job.finished && !rec.into_scratch) return;  // failed for good (fail_all)
   record_started(rec, target, bytes);
+  const uint8_t* range = target;
   BufferPool::Buffer scratch;
   if (rec.into_scratch) {
     scratch = pool_.acquire(bytes);
     target = scratch.data();
   }
-  if (rec.is_redo) std::memcpy(target, rec.original.data(), bytes);
+  if (rec.is_redo) restore_input(rec, target, range, bytes);
 
   collectives::CollectiveOptions copt = options(rec.seq, opt_.timeout_s);
+  if (rec.original.data()) {
+    copt.before_overwrite = [this, &rec, target](size_t offset, size_t n) {
+      save_before_overwrite(rec, target, offset, n);
+    };
+  }
   auto start = std::chrono::steady_clock::now();
   if (watchdog_) watchdog_->begin(r, "allreduce of " + names_str(job.resp));
   try {

@@ -121,6 +121,10 @@ class Executor {
   // the record starts (keeps a copy of `bytes` at `input` on its first run), completes, or fails
   // (returns true when it was marked lost for a redo rather than failed for good).
   void record_started(ShareRecord& rec, const void* input, size_t bytes);
+  // Failover: keeps bytes [offset, offset + bytes) of an allreduce share (data = its range of the
+  // job's buffer) before the ring first overwrites them; restore_input rebuilds the input in target.
+  void save_before_overwrite(ShareRecord& rec, const uint8_t* data, size_t offset, size_t bytes);
+  void restore_input(const ShareRecord& rec, uint8_t* target, const uint8_t* range, size_t bytes);
   void record_done(ShareRecord& rec);
   bool record_lost(ShareRecord& rec, const std::string& what);
   void run_allreduce(const Response& resp, std::vector<TensorEntry> entries);

@@ -39,8 +39,25 @@ void Executor::record_started(ShareRecord& rec, const void* input, size_t bytes)
   if (!rec.original.data() && bytes > 0) {  // first run: keep the input in case the rail fails mid-way
     rec.original = originals_.acquire(bytes);
     rec.original_bytes = bytes;
-    std::memcpy(rec.original.data(), input, bytes);
+    // An allreduce share's input is saved range by range while it runs (save_before_overwrite).
+    if (rec.single) std::memcpy(rec.original.data(), input, bytes);
   }
+}
+
+void Executor::save_before_overwrite(ShareRecord& rec, const uint8_t* data, size_t offset, size_t bytes) {
+  if (!rec.original.data()) return;  // failover off
+  uint8_t* copy = rec.original.data();
+  rec.saved.save(offset, offset + bytes,
+                 [&](size_t b, size_t e) { std::memcpy(copy + b, data + b, e - b); });
+}
+
+void Executor::restore_input(const ShareRecord& rec, uint8_t* target, const uint8_t* range, size_t bytes) {
+  // Bytes never overwritten still hold the input in the job's buffer (`range`); copy those only when
+  // running into a scratch buffer.
+  if (target != range)
+    rec.saved.for_each_gap(bytes, [&](size_t b, size_t e) { std::memcpy(target + b, range + b, e - b); });
+  const uint8_t* copy = rec.original.data();
+  rec.saved.for_each([&](size_t b, size_t e) { std::memcpy(target + b, copy + b, e - b); });
 }
 
 void Executor::record_done(ShareRecord& rec) {
@@ -103,12 +120,12 @@ void Executor::redo(int rail, uint64_t first, int target) {
       rec->into_scratch = old->into_scratch || old->state == ShareRecord::State::kDone;
       if (old->original.data()) {
         rec->original = std::move(old->original);
+        rec->saved = std::move(old->saved);
       } else if (bytes > 0) {
-        // Never started here: the input is still intact.
+        // Never started here: the input is still intact (an allreduce share's in the job's buffer,
+        // where the redo saves it range by range).
         rec->original = originals_.acquire(bytes);
-        const void* from = old->job ? static_cast<const void*>(old->job->data + old->share.offset * esize)
-                                    : old->single->entry.input;
-        std::memcpy(rec->original.data(), from, bytes);
+        if (!old->job) std::memcpy(rec->original.data(), old->single->entry.input, bytes);
       }
       rec->original_bytes = bytes;
       rec->seq = seq_[target]++;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/executor.h"
+#include "engine/saved_ranges.h"
 
 namespace nezha::engine {
 
@@ -52,9 +53,13 @@ struct Executor::ShareRecord {
   multirail::RailShare share;  // share.rail: the rail it runs on
   uint64_t seq = 0;
   State state = State::kQueued;  // guarded by ledger_mu_
-  BufferPool::Buffer original;   // the range's (or the single op's) input, taken when it first started
+  // The input, for a redo. A single op's is copied whole when it first starts; an allreduce share's
+  // range by range as its ring first overwrites them (`saved`, offsets within the share; the bytes
+  // not in `saved` still hold the input).
+  BufferPool::Buffer original;
   size_t original_bytes = 0;
-  bool is_redo = false;       // restores `original` before running
+  SavedRanges saved;
+  bool is_redo = false;       // restores the input before running
   bool into_scratch = false;  // this rank had completed it: run for the others, keep nothing
 };
 
