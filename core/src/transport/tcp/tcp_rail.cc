@@ -42,11 +42,13 @@ bool retryable_connect_error(int err) {
 
 struct TcpRail::Outgoing {
   int peer;
+  uint64_t tag;  // named in errors
   FrameSender sender;
 };
 
 struct TcpRail::Incoming {
   int peer;
+  uint64_t tag;  // named in errors
   FrameReceiver receiver;
   FrameReceiver::HeaderHandler on_header;
 };
@@ -272,7 +274,7 @@ void TcpRail::fail_peer(int peer, const std::string& what) {
   throw PeerError(peer, what);
 }
 
-void TcpRail::transfer(Outgoing* out, Incoming* in, uint64_t tag, const Deadline& deadline) {
+void TcpRail::transfer(Outgoing* out, Incoming* in, const Deadline& deadline) {
   const auto start = Clock::now();
   const int out_fd = out ? live_fd(out->peer, "send to") : -1;
   const int in_fd = in ? live_fd(in->peer, "receive from") : -1;
@@ -283,7 +285,7 @@ void TcpRail::transfer(Outgoing* out, Incoming* in, uint64_t tag, const Deadline
         bytes_sent_.fetch_add(out->sender.progress(out_fd), std::memory_order_relaxed);
       } catch (const SocketFailure& f) {
         fail_peer(out->peer, "rail " + config_.name + ": sending to " + rank_name(out->peer) +
-                                 " failed (tag " + format_tag(tag) + "): " + f.describe());
+                                 " failed (tag " + format_tag(out->tag) + "): " + f.describe());
       }
     }
     if (in && !in->receiver.done()) {
@@ -291,7 +293,7 @@ void TcpRail::transfer(Outgoing* out, Incoming* in, uint64_t tag, const Deadline
         bytes_received_.fetch_add(in->receiver.progress(in_fd, in->on_header), std::memory_order_relaxed);
       } catch (const SocketFailure& f) {
         fail_peer(in->peer, "rail " + config_.name + ": receiving from " + rank_name(in->peer) +
-                                " failed (tag " + format_tag(tag) + "): " + f.describe());
+                                " failed (tag " + format_tag(in->tag) + "): " + f.describe());
       } catch (const ProtocolError& e) {
         close_peer(in->peer, e.what());
         throw;
@@ -305,7 +307,8 @@ void TcpRail::transfer(Outgoing* out, Incoming* in, uint64_t tag, const Deadline
       // A half-moved frame leaves the stream out of step, so the connection cannot be reused.
       const int peer = receiving ? in->peer : out->peer;
       std::string what = "rail " + config_.name + ": timed out after " + seconds_since(start) +
-                         " s waiting for " + rank_name(peer) + " (tag " + format_tag(tag) + ")";
+                         " s waiting for " + rank_name(peer) + " (tag " +
+                         format_tag(receiving ? in->tag : out->tag) + ")";
       if (receiving)
         what += in->receiver.started() ? "; " + std::to_string(in->receiver.payload_received()) +
                                              " payload bytes of the frame received"
@@ -331,8 +334,8 @@ void TcpRail::transfer(Outgoing* out, Incoming* in, uint64_t tag, const Deadline
 }
 
 void TcpRail::send(int peer, uint64_t tag, const void* data, size_t bytes, const Deadline& deadline) {
-  Outgoing out{peer, FrameSender(FrameType::kData, tag, data, bytes)};
-  transfer(&out, nullptr, tag, deadline);
+  Outgoing out{peer, tag, FrameSender(FrameType::kData, tag, data, bytes)};
+  transfer(&out, nullptr, deadline);
 }
 
 namespace {
@@ -350,17 +353,17 @@ FrameReceiver::HeaderHandler data_header_handler(int peer, uint64_t tag, void* d
 }  // namespace
 
 void TcpRail::recv(int peer, uint64_t tag, void* data, size_t bytes, const Deadline& deadline) {
-  Incoming in{peer, FrameReceiver(), data_header_handler(peer, tag, data, bytes, config_.name)};
-  transfer(nullptr, &in, tag, deadline);
+  Incoming in{peer, tag, FrameReceiver(), data_header_handler(peer, tag, data, bytes, config_.name)};
+  transfer(nullptr, &in, deadline);
 }
 
 void TcpRail::sendrecv_tags(int send_peer, const void* send_data, size_t send_bytes, uint64_t send_tag,
                             int recv_peer, void* recv_data, size_t recv_bytes, uint64_t recv_tag,
                             const Deadline& deadline) {
-  Outgoing out{send_peer, FrameSender(FrameType::kData, send_tag, send_data, send_bytes)};
-  Incoming in{recv_peer, FrameReceiver(),
+  Outgoing out{send_peer, send_tag, FrameSender(FrameType::kData, send_tag, send_data, send_bytes)};
+  Incoming in{recv_peer, recv_tag, FrameReceiver(),
               data_header_handler(recv_peer, recv_tag, recv_data, recv_bytes, config_.name)};
-  transfer(&out, &in, recv_tag, deadline);
+  transfer(&out, &in, deadline);
 }
 
 void TcpRail::send_message(int peer, const std::string& payload, const Deadline& deadline) {
@@ -370,8 +373,8 @@ void TcpRail::send_message(int peer, const std::string& payload, const Deadline&
                           std::to_string(kMaxControlPayloadBytes) + " byte limit");
   live_fd(peer, "send to");
   const uint64_t seq = peers_[peer].control_sent;
-  Outgoing out{peer, FrameSender(FrameType::kControl, seq, payload.data(), payload.size())};
-  transfer(&out, nullptr, seq, deadline);
+  Outgoing out{peer, seq, FrameSender(FrameType::kControl, seq, payload.data(), payload.size())};
+  transfer(&out, nullptr, deadline);
   peers_[peer].control_sent = seq + 1;
 }
 

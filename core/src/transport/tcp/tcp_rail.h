@@ -118,7 +118,7 @@ class TcpRail : public Rail {
 
   void connect_to(int peer, const std::string& endpoint, const Deadline& deadline);
   void admit(int peer, tcp::Fd fd, const std::string& remote);
-  void transfer(Outgoing* out, Incoming* in, uint64_t tag, const Deadline& deadline);
+  void transfer(Outgoing* out, Incoming* in, const Deadline& deadline);
   int live_fd(int peer, const char* what);
   void close_peer(int peer, const std::string& why);  // keeps the first reason
   [[noreturn]] void fail_peer(int peer, const std::string& what);  // close_peer + PeerError
