@@ -1,7 +1,6 @@
 #include "collectives/ring.h"
 
 #include <algorithm>
-#include <utility>
 #include <vector>
 
 #include "collectives/reduce.h"
@@ -25,17 +24,19 @@ size_t segments_for(size_t largest_block, size_t segment_size) {
   return (largest_block + segment_size - 1) / segment_size;
 }
 
-// Message i of a ring phase (step i / nseg, segment i % nseg): what goes to the next rank and where
-// the one from the previous rank lands.
+// Message i of a ring phase (step i / nseg, segment i % nseg): what goes to the next rank, where the
+// one from the previous rank is received, and where in the caller's buffer its data ends up
+// (`lands`: the reduce-scatter receives into scratch and adds it there; the allgather receives there).
 struct Exchange {
   const uint8_t* send;
   size_t send_bytes;
   uint8_t* recv;
   size_t recv_bytes;
+  uint8_t* lands;
 };
 
-// Runs the `count` messages of a ring phase; before message i is received, before_receive(i) runs;
-// after it has arrived, received(i) (the reduce-scatter adds the segment into place).
+// Runs the `count` messages of a ring phase (each planned once); before_receive(x) runs before
+// message x is received, received(x) once it has arrived (the reduce-scatter adds it into place).
 //
 // Lock-step (send i and receive i together, then received(i)) leaves the link to the next rank idle
 // while received(i) runs and until the next exchange starts: on shaped links that was 5-10% of the
@@ -56,28 +57,29 @@ void run_phase(transport::Rail& rail, size_t count, size_t nseg, size_t largest_
   if (!pipelined) {
     for (size_t i = 0; i < count; ++i) {
       const Exchange x = plan(i);
-      before_receive(i);
+      before_receive(x);
       rail.sendrecv(next, x.send, x.send_bytes, prev, x.recv, x.recv_bytes, tags.next(), deadline);
-      received(i);
+      received(x);
     }
     return;
   }
   // Messages are sent and received in the same order, so two copies of the tag sequence, one per
   // direction, give the receiver the tag the sender used.
   TagSequence send_tags = tags;
-  const Exchange first = plan(0);
-  rail.send(next, send_tags.next(), first.send, first.send_bytes, deadline);
+  Exchange x = plan(0);
+  rail.send(next, send_tags.next(), x.send, x.send_bytes, deadline);
   for (size_t i = 0; i < count; ++i) {
-    const Exchange x = plan(i);
-    before_receive(i);
+    before_receive(x);
+    Exchange ahead{};
     if (i + 1 < count) {
-      const Exchange ahead = plan(i + 1);
+      ahead = plan(i + 1);
       rail.sendrecv_tags(next, ahead.send, ahead.send_bytes, send_tags.next(), prev, x.recv,
                          x.recv_bytes, tags.next(), deadline);
     } else {
       rail.recv(prev, tags.next(), x.recv, x.recv_bytes, deadline);
     }
-    received(i);
+    received(x);
+    x = ahead;
   }
 }
 
@@ -98,26 +100,23 @@ void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<
 
   // Step s: send block r-s-1 (which holds s+1 contributions), receive block r-s-2 and add ours.
   // After n-1 steps the block received last, block r, holds all n contributions.
-  // Returns message i and where its received segment is added.
-  auto locate = [&](size_t i) {
+  auto plan = [&](size_t i) {
     const int s = static_cast<int>(i / nseg);
     const size_t k = i % nseg;
     const int send_block = ring_mod(r - s - 1, n);
     const int recv_block = ring_mod(r - s - 2, n);
     const Segment out = segment_of(k, segment_elems, counts[send_block]);
     const Segment in = segment_of(k, segment_elems, counts[recv_block]);
-    return std::make_pair(Exchange{buf + (offsets[send_block] + out.begin) * esize, out.length * esize,
-                                   scratch.data(), in.length * esize},
-                          buf + (offsets[recv_block] + in.begin) * esize);
+    return Exchange{buf + (offsets[send_block] + out.begin) * esize, out.length * esize,
+                    scratch.data(), in.length * esize, buf + (offsets[recv_block] + in.begin) * esize};
   };
   run_phase(
       rail, static_cast<size_t>(n - 1) * nseg, nseg, std::min(segment_elems, largest) * esize, tags,
-      deadline, [&](size_t i) { return locate(i).first; }, [](size_t) {},
-      [&](size_t i) {
-        const auto [x, target] = locate(i);
+      deadline, plan, [](const Exchange&) {},
+      [&](const Exchange& x) {
         if (before_overwrite && x.recv_bytes > 0)
-          (*before_overwrite)(static_cast<size_t>(target - buf), x.recv_bytes);
-        reduce_into(target, scratch.data(), x.recv_bytes / esize, dtype, op);
+          (*before_overwrite)(static_cast<size_t>(x.lands - buf), x.recv_bytes);
+        reduce_into(x.lands, scratch.data(), x.recv_bytes / esize, dtype, op);
       });
 }
 
@@ -141,18 +140,17 @@ void ring_allgather(transport::Rail& rail, uint8_t* buf, const std::vector<size_
     const int recv_block = ring_mod(r - s - 1, n);
     const Segment out = segment_of(k, segment_bytes, block_bytes[send_block]);
     const Segment in = segment_of(k, segment_bytes, block_bytes[recv_block]);
-    return Exchange{buf + offsets[send_block] + out.begin, out.length,
-                    buf + offsets[recv_block] + in.begin, in.length};
+    uint8_t* dest = buf + offsets[recv_block] + in.begin;
+    return Exchange{buf + offsets[send_block] + out.begin, out.length, dest, in.length, dest};
   };
   run_phase(
       rail, static_cast<size_t>(n - 1) * nseg, nseg, std::min(segment_bytes, largest), tags, deadline,
       plan,
-      [&](size_t i) {
-        const Exchange x = plan(i);
+      [&](const Exchange& x) {
         if (before_overwrite && x.recv_bytes > 0)
-          (*before_overwrite)(static_cast<size_t>(x.recv - buf), x.recv_bytes);
+          (*before_overwrite)(static_cast<size_t>(x.lands - buf), x.recv_bytes);
       },
-      [](size_t) {});
+      [](const Exchange&) {});
 }
 
 }  // namespace nezha::collectives::detail

@@ -45,7 +45,6 @@ void Executor::record_started(ShareRecord& rec, const void* input, size_t bytes)
 }
 
 void Executor::save_before_overwrite(ShareRecord& rec, const uint8_t* data, size_t offset, size_t bytes) {
-  if (!rec.original.data()) return;  // failover off
   uint8_t* copy = rec.original.data();
   rec.saved.save(offset, offset + bytes,
                  [&](size_t b, size_t e) { std::memcpy(copy + b, data + b, e - b); });
