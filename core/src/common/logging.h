@@ -26,9 +26,16 @@ class LogMessage {
   std::ostringstream stream_;
 };
 
+// Turns the streamed message into void, for the two arms of NZ_LOG's conditional.
+struct LogVoidify {
+  void operator&(std::ostream&) {}
+};
+
 }  // namespace nezha
 
-#define NZ_LOG(LEVEL)                                                        \
-  if (::nezha::LogLevel::k##LEVEL < ::nezha::log_level()) {                  \
-  } else                                                                     \
-    ::nezha::LogMessage(::nezha::LogLevel::k##LEVEL).stream()
+// One expression (not an if/else), so `if (x) NZ_LOG(Info) << ...; else ...` binds as written. `&`
+// binds looser than `<<`: the whole message is streamed before it is discarded as void.
+#define NZ_LOG(LEVEL)                                           \
+  (::nezha::LogLevel::k##LEVEL < ::nezha::log_level())          \
+      ? (void)0                                                 \
+      : ::nezha::LogVoidify() & ::nezha::LogMessage(::nezha::LogLevel::k##LEVEL).stream()

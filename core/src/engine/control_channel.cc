@@ -17,7 +17,8 @@ namespace nezha::engine {
 namespace {
 
 constexpr double kSendAttemptS = 2.0;     // a path whose socket buffer stays full this long is dead
-constexpr size_t kEnvelopeBytes = 16;     // message number, acknowledgement
+constexpr size_t kEnvelopeBytes = 32;     // message number, acknowledgement, route version, mover
+constexpr size_t kRouteAt = 16;           // where the route starts in an envelope
 constexpr size_t kMaxEarly = 1u << 16;    // messages held ahead of a gap, per peer
 // Unacknowledged this long, a message is presumed lost under a cut: bare acknowledgements go out
 // after kAckDelay, so this leaves room for a loaded machine's scheduling delays.
@@ -90,6 +91,7 @@ void ControlChannel::move_peer(int peer, const std::string& why, bool after_curr
     throw PeerError(peer, "every control path to rank " + std::to_string(peer) + " failed; last: " +
                               p.last_error);
   }
+  if (path != p.path) p.route = {p.route.version + 1, static_cast<uint64_t>(rank_)};
   set_path(peer, path, why);
 }
 
@@ -122,8 +124,22 @@ void ControlChannel::flush(int peer, size_t from) {
   }
 }
 
-void ControlChannel::send_on_path(int peer, const std::string& envelope) {
-  const int path = peers_[peer].path;
+void ControlChannel::follow(int peer, int path, const Route& route) {
+  PeerState& p = peers_[peer];
+  if (!(p.route < route)) return;  // sent before a move we know of (in flight on the old path)
+  p.route = route;
+  // Onto an avoided path too: the peer reached us there, after its preferred ones failed it.
+  if (path != p.path && !p.broken[path]) {
+    set_path(peer, path, "rank " + std::to_string(peer) + " talks there");
+    flush(peer, 0);  // what is unacknowledged may have been lost on the old path
+  }
+}
+
+void ControlChannel::send_on_path(int peer, std::string& envelope) {
+  const PeerState& p = peers_[peer];
+  std::memcpy(envelope.data() + kRouteAt, &p.route.version, 8);
+  std::memcpy(envelope.data() + kRouteAt + 8, &p.route.mover, 8);
+  const int path = p.path;
   if (black_hole_[path]) return;
   paths_[path]->send_message(peer, envelope, Deadline::after_seconds(kSendAttemptS));
 }
@@ -133,6 +149,7 @@ void ControlChannel::send_bare_ack(int peer) {
   std::string envelope;
   append_u64(envelope, kBareAck);
   append_u64(envelope, p.next_recv);
+  envelope.resize(kEnvelopeBytes);  // the route: stamped when sent
   try {
     send_on_path(peer, envelope);
     p.ack_owed_since.reset();
@@ -173,6 +190,7 @@ void ControlChannel::send(int peer, const std::string& payload) {
   envelope.reserve(kEnvelopeBytes + payload.size());
   append_u64(envelope, p.next_send);
   append_u64(envelope, p.next_recv);
+  envelope.resize(kEnvelopeBytes);  // the route: stamped when sent, so resends carry the current one
   envelope += payload;
   p.unacked.push_back({p.next_send++, std::move(envelope), Clock::now()});
   flush(peer, p.unacked.size() - 1);
@@ -190,11 +208,11 @@ void ControlChannel::on_envelope(int peer, int path, std::string envelope) {
     while (!p.unacked.empty() && p.unacked.front().number < ack) p.unacked.pop_front();
     p.ack_timeout = kAckTimeout;  // the path works
   }
-  // Onto an avoided path too: the peer reached us there, after its preferred ones failed it.
-  if (path != p.path && !p.broken[path]) {
-    set_path(peer, path, "rank " + std::to_string(peer) + " talks there");
-    flush(peer, 0);  // what is unacknowledged may have been lost on the old path
-  }
+  const Route route{read_u64(envelope, kRouteAt), read_u64(envelope, kRouteAt + 8)};
+  if (route.mover >= static_cast<uint64_t>(size_))
+    throw ProtocolError("rank " + std::to_string(peer) + " sent a control message whose path was moved by rank " +
+                        std::to_string(route.mover) + " of " + std::to_string(size_));
+  follow(peer, path, route);
   if (number == kBareAck) return;
   if (!p.ack_owed_since) p.ack_owed_since = Clock::now();  // duplicates too: the sender resent
   if (number < p.next_recv) return;  // a duplicate, sent again after a path switch
@@ -234,14 +252,10 @@ std::optional<transport::TcpRail::Message> ControlChannel::recv_any(int wake_fd,
   };
   std::vector<pollfd> fds;
   std::vector<int> owner;  // path of each fd; -1 for wake_fd
+  // The first pass reads what has already arrived before the timers judge anything: the engine may
+  // not have called for a while, and the acknowledgements may be waiting in the sockets.
+  int timeout_ms = 0;
   for (;;) {
-    Clock::time_point now = Clock::now();
-    std::optional<Clock::time_point> timer = run_timers(now);
-    int timeout_ms = deadline.remaining_ms();  // capped at 1 s
-    if (timer) {
-      const auto until = std::chrono::ceil<std::chrono::milliseconds>(*timer - now).count();
-      timeout_ms = static_cast<int>(std::clamp<long long>(until, 0, timeout_ms));
-    }
     fds.assign({{wake_fd, POLLIN, 0}});
     owner.assign(1, -1);
     for (size_t i = 0; i < paths_.size(); ++i) {
@@ -275,8 +289,15 @@ std::optional<transport::TcpRail::Message> ControlChannel::recv_any(int wake_fd,
       }
     }
     if (!ready_.empty()) return pop();
-    if (fds[0].revents & POLLIN) return std::nullopt;
+    if (n > 0 && (fds[0].revents & POLLIN)) return std::nullopt;
+    const Clock::time_point now = Clock::now();
+    const std::optional<Clock::time_point> timer = run_timers(now);
     if (deadline.expired()) return std::nullopt;
+    timeout_ms = deadline.remaining_ms();  // capped at 1 s
+    if (timer) {
+      const auto until = std::chrono::ceil<std::chrono::milliseconds>(*timer - now).count();
+      timeout_ms = static_cast<int>(std::clamp<long long>(until, 0, timeout_ms));
+    }
   }
 }
 

@@ -14,7 +14,10 @@
 // moving does not help (a stopped peer) and is back to its base once an acknowledgement arrives.
 // A rank that hears a peer on another path than its own to that peer follows it there: the peer
 // moved because something it sent was lost, and acknowledgements sent back on the old path would be
-// lost too.
+// lost too. Only a newer move is followed: each move of the pair's path gets a version (one more than
+// the newest either side knows, ties broken by the mover's rank) that every message carries, so a
+// message still in flight on the old path does not pull the pair back there, and two ranks moving at
+// once settle on one path.
 //
 // Timers (bare acknowledgements, ack timeouts) run inside recv_any(), which the engine calls
 // whenever it waits.
@@ -71,8 +74,15 @@ class ControlChannel {
   void testing_black_hole(int path) { black_hole_.at(path) = true; }
 
  private:
+  // Orders the moves of a pair's path: a higher version wins; at equal versions, the higher rank.
+  struct Route {
+    uint64_t version = 0;
+    uint64_t mover = 0;
+    bool operator<(const Route& o) const { return version != o.version ? version < o.version : mover < o.mover; }
+  };
   struct PeerState {
     int path = 0;
+    Route route;  // the newest move of this pair's path this rank knows
     uint64_t next_send = 0;
     struct Unacked {
       uint64_t number;
@@ -95,9 +105,11 @@ class ControlChannel {
   // Bare acknowledgements due, ack timeouts passed; returns when to run again.
   std::optional<Clock::time_point> run_timers(Clock::time_point now);
   void send_bare_ack(int peer);
-  void send_on_path(int peer, const std::string& envelope);
+  void send_on_path(int peer, std::string& envelope);  // stamps the current route first
   int pick_path(const PeerState& p, bool after_current, bool any_path = false) const;
   void set_path(int peer, int path, const std::string& why);  // logs a change
+  // Heard the peer on `path` with its route: follows it there when that move is newer than ours.
+  void follow(int peer, int path, const Route& route);
 
   int rank_, size_;
   std::vector<std::string> names_;

@@ -99,7 +99,8 @@ TEST(ControlChannel, QuietPeerAcknowledgesSoNothingMoves) {
   p[0].send(1, "x");
   EXPECT_EQ(p.receive(1, 1), std::vector<std::string>{"x"});
   EXPECT_TRUE(p.quiet(1));  // rank 1 has nothing to say: it acknowledges "x" on its own
-  // Well past the ack timeout: had the acknowledgement not come, rank 0 would have moved.
+  // Well past the ack timeout, and rank 0 has not looked since: it reads the acknowledgement
+  // waiting in its socket before its timers judge "x" lost.
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(p.quiet(0));
   EXPECT_EQ(p[0].path_of(1), 0);
 }
@@ -150,6 +151,47 @@ TEST(ControlChannel, AckTimeoutsTryAvoidedPathsWhenThePreferredOneIsCut) {
     }
   });
   EXPECT_EQ(p[1].path_of(0), 0);  // acknowledged there: it stays
+}
+
+TEST(ControlChannel, AMessageStillInFlightOnTheOldPathDoesNotPullThePairBack) {
+  // Rank 0 moves to path b; rank 1 sent "stale" on a before it heard of the move. "stale" arriving
+  // on a must not take rank 0 back to a (and rank 1 after it); rank 1 follows rank 0 to b.
+  Pair p(2);
+  p[0].switch_path(1, "test");
+  p[1].send(0, "stale");  // rank 1 still on a
+  p[0].send(1, "moved");  // on b, with the newer move
+  EXPECT_EQ(p.receive(0, 1), std::vector<std::string>{"stale"});
+  EXPECT_EQ(p[0].path_of(1), 1);
+  EXPECT_EQ(p.receive(1, 1), std::vector<std::string>{"moved"});
+  EXPECT_EQ(p[1].path_of(0), 1);
+  run_ranks(2, [&](int r) {  // acknowledgements go both ways
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(p.quiet(r));
+  });
+  EXPECT_EQ(p[0].path_of(1), 1);
+  EXPECT_EQ(p[1].path_of(0), 1);
+}
+
+TEST(ControlChannel, TwoRanksMovingAtOnceSettleOnOnePath) {
+  // Rank 0 moves to c and rank 1 to b at the same time (each sees a different path fail): the
+  // higher rank's move wins on both sides, and every message still arrives exactly once.
+  Pair p(3);
+  p[0].avoid_path(1, true);
+  p[0].switch_path(1, "test");
+  p[0].avoid_path(1, false);
+  ASSERT_EQ(p[0].path_of(1), 2);
+  p[1].switch_path(0, "test");
+  ASSERT_EQ(p[1].path_of(0), 1);
+  p[0].send(1, "from 0");
+  p[1].send(0, "from 1");
+  EXPECT_EQ(p.receive(1, 1), std::vector<std::string>{"from 0"});
+  EXPECT_EQ(p.receive(0, 1), std::vector<std::string>{"from 1"});
+  run_ranks(2, [&](int r) {  // resends and acknowledgements settle; nothing is delivered twice
+    for (int i = 0; i < 4; ++i) EXPECT_TRUE(p.quiet(r));
+  });
+  EXPECT_EQ(p[0].path_of(1), 1);
+  EXPECT_EQ(p[1].path_of(0), 1);
+  p[0].send(1, "after");
+  EXPECT_EQ(p.receive(1, 1), std::vector<std::string>{"after"});
 }
 
 TEST(ControlChannel, LastWordsBeforeAPeerClosesAreDeliveredBeforeItsLoss) {
