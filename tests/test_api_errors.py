@@ -66,3 +66,19 @@ def test_name_reused_while_in_flight(job):
     result = job(2, "reuse_name.py", timeout=60)
     assert result.returncode == 0, result.output
     assert "OK" in result.lines(0)
+
+
+@pytest.mark.parametrize("array,kwargs", [
+    (np.ones(3, bool), dict(op=nezha.Average)),
+    (np.ones(3, bool), dict(op=nezha.Max, postscale_factor=2.0)),
+    (np.ones(3, bool), dict(op=nezha.Sum, prescale_factor=0.5)),
+    (np.ones(3, np.int32), dict(op=nezha.Sum, postscale_factor=float("inf"))),
+    (np.ones(3, np.int64), dict(op=nezha.Sum, prescale_factor=float("nan"))),
+])
+def test_scaling_a_dtype_that_cannot_be_scaled_is_rejected_and_the_engine_goes_on(single, array, kwargs):
+    # Once the engine stopped on these ("engine stopped: scale: bool tensors cannot be scaled").
+    with pytest.raises(ValueError, match="tensor 'bad_scale'.*(bool|integer)"):
+        nezha.allreduce(array, name="bad_scale", **kwargs)
+    with pytest.raises(ValueError, match="bad_scale"):
+        nezha.reducescatter(np.ones(4, array.dtype), name="bad_scale", **kwargs)
+    assert nezha.allreduce(np.arange(3.0), op=nezha.Average, postscale_factor=2.0).tolist() == [0, 2, 4]

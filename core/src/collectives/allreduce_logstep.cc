@@ -43,7 +43,13 @@ void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType 
   detail::require(buf != nullptr || count == 0, "allreduce_logstep: null buffer");
   const int n = rail.size();
   const int r = rail.rank();
-  if (n == 1 || count == 0) return;
+  if (count == 0) return;
+  auto* data = static_cast<uint8_t*>(buf);
+  if (opt.before_overwrite) opt.before_overwrite(0, bytes);  // small: all of it, up front
+  if (n == 1) {
+    if (opt.postscale != 1.0) scale(data, count, dtype, opt.postscale);
+    return;
+  }
 
   const int p = largest_power_of_two_at_most(n);
   int rounds = 0;
@@ -52,8 +58,6 @@ void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType 
   const uint64_t fold_in_tag = make_tag(opt.seq, 0);
   const uint64_t fold_out_tag = make_tag(opt.seq, static_cast<uint64_t>(rounds) + 1);
 
-  auto* data = static_cast<uint8_t*>(buf);
-  if (opt.before_overwrite) opt.before_overwrite(0, bytes);  // small: all of it, up front
   if (r >= p) {  // an extra rank: hand our data to the partner, get the result back at the end
     rail.send(r - p, fold_in_tag, data, bytes, opt.deadline);
     rail.recv(r - p, fold_out_tag, data, bytes, opt.deadline);
@@ -72,6 +76,9 @@ void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType 
                   make_tag(opt.seq, static_cast<uint64_t>(round) + 1), opt.deadline);
     combine_in_rank_order(data, scratch.data(), r < partner, count, dtype, op);
   }
+  // Every rank of the doubling holds the same bits here, so each scales its own copy alike; the
+  // extra ranks receive theirs scaled.
+  if (opt.postscale != 1.0) scale(data, count, dtype, opt.postscale);
   if (has_extra_partner) rail.send(r + p, fold_out_tag, data, bytes, opt.deadline);
 }
 

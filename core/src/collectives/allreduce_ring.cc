@@ -12,7 +12,7 @@ void allreduce_ring(transport::Rail& rail, void* buf, size_t count, DataType dty
                     const CollectiveOptions& opt) {
   const size_t esize = dtype_size(dtype);
   detail::require(buf != nullptr || count == 0, "allreduce_ring: null buffer");
-  if (rail.size() == 1 || count == 0) return;
+  if (count == 0) return;
 
   const std::vector<size_t> counts = detail::cache_line_partition(count, rail.size(), esize);
   std::vector<size_t> block_bytes(counts.size());
@@ -22,7 +22,8 @@ void allreduce_ring(transport::Rail& rail, void* buf, size_t count, DataType dty
   auto* bytes = static_cast<uint8_t*>(buf);
   detail::TagSequence tags(opt.seq);
   const detail::OverwriteHook* hook = opt.before_overwrite ? &opt.before_overwrite : nullptr;
-  detail::ring_reduce_scatter(rail, bytes, counts, dtype, op, segment_elems, tags, opt.deadline, hook);
+  detail::ring_reduce_scatter(rail, bytes, counts, dtype, op, segment_elems, tags, opt.deadline, hook,
+                              opt.postscale);
   detail::ring_allgather(rail, bytes, block_bytes, segment_elems * esize, tags, opt.deadline, hook);
 }
 

@@ -29,6 +29,10 @@ struct CollectiveOptions {
   // keeps the input for a redo on another rail this way, a range at a time while the data moves,
   // instead of copying the whole input before the operation starts.
   std::function<void(size_t offset, size_t bytes)> before_overwrite;
+  // allreduce only: every element of the result is multiplied by this exactly once (scale(): Average's
+  // 1/size, a user's postscale). The ring scales each block where it is completed, so a rank scales
+  // 1/size of the data, still in cache, instead of all of it afterwards; every rank gets the same bits.
+  double postscale = 1.0;
 };
 
 // Tag for step `step` of operation `seq`; steps are < 2^20.

@@ -87,16 +87,24 @@ void run_phase(transport::Rail& rail, size_t count, size_t nseg, size_t largest_
 
 void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& counts,
                          DataType dtype, ReduceOp op, size_t segment_elems, TagSequence& tags,
-                         const Deadline& deadline, const OverwriteHook* before_overwrite) {
+                         const Deadline& deadline, const OverwriteHook* before_overwrite,
+                         double postscale) {
   const int n = rail.size();
   const int r = rail.rank();
-  if (n == 1) return;
+  if (n == 1) {
+    if (postscale != 1.0 && counts[0] > 0) {
+      if (before_overwrite) (*before_overwrite)(0, counts[0] * dtype_size(dtype));
+      scale(buf, counts[0], dtype, postscale);
+    }
+    return;
+  }
   const size_t largest = *std::max_element(counts.begin(), counts.end());
   if (largest == 0) return;
   const size_t esize = dtype_size(dtype);
   const std::vector<size_t> offsets = prefix_offsets(counts);
   const size_t nseg = segments_for(largest, segment_elems);
   AlignedBuffer scratch(std::min(segment_elems, largest) * esize);
+  const size_t last_step_from = static_cast<size_t>(n - 2) * nseg;  // its messages complete block r
 
   // Step s: send block r-s-1 (which holds s+1 contributions), receive block r-s-2 and add ours.
   // After n-1 steps the block received last, block r, holds all n contributions.
@@ -113,10 +121,12 @@ void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<
   run_phase(
       rail, static_cast<size_t>(n - 1) * nseg, nseg, std::min(segment_elems, largest) * esize, tags,
       deadline, plan, [](const Exchange&) {},
-      [&](const Exchange& x) {
+      [&, i = size_t{0}](const Exchange& x) mutable {
         if (before_overwrite && x.recv_bytes > 0)
           (*before_overwrite)(static_cast<size_t>(x.lands - buf), x.recv_bytes);
         reduce_into(x.lands, scratch.data(), x.recv_bytes / esize, dtype, op);
+        if (postscale != 1.0 && i >= last_step_from) scale(x.lands, x.recv_bytes / esize, dtype, postscale);
+        ++i;
       });
 }
 

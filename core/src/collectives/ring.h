@@ -26,9 +26,11 @@ using OverwriteHook = std::function<void(size_t offset, size_t bytes)>;
 // of buf on rank r holds the reduction over all ranks of block r; other blocks are partial sums.
 // Each element is reduced along one fixed chain of ranks, so the result is identical whichever rank
 // later copies it.
+// `postscale` (!= 1) multiplies block r once it is complete (scale()).
 void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& counts,
                          DataType dtype, ReduceOp op, size_t segment_elems, TagSequence& tags,
-                         const Deadline& deadline, const OverwriteHook* before_overwrite = nullptr);
+                         const Deadline& deadline, const OverwriteHook* before_overwrite = nullptr,
+                         double postscale = 1.0);
 
 // buf holds rail.size() consecutive blocks (sizes in bytes) and rank r's block r is filled in. On
 // return every block is filled in, copied verbatim from its owner.

@@ -204,6 +204,7 @@ std::shared_ptr<OpHandle> Engine::enqueue(TensorEntry entry) {
     throw InvalidArgument("tensor names must be 1 to 4096 characters long, got " +
                           std::to_string(entry.req.name.size()));
   }
+  entry.req.check_scaling();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.empty()) throw NezhaError(failure_);

@@ -179,6 +179,7 @@ void Executor::run_share(ShareRecord& rec) {
   if (rec.is_redo) restore_input(rec, target, range, bytes);
 
   collectives::CollectiveOptions copt = options(rec.seq, opt_.timeout_s);
+  copt.postscale = effective_postscale(job.resp, job.size);
   if (rec.original.data()) {
     copt.before_overwrite = [this, &rec, target](size_t offset, size_t n) {
       save_before_overwrite(rec, target, offset, n);
@@ -219,15 +220,13 @@ void Executor::finish_allreduce(AllreduceJob& job) {
   }
   const Response& resp = job.resp;
   const size_t esize = dtype_size(resp.dtype);
-  double post = effective_postscale(resp, job.size);
-  size_t off = 0;
+  size_t off = 0;  // the shares' collectives applied the postscale already
   for (size_t i = 0; i < job.entries.size(); ++i) {
     size_t count = static_cast<size_t>(resp.counts[i]);
     TensorEntry& e = job.entries[i];
     if (e.handle) {
       uint8_t* out = static_cast<uint8_t*>(e.output);
       if (out != job.data + off) std::memcpy(out, job.data + off, count * esize);
-      if (post != 1.0) collectives::scale(out, count, resp.dtype, post);
       e.handle->complete();
     }
     off += count * esize;

@@ -10,7 +10,7 @@ namespace nezha::engine {
 RailFailover::RailFailover(int size, std::vector<std::string> rail_names,
                            multirail::RailHealthOptions opt)
     : size_(size) {
-  for (auto& n : rail_names) rails_.push_back(Rail{n, multirail::RailHealth(n, opt)});
+  for (auto& n : rail_names) rails_.emplace_back(n, multirail::RailHealth(n, opt));
 }
 
 void RailFailover::check(int rail, int rank) const {

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/message_codec.h"
@@ -66,6 +67,7 @@ class RailFailover {
  private:
   enum class Phase { kUp, kDraining, kDown, kResetting, kConnecting };
   struct Rail {
+    Rail(std::string n, multirail::RailHealth h) : name(std::move(n)), health(std::move(h)) {}
     std::string name;
     multirail::RailHealth health;
     Phase phase = Phase::kUp;

@@ -1,5 +1,10 @@
 #include "engine/request.h"
 
+#include <cmath>
+#include <sstream>
+
+#include "common/error.h"
+
 namespace nezha::engine {
 
 const char* op_type_name(OpType t) {
@@ -19,6 +24,22 @@ bool Request::same_metadata(const Request& o) const {
   return type == o.type && name == o.name && dtype == o.dtype && shape == o.shape && op == o.op &&
          prescale == o.prescale && postscale == o.postscale && root == o.root &&
          splits == o.splits && group == o.group && group_size == o.group_size;
+}
+
+void Request::check_scaling() const {
+  if (type != OpType::kAllreduce && type != OpType::kReducescatter) return;
+  std::ostringstream why;
+  if (dtype == DataType::kBool && (op == ReduceOp::kAverage || prescale != 1.0 || postscale != 1.0)) {
+    why << "bool tensors cannot be averaged or scaled (prescale " << prescale << ", postscale " << postscale
+        << "); use Sum, Min or Max";
+  } else if (!is_floating(dtype) && !(std::isfinite(prescale) && std::isfinite(postscale))) {
+    why << "integer tensors need finite scale factors (prescale " << prescale << ", postscale " << postscale
+        << ")";
+  } else {
+    return;
+  }
+  throw InvalidArgument(std::string(op_type_name(type)) + " of tensor '" + name + "' (" + dtype_name(dtype) +
+                        "): " + why.str());
 }
 
 int64_t Request::num_elements() const {

@@ -45,6 +45,9 @@ struct Request {
   int32_t cache_id = -1;
 
   bool same_metadata(const Request& o) const;
+  // Reductions: throws InvalidArgument, naming the tensor, for scaling its dtype cannot take (bool
+  // with Average or a factor, integers with a non-finite factor), before it reaches any rank's engine.
+  void check_scaling() const;
   int64_t num_elements() const;
   int64_t row_elements() const;   // elements per index of dim 0 (1 for a scalar)
   size_t bytes() const { return static_cast<size_t>(num_elements()) * dtype_size(dtype); }
