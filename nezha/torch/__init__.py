@@ -6,11 +6,11 @@ DistributedOptimizer behaviour). No communication logic lives here.
 """
 
 from nezha.torch.basics import (
-    Adasum, Average, HorovodInternalError, Max, Min, NezhaError, Product, Sum, ccl_built,
-    cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled,
-    init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
-    stop_timeline)
+    Adasum, Average, HorovodInternalError, Max, Min, NezhaError, ProcessSet, Product, Sum,
+    add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set,
+    gloo_built, gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
+    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set,
+    rocm_built, shutdown, size, start_timeline, stop_timeline)
 from nezha.torch.autograd_ops import (
     allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce,
     grouped_reducescatter, reducescatter)

@@ -27,7 +27,6 @@ NezhaError = nezha.NezhaError
 # Horovod scripts catch these names around collectives.
 HorovodInternalError = nezha.NezhaError
 
-init = nezha.init
 shutdown = nezha.shutdown
 is_initialized = nezha.is_initialized
 rank = nezha.rank
@@ -86,10 +85,69 @@ class _GlobalProcessSet:
 global_process_set = _GlobalProcessSet()
 
 
+class ProcessSet:
+    """Horovod's `ProcessSet(ranks)`. Nezha runs every collective over all ranks, so a set of every
+    rank works (it is the global set) and any smaller one is refused with NotImplementedError when it
+    is registered or used, instead of a script failing on a missing name."""
+
+    def __init__(self, ranks_or_comm):
+        if not isinstance(ranks_or_comm, (list, tuple, range)):
+            raise NotImplementedError("ProcessSet from an MPI communicator: Nezha does not use MPI; "
+                                      "pass a list of ranks")
+        self.ranks = sorted(int(r) for r in ranks_or_comm)
+        self.process_set_id = None
+
+    def _check_is_every_rank(self):
+        if self.ranks != list(range(size())):
+            raise NotImplementedError(
+                "process set of ranks %s: Nezha runs collectives over all %d ranks only (use the "
+                "global process set)" % (self.ranks, size()))
+
+    def size(self):
+        return len(self.ranks)
+
+    def rank(self):
+        return self.ranks.index(rank()) if rank() in self.ranks else -1
+
+    def included(self):
+        return rank() in self.ranks
+
+    def __repr__(self):
+        return "ProcessSet(ranks=%s)" % (self.ranks,)
+
+
+def add_process_set(process_set):
+    """Registers a process set (Horovod's name); only the set of every rank is supported."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    process_set._check_is_every_rank()
+    process_set.process_set_id = global_process_set.process_set_id
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Horovod's name; the only set Nezha has (every rank) cannot be removed, so this returns False."""
+    return False
+
+
+def init(comm=None, process_sets=None, **nezha_options):
+    """Horovod's `init(comm=None, process_sets=None)`: joins the job (`nezha.init`, which also takes
+    `nezha_options`); `comm` (an MPI communicator) is not supported, and `process_sets` may only
+    hold the set of every rank."""
+    if comm is not None:
+        raise NotImplementedError("init(comm=...): Nezha does not use MPI; start the job with nezharun")
+    nezha.init(**nezha_options)
+    for process_set in process_sets or ():
+        add_process_set(process_set)
+
+
 def check_process_set(process_set):
-    if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError(
-            "Nezha supports only the global process set; got %r." % (process_set,))
+    if process_set is None or process_set is global_process_set:
+        return
+    if isinstance(process_set, ProcessSet):
+        process_set._check_is_every_rank()
+        return
+    raise NotImplementedError("Nezha supports only the global process set; got %r." % (process_set,))
 
 
 # Build probes, answered truthfully: Nezha's core is one CPU library with its own TCP transports. It
