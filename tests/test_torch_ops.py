@@ -10,7 +10,7 @@ EXPECTED = {"allreduce %s" % d for d in ("torch.float16", "torch.bfloat16", "tor
                                          "torch.float64", "torch.uint8", "torch.int8",
                                          "torch.int32", "torch.int64")} | {
     "allreduce bool", "allreduce variants", "grouped_allreduce", "allgather", "broadcast",
-    "alltoall", "reducescatter", "objects and barrier", "errors"}
+    "alltoall", "reducescatter", "sparse allreduce", "objects and barrier", "errors"}
 
 
 @pytest.mark.timeout(180)

@@ -10,6 +10,7 @@ pytest.importorskip("torch")
 EXPECTED = {
     "DistributedOptimizer plain", "DistributedOptimizer backward_passes_per_step=2",
     "DistributedOptimizer groups=2", "DistributedOptimizer fp16",
+    "DistributedOptimizer sparse gradients", "DistributedOptimizer sparse_as_dense",
     "GradScaler with synchronize/skip_synchronize",
     "broadcast_parameters and broadcast_optimizer_state", "SyncBatchNorm"}
 

@@ -18,7 +18,7 @@ from nezha.torch.mpi_ops import (
     allgather_async, allreduce_, allreduce_async, allreduce_async_, alltoall_async, barrier,
     broadcast_, broadcast_async, broadcast_async_, grouped_allgather_async, grouped_allreduce_,
     grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter_async, join,
-    reducescatter_async)
+    reducescatter_async, sparse_allreduce_async)
 from nezha.torch.handles import poll, synchronize
 from nezha.torch.compression import Compression
 from nezha.torch.functions import (

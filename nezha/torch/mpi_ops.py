@@ -95,6 +95,36 @@ def _widened_reduce_async(tensors, targets, name, op, prescale_factor, postscale
     return Handle(inner, finish, keepalive=(tensors,))
 
 
+class _SparseAllreduce:
+    """A sparse tensor's reduction: every rank's indices and values are allgathered (their counts
+    differ per rank) and summed by coalescing. Called (or `wait()`ed) for the result, as Horovod's."""
+
+    def __init__(self, tensor, name, op):
+        grad = tensor.detach().coalesce()
+        self._shape, self._average = grad.shape, op == Average
+        self._indices = allgather_async(grad.indices().t().contiguous(), name=name + ".indices")
+        self._values = allgather_async(grad.values().contiguous(), name=name + ".values")
+
+    def wait(self):
+        indices = synchronize(self._indices).t()
+        values = synchronize(self._values)
+        if self._average:
+            values = values / nezha.size()
+        return torch.sparse_coo_tensor(indices, values, self._shape).coalesce()
+
+    __call__ = wait
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Horovod's sparse reduction: returns a callable that waits and returns the reduced sparse tensor."""
+    check_process_set(process_set)
+    if not tensor.is_sparse:
+        raise TypeError("sparse_allreduce_async expects a sparse tensor; use allreduce_async")
+    if resolve_op(op, None) not in (Average, nezha.Sum):
+        raise ValueError("sparse_allreduce_async supports Sum and Average, got %s" % (op,))
+    return _SparseAllreduce(tensor, name, op)
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing `tensor` over all ranks into a new tensor; `tensor` is not modified."""

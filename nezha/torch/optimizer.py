@@ -73,8 +73,8 @@ class _DistributedOptimizerMixin:
         else:
             prescale = postscale = 1.0
         if len(bucket) == 1 and bucket[0].grad.is_sparse:
-            self._handles[bucket] = (_SparseAllreduce(bucket[0], self._parameter_names[bucket[0]],
-                                                      self.op), None)
+            self._handles[bucket] = (mpi_ops.sparse_allreduce_async(
+                bucket[0].grad, self._parameter_names[bucket[0]], self.op), None)
             return
         compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in bucket])
         name = self._parameter_names[bucket[0]]
@@ -148,24 +148,6 @@ class _DistributedOptimizerMixin:
         self._should_synchronize = True
         self.set_backward_passes_per_step(self.backward_passes_per_step)
         return super().load_state_dict(state_dict)
-
-
-class _SparseAllreduce:
-    """Sparse gradients: allgather indices and values (their sizes differ per rank)."""
-
-    def __init__(self, p, name, op):
-        grad = p.grad.coalesce()
-        self._shape, self._average = grad.shape, op == Average
-        self._indices = mpi_ops.allgather_async(grad.indices().t().contiguous(),
-                                                name=name + ".indices")
-        self._values = mpi_ops.allgather_async(grad.values().contiguous(), name=name + ".values")
-
-    def wait(self):
-        indices = synchronize(self._indices).t()
-        values = synchronize(self._values)
-        if self._average:
-            values = values / size()
-        return torch.sparse_coo_tensor(indices, values, self._shape).coalesce()
 
 
 def _name_parameters(param_groups, named_parameters):

@@ -169,6 +169,21 @@ def test_reducescatter(rank, size):
     report("reducescatter")
 
 
+def test_sparse(rank, size):
+    # Rows touched differ per rank and overlap, as an embedding's gradient rows do.
+    dense = [torch.zeros(6, 3) for _ in range(size)]
+    for r in range(size):
+        for row in {r % 6, (2 * r + 1) % 6}:
+            dense[r][row] = make(r, (3,), torch.float32, 90 + row)
+    mine = dense[rank].to_sparse(1)
+    for op in (hvd.Sum, hvd.Average):
+        got = hvd.sparse_allreduce_async(mine, name="sparse.%s" % op, op=op)()
+        if not got.is_sparse:
+            fail("sparse_allreduce_async returned a dense tensor")
+        check(got.to_dense(), reference_reduce(dense, op, torch.float32), "sparse_allreduce_async %s" % op)
+    report("sparse allreduce")
+
+
 def test_objects_and_sync(rank, size):
     obj = hvd.broadcast_object({"rank": rank, "blob": list(range(rank * 100))}, root_rank=size - 1)
     if obj != {"rank": size - 1, "blob": list(range((size - 1) * 100))}:
@@ -226,6 +241,7 @@ def main():
     test_broadcast(rank, size)
     test_alltoall(rank, size)
     test_reducescatter(rank, size)
+    test_sparse(rank, size)
     test_objects_and_sync(rank, size)
     test_errors(rank, size)
     hvd.shutdown()

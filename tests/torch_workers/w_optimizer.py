@@ -94,6 +94,50 @@ def check_training(rank, size, steps=3, compression=hvd.Compression.none, passes
     report("DistributedOptimizer %s" % label)
 
 
+class SparseNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, sparse=True)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, idx):
+        return self.fc(self.emb(idx).mean(1))
+
+
+def sparse_batch(rank, step):
+    g = torch.Generator().manual_seed(500 + 10 * step + rank)
+    return torch.randint(0, 10, (BATCH, 3), generator=g), torch.randint(0, 3, (BATCH,), generator=g)
+
+
+def check_sparse_training(rank, size, sparse_as_dense, steps=2):
+    """An embedding with sparse gradients: reduced as sparse tensors, or densified first."""
+    torch.manual_seed(0)
+    model = SparseNet()
+    reference = copy.deepcopy(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   sparse_as_dense=sparse_as_dense)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    label = "sparse_as_dense" if sparse_as_dense else "sparse gradients"
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = sparse_batch(rank, step)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        reference.zero_grad(set_to_none=True)
+        xs, ys = zip(*[sparse_batch(k, step) for k in range(size)])
+        nn.functional.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            if name == "emb.weight" and p.grad.is_sparse == sparse_as_dense:
+                fail("%s: embedding gradient is_sparse=%s" % (label, p.grad.is_sparse))
+            dense = lambda g: g.to_dense() if g.is_sparse else g  # noqa: E731
+            assert_close(dense(p.grad), dense(q.grad), "%s step %d grad %s" % (label, step, name),
+                         rtol=1e-6, atol=1e-6)
+        ref_opt.step()
+        assert_identical_on_all_ranks(list(model.parameters()), "%s.params.%d" % (label, step))
+    report("DistributedOptimizer %s" % label)
+
+
 def check_grad_scaler(rank, size):
     """Horovod's documented pattern: synchronize(), unscale_/clip, then step in skip_synchronize."""
     model = fresh_model()
@@ -174,6 +218,8 @@ def main():
     check_training(rank, size, passes=2, label="backward_passes_per_step=2")
     check_training(rank, size, groups=2, label="groups=2")
     check_training(rank, size, compression=hvd.Compression.fp16, tol=2e-3, label="fp16")
+    check_sparse_training(rank, size, sparse_as_dense=False)
+    check_sparse_training(rank, size, sparse_as_dense=True)
     check_grad_scaler(rank, size)
     check_broadcast_state(rank, size)
     check_sync_batch_norm(rank, size)
