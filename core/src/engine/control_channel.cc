@@ -210,8 +210,8 @@ void ControlChannel::on_envelope(int peer, int path, std::string envelope) {
   }
   const Route route{read_u64(envelope, kRouteAt), read_u64(envelope, kRouteAt + 8)};
   if (route.mover >= static_cast<uint64_t>(size_))
-    throw ProtocolError("rank " + std::to_string(peer) + " sent a control message whose path was moved by rank " +
-                        std::to_string(route.mover) + " of " + std::to_string(size_));
+    throw ProtocolError("rank " + std::to_string(peer) + " sent a control message whose path was moved by " +
+                        "rank " + std::to_string(route.mover) + " of " + std::to_string(size_));
   follow(peer, path, route);
   if (number == kBareAck) return;
   if (!p.ack_owed_since) p.ack_owed_since = Clock::now();  // duplicates too: the sender resent

@@ -56,13 +56,14 @@ TEST(Postscale, EqualsReducingThenScalingOnEveryRankForEveryAlgorithm) {
     DataType dtype;
     ReduceOp op;
     double factor;
-  } cases[] = {{DataType::kFloat32, ReduceOp::kAverage, 1.0 / 3},  {DataType::kFloat32, ReduceOp::kSum, 2.5},
-               {DataType::kFloat64, ReduceOp::kAverage, 1.0 / 3},  {DataType::kFloat16, ReduceOp::kAverage, 0.25},
-               {DataType::kBFloat16, ReduceOp::kMax, 1.0 / 3},     {DataType::kInt32, ReduceOp::kAverage, 1.0 / 3},
+  } cases[] = {{DataType::kFloat32, ReduceOp::kAverage, 1.0 / 3}, {DataType::kFloat32, ReduceOp::kSum, 2.5},
+               {DataType::kFloat64, ReduceOp::kAverage, 1.0 / 3}, {DataType::kFloat16, ReduceOp::kAverage, 0.25},
+               {DataType::kBFloat16, ReduceOp::kMax, 1.0 / 3},    {DataType::kInt32, ReduceOp::kAverage, 1.0 / 3},
                {DataType::kUInt8, ReduceOp::kSum, 0.5}};
+  const size_t counts[] = {1, 3, 1000, 4099};  // fewer elements than ranks; many segments
   for (Algorithm algo : {Algorithm::kRingPipelined, Algorithm::kRingLockStep, Algorithm::kLogStep})
     for (int size : {1, 2, 3, 4})
-      for (size_t count : {size_t{1}, size_t{3}, size_t{1000}, size_t{4099}})  // fewer elements than ranks; many segments
+      for (size_t count : counts)
         for (const auto& c : cases) {
           SCOPED_TRACE("algorithm " + std::to_string(static_cast<int>(algo)) + ", " + std::to_string(size) +
                        " ranks, " + std::to_string(count) + " x " + dtype_name(c.dtype) + " " +
