@@ -25,5 +25,6 @@ from nezha.torch.functions import (
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
 from nezha.torch.optimizer import DistributedOptimizer
 from nezha.torch.sync_batch_norm import SyncBatchNorm
+from nezha.torch import elastic
 
 __all__ = [name for name in dir() if not name.startswith("_")]

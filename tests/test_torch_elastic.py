@@ -1,0 +1,19 @@
+"""hvd.elastic (Horovod's elastic API) on the fixed set of ranks nezharun starts, on 2 and 3 ranks."""
+
+import pytest
+
+from torch_workers.harness import passed_checks, run_workers
+
+pytest.importorskip("torch")
+
+EXPECTED = {"sync, commit and restore", "failure restores the last commit",
+            "ElasticSampler shards and resumes"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_ranks", [2, 3])
+def test_elastic_api_on_a_fixed_world(num_ranks):
+    output = run_workers("w_elastic.py", num_ranks=num_ranks, timeout_s=100)
+    for rank in range(num_ranks):
+        missing = EXPECTED - passed_checks(output, rank)
+        assert not missing, "rank %d did not pass %s:\n%s" % (rank, sorted(missing), output)
