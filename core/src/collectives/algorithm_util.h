@@ -56,6 +56,11 @@ inline std::vector<size_t> cache_line_partition(size_t count, int n, size_t elem
   return sizes;
 }
 
+// An allreduce on a rail of one rank: its input is its result, scaled by opt.postscale (announced to
+// opt.before_overwrite first). Returns whether the rail has one rank.
+bool allreduce_alone(transport::Rail& rail, void* buf, size_t count, DataType dtype,
+                     const CollectiveOptions& opt);
+
 // Ring neighbour arithmetic that never goes negative.
 inline int ring_mod(long long x, int n) { return static_cast<int>(((x % n) + n) % n); }
 

@@ -43,13 +43,7 @@ void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType 
   detail::require(buf != nullptr || count == 0, "allreduce_logstep: null buffer");
   const int n = rail.size();
   const int r = rail.rank();
-  if (count == 0) return;
-  auto* data = static_cast<uint8_t*>(buf);
-  if (opt.before_overwrite) opt.before_overwrite(0, bytes);  // small: all of it, up front
-  if (n == 1) {
-    if (opt.postscale != 1.0) scale(data, count, dtype, opt.postscale);
-    return;
-  }
+  if (count == 0 || detail::allreduce_alone(rail, buf, count, dtype, opt)) return;
 
   const int p = largest_power_of_two_at_most(n);
   int rounds = 0;
@@ -58,6 +52,8 @@ void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType 
   const uint64_t fold_in_tag = make_tag(opt.seq, 0);
   const uint64_t fold_out_tag = make_tag(opt.seq, static_cast<uint64_t>(rounds) + 1);
 
+  auto* data = static_cast<uint8_t*>(buf);
+  if (opt.before_overwrite) opt.before_overwrite(0, bytes);  // small: all of it, up front
   if (r >= p) {  // an extra rank: hand our data to the partner, get the result back at the end
     rail.send(r - p, fold_in_tag, data, bytes, opt.deadline);
     rail.recv(r - p, fold_out_tag, data, bytes, opt.deadline);

@@ -12,7 +12,7 @@ void allreduce_ring(transport::Rail& rail, void* buf, size_t count, DataType dty
                     const CollectiveOptions& opt) {
   const size_t esize = dtype_size(dtype);
   detail::require(buf != nullptr || count == 0, "allreduce_ring: null buffer");
-  if (count == 0) return;
+  if (count == 0 || detail::allreduce_alone(rail, buf, count, dtype, opt)) return;
 
   const std::vector<size_t> counts = detail::cache_line_partition(count, rail.size(), esize);
   std::vector<size_t> block_bytes(counts.size());

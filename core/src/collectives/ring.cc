@@ -91,13 +91,7 @@ void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<
                          double postscale) {
   const int n = rail.size();
   const int r = rail.rank();
-  if (n == 1) {
-    if (postscale != 1.0 && counts[0] > 0) {
-      if (before_overwrite) (*before_overwrite)(0, counts[0] * dtype_size(dtype));
-      scale(buf, counts[0], dtype, postscale);
-    }
-    return;
-  }
+  if (n == 1) return;
   const size_t largest = *std::max_element(counts.begin(), counts.end());
   if (largest == 0) return;
   const size_t esize = dtype_size(dtype);
