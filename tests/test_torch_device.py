@@ -3,7 +3,7 @@ tensors are staged through pinned host memory in stream order. The CUDA case run
 
 import pytest
 
-from torch_workers.harness import passed_checks, run_workers
+from torch_workers.harness import assert_every_rank_passed, run_workers
 
 torch = pytest.importorskip("torch")
 
@@ -17,6 +17,4 @@ CHECKS = ["allreduce on %s", "other ops on %s", "stream order on %s", "Distribut
 ])
 def test_ops_and_training_on_device(device):
     output = run_workers("w_device.py", num_ranks=2, timeout_s=150, args=(device,))
-    for rank in range(2):
-        missing = {c % device for c in CHECKS} - passed_checks(output, rank)
-        assert not missing, "rank %d did not pass %s:\n%s" % (rank, sorted(missing), output)
+    assert_every_rank_passed(output, 2, {c % device for c in CHECKS})

@@ -2,7 +2,7 @@
 
 import pytest
 
-from torch_workers.harness import passed_checks, run_workers
+from torch_workers.harness import assert_every_rank_passed, run_workers
 
 pytest.importorskip("torch")
 
@@ -14,6 +14,4 @@ EXPECTED = {"sync, commit and restore", "failure restores the last commit",
 @pytest.mark.parametrize("num_ranks", [2, 3])
 def test_elastic_api_on_a_fixed_world(num_ranks):
     output = run_workers("w_elastic.py", num_ranks=num_ranks, timeout_s=100)
-    for rank in range(num_ranks):
-        missing = EXPECTED - passed_checks(output, rank)
-        assert not missing, "rank %d did not pass %s:\n%s" % (rank, sorted(missing), output)
+    assert_every_rank_passed(output, num_ranks, EXPECTED)

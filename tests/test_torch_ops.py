@@ -2,7 +2,7 @@
 
 import pytest
 
-from torch_workers.harness import passed_checks, run_workers
+from torch_workers.harness import assert_every_rank_passed, run_workers
 
 pytest.importorskip("torch")
 
@@ -16,6 +16,4 @@ EXPECTED = {"allreduce %s" % d for d in ("torch.float16", "torch.bfloat16", "tor
 @pytest.mark.timeout(180)
 def test_collectives_match_torch_reference_on_every_rank():
     output = run_workers("w_ops.py", num_ranks=2, timeout_s=150)
-    for rank in range(2):
-        missing = EXPECTED - passed_checks(output, rank)
-        assert not missing, "rank %d did not pass %s:\n%s" % (rank, sorted(missing), output)
+    assert_every_rank_passed(output, 2, EXPECTED)

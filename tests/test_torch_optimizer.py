@@ -3,7 +3,7 @@ bit-identical; broadcast helpers and SyncBatchNorm; on 2 and 3 real ranks."""
 
 import pytest
 
-from torch_workers.harness import passed_checks, run_workers
+from torch_workers.harness import assert_every_rank_passed, run_workers
 
 pytest.importorskip("torch")
 
@@ -19,6 +19,4 @@ EXPECTED = {
 @pytest.mark.parametrize("num_ranks", [2, 3])
 def test_distributed_optimizer_matches_single_process(num_ranks):
     output = run_workers("w_optimizer.py", num_ranks=num_ranks, timeout_s=150)
-    for rank in range(num_ranks):
-        missing = EXPECTED - passed_checks(output, rank)
-        assert not missing, "rank %d did not pass %s:\n%s" % (rank, sorted(missing), output)
+    assert_every_rank_passed(output, num_ranks, EXPECTED)

@@ -34,3 +34,10 @@ def passed_checks(output, rank):
     """The checks rank `rank` reported as passed."""
     prefix = "PASS[%d] " % rank
     return {line.split(prefix, 1)[1].strip() for line in output.splitlines() if prefix in line}
+
+
+def assert_every_rank_passed(output, num_ranks, expected):
+    """Every rank reported every check in `expected` as passed."""
+    for rank in range(num_ranks):
+        missing = set(expected) - passed_checks(output, rank)
+        assert not missing, "rank %d did not pass %s:\n%s" % (rank, sorted(missing), output)
