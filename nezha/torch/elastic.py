@@ -50,11 +50,16 @@ class ObjectState:
         """The set of ranks never changes under nezharun: nothing to do."""
 
     def sync(self):
-        """Every rank takes rank 0's values."""
-        values = broadcast_object({name: self._snapshot(getattr(self, name)) for name in self._names},
+        """Every rank takes rank 0's values; samplers merge what every rank has processed."""
+        samplers = {name: getattr(self, name) for name in self._names
+                    if isinstance(getattr(self, name), ElasticSampler)}
+        others = [name for name in self._names if name not in samplers]
+        values = broadcast_object({name: self._snapshot(getattr(self, name)) for name in others},
                                   root_rank=0, name="elastic.state")
         for name, value in values.items():
             self._put_back(name, value)
+        for name, sampler in samplers.items():
+            sampler.sync(name)
 
     def register_reset_callbacks(self, callbacks):
         """Callbacks Horovod runs after the workers change; they never change here, so never run."""
@@ -80,8 +85,7 @@ class ObjectState:
 
 class TorchState(ObjectState):
     """`ObjectState` plus a model and an optimizer: parameters and optimizer state are broadcast
-    from rank 0 on `sync()`, and saved/restored as state dicts. Samplers given as keyword values
-    merge what every rank has processed on `sync()`."""
+    from rank 0 on `sync()`, and saved/restored as state dicts."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
         self.model = model
@@ -106,15 +110,7 @@ class TorchState(ObjectState):
             broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None:
             broadcast_optimizer_state(self.optimizer, root_rank=0)
-        samplers = {name: getattr(self, name) for name in self._names
-                    if isinstance(getattr(self, name), ElasticSampler)}
-        others = [name for name in self._names if name not in samplers]
-        values = broadcast_object({name: self._snapshot(getattr(self, name)) for name in others},
-                                  root_rank=0, name="elastic.state")
-        for name, value in values.items():
-            self._put_back(name, value)
-        for name, sampler in samplers.items():
-            sampler.sync(name)
+        super().sync()
 
 
 def run(func):

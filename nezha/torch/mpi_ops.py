@@ -120,7 +120,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     check_process_set(process_set)
     if not tensor.is_sparse:
         raise TypeError("sparse_allreduce_async expects a sparse tensor; use allreduce_async")
-    if resolve_op(op, None) not in (Average, nezha.Sum):
+    op = resolve_op(op, None)
+    if op not in (Average, nezha.Sum):
         raise ValueError("sparse_allreduce_async supports Sum and Average, got %s" % (op,))
     return _SparseAllreduce(tensor, name, op)
 
