@@ -397,6 +397,7 @@ def test_rail_shares_and_formatting():
     assert [s.share for s in shares] == pytest.approx([0.0, 0.75, 0.25])
     assert format_rails(shares) == "a 0% b 75% c 25%"
     assert format_rails([]) == "-"
+    assert format_rails(rail_shares(["a", "b"], [0, 0])) == "none"
     assert [s.share for s in rail_shares(["a"], [0])] == [0.0]
     with pytest.raises(ValueError):
         rail_shares(["a"], [1, 2])

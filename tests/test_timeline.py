@@ -2,13 +2,24 @@
 import json
 
 
-def test_timeline_has_negotiation_and_rail_events(job, tmp_path):
+import pytest
+
+
+@pytest.mark.parametrize("control_reduce", [True, False])
+def test_timeline_has_negotiation_and_rail_events(job, tmp_path, control_reduce):
+    # The 3-element allreduce is reduced by rank 0 within negotiation, or with
+    # NEZHA_CONTROL_REDUCE_BYTES=0 runs on the rail.
     path = tmp_path / "trace.json"
-    result = job(2, "env_allreduce.py", nezharun_args=["--timeline", str(path)], timeout=60)
+    env = {} if control_reduce else {"NEZHA_CONTROL_REDUCE_BYTES": "0"}
+    result = job(2, "env_allreduce.py", nezharun_args=["--timeline", str(path)], env=env, timeout=60)
     assert result.returncode == 0, result.output
     for rank in (0, 1):
         events = json.loads((tmp_path / f"trace.{rank}.json").read_text())
         names = {(e.get("cat"), e.get("ph"), e.get("name")) for e in events}
         assert ("negotiate", "b", "env") in names and ("negotiate", "e", "env") in names, names
-        assert any(e.get("ph") == "X" and e.get("cat") == "rail" for e in events), events
+        on_rail = any(e.get("ph") == "X" and e.get("cat") == "rail" for e in events)
+        by_rank0 = [e for e in events if e.get("cat") == "control" and e.get("name") == "env"]
+        assert (on_rail, len(by_rank0)) == ((False, 1) if control_reduce else (True, 0)), events
+        if control_reduce:
+            assert by_rank0[0]["ph"] == "i" and by_rank0[0]["args"]["bytes"] == 24, by_rank0
         assert all(e["pid"] == rank for e in events)

@@ -20,6 +20,7 @@ const std::vector<KnobSpec>& knob_table() {
       {"NEZHA_SEGMENT_BYTES", "1048576", "Pipeline segment size of the ring algorithms, in bytes (the ring sends one segment ahead where a socket buffers a whole segment)."},
       {"NEZHA_SOCKET_BUFFER_BYTES", "4194304", "SO_SNDBUF/SO_RCVBUF requested for data sockets (capped by net.core.wmem_max/rmem_max; below NEZHA_SEGMENT_BYTES the ring runs unpipelined)."},
       {"NEZHA_CACHE_ROUNDS", "0", "1: cached allreduces are agreed among the ranks directly in cache rounds instead of through rank 0 (off: no gain measured on loopback, twice the messages)."},
+      {"NEZHA_CONTROL_REDUCE_BYTES", "16384", "Allreduces small enough that rank 0 receives at most this many bytes of them from all other ranks (per tensor: this / (ranks - 1)) are sent with their negotiation and reduced by rank 0, with no rail exchange: lower latency for scalars and metrics. 0: off; at most 65536."},
       {"NEZHA_CONNECT_TIMEOUT_S", "60", "Longest wait for peers to connect at init()."},
       {"NEZHA_RAIL_FAILOVER", "1", "With several rails, go on when a rail fails (keeps a copy of each operation's input until every rank has it; 0: a rail failure fails its operations)."},
       {"NEZHA_RAIL_STALL_MS", "100", "With several rails: a rail that moves no data this long while it has work fails over to the other rails (the limit grows to 3x the longest pause seen on healthy operations)."},

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "engine/control_reduce.h"
 
 namespace nezha::engine {
 namespace {
@@ -58,7 +59,9 @@ void Coordinator::submit(int rank, std::vector<Request> requests, Clock::time_po
           cache_[req.cache_id][rank].name != req.name)
         throw ProtocolError("rank " + std::to_string(rank) + " sent unknown cache id " +
                             std::to_string(req.cache_id) + " for tensor '" + req.name + "'");
+      std::string input = std::move(req.inline_input);  // travels with the brief request
       req = cache_[req.cache_id][rank];
+      req.inline_input = std::move(input);
     }
     if (req.type == OpType::kJoin) {
       add_join(rank);
@@ -230,6 +233,7 @@ Response Coordinator::build(const std::string& name, Pending& p) {
       break;
   }
   remember(name, p, resp);
+  resp.inline_result = reduce_inline_inputs(resp, p.by_rank);
   return resp;
 }
 
@@ -249,6 +253,7 @@ void Coordinator::remember(const std::string& name, const Pending& p, Response& 
       for (int rank = 0; rank < opt_.size; ++rank) {
         cache_[id][rank] = *p.by_rank[rank];
         cache_[id][rank].cache_id = -1;
+        cache_[id][rank].inline_input.clear();
       }
   }
   r.cache_ids = {id};
@@ -258,12 +263,14 @@ std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
   std::vector<Response> out;
   size_t out_bytes = 0;
   for (auto& r : in) {
-    bool fusable = r.kind == Response::Kind::kExecute && r.type == OpType::kAllreduce;
+    // A tensor reduced here already is done: fusing would only send it over a rail again.
+    bool fusable = r.kind == Response::Kind::kExecute && r.type == OpType::kAllreduce &&
+                   r.inline_result.empty();
     size_t bytes = fusable ? static_cast<size_t>(r.counts[0]) * dtype_size(r.dtype) : 0;
     if (fusable && !out.empty()) {
       Response& last = out.back();
       if (last.kind == Response::Kind::kExecute && last.type == OpType::kAllreduce &&
-          last.dtype == r.dtype && last.op == r.op && last.prescale == r.prescale &&
+          last.inline_result.empty() && last.dtype == r.dtype && last.op == r.op && last.prescale == r.prescale &&
           last.postscale == r.postscale && out_bytes + bytes <= opt_.fusion_threshold) {
         last.names.push_back(r.names[0]);
         last.counts.push_back(r.counts[0]);

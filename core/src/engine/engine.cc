@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/knobs.h"
 #include "common/logging.h"
+#include "engine/control_reduce.h"
 #include "engine/message_codec.h"
 #include "engine/round_plan.h"
 
@@ -47,6 +48,9 @@ EngineConfig EngineConfig::from_knobs() {
   c.rail_stall_ms = knob_double("NEZHA_RAIL_STALL_MS");
   c.rail_failover = knob_int("NEZHA_RAIL_FAILOVER") != 0;
   c.cache_rounds = knob_int("NEZHA_CACHE_ROUNDS") != 0;
+  // Capped so the largest result fits one control-message string.
+  c.control_reduce_bytes = static_cast<size_t>(
+      std::clamp<int64_t>(knob_int("NEZHA_CONTROL_REDUCE_BYTES"), 0, kMaxControlString));
   return c;
 }
 
@@ -282,6 +286,8 @@ void Engine::route_new_work() {
       } else {
         list.requests.push_back(req);
       }
+      if (config_.size > 1 && wants_inline_input(req, config_.control_reduce_bytes, config_.size))
+        list.requests.back().inline_input.assign(static_cast<const char*>(it->second.input), req.bytes());
     }
     new_names_.clear();
     if (shutdown_requested_ && !shutdown_sent_) send_shutdown = shutdown_sent_ = true;
@@ -445,7 +451,7 @@ void Engine::dispatch(std::vector<Response> responses) {
   if (end == held_dispatch_.begin()) return;
   ResponseList list;
   for (auto it = held_dispatch_.begin(); it != end; ++it) {
-    it->plan = plan_for(*it);
+    if (it->inline_result.empty()) it->plan = plan_for(*it);
     list.responses.push_back(std::move(*it));
   }
   held_dispatch_.erase(held_dispatch_.begin(), end);
@@ -515,7 +521,29 @@ void Engine::execute_locally(const ResponseList& list, bool from_round) {
       NZ_LOG(Warning) << rank_prefix(config_.rank) << resp.error;
     }
     if (resp.type == OpType::kJoin && resp.kind == Response::Kind::kExecute) rounds_->join_completed();
-    executor_->execute(resp, std::move(entries));
+    if (!resp.inline_result.empty()) complete_inline(resp, entries);
+    else executor_->execute(resp, std::move(entries));
+  }
+}
+
+void Engine::complete_inline(const Response& resp, std::vector<TensorEntry>& entries) {
+  const size_t esize = dtype_size(resp.dtype);
+  size_t total = 0;
+  for (int64_t c : resp.counts) total += static_cast<size_t>(c) * esize;
+  if (resp.type != OpType::kAllreduce || resp.inline_result.size() != total || entries.size() != resp.counts.size())
+    throw ProtocolError("rank 0 sent a result of " + std::to_string(resp.inline_result.size()) +
+                        " bytes for allreduce of '" + (resp.names.empty() ? "" : resp.names[0]) + "' (" +
+                        std::to_string(total) + " bytes)");
+  size_t off = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const size_t bytes = static_cast<size_t>(resp.counts[i]) * esize;
+    if (entries[i].handle) {
+      std::memcpy(entries[i].output, resp.inline_result.data() + off, bytes);
+      ++tensors_reduced_by_coordinator_;
+      timeline_.reduced_by_coordinator(resp.names[i], bytes);
+      entries[i].handle->complete();
+    }
+    off += bytes;
   }
 }
 
@@ -623,6 +651,7 @@ EngineStats Engine::stats() const {
   EngineStats s;
   s.tensors_via_rounds = tensors_via_rounds_;
   s.tensors_via_coordinator = tensors_via_coordinator_;
+  s.tensors_reduced_by_coordinator = tensors_reduced_by_coordinator_;
   s.requests_to_coordinator = requests_to_coordinator_;
   s.rounds = rounds_completed_;
   return s;

@@ -21,10 +21,6 @@ inline std::string names_str(const Response& r) {
   return s;
 }
 
-inline double effective_postscale(const Response& r, int size) {
-  return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
-}
-
 // A collective that runs whole on one rail (broadcast, allgather, alltoall, reducescatter).
 struct Executor::SingleJob {
   Response resp;

@@ -98,6 +98,7 @@ E checked_enum(uint8_t raw, int limit, const char* what) {
 void put_request(Writer& w, const Request& r) {
   w.put<int32_t>(r.cache_id);
   w.put_string(r.name);
+  w.put_string(r.inline_input);
   if (r.cache_id >= 0) return;  // the coordinator has the rest
   w.put<uint8_t>(static_cast<uint8_t>(r.type));
   w.put<uint8_t>(static_cast<uint8_t>(r.dtype));
@@ -115,6 +116,7 @@ Request get_request(Reader& rd) {
   Request r;
   r.cache_id = rd.get<int32_t>();
   r.name = rd.get_string();
+  r.inline_input = rd.get_string();
   if (r.cache_id >= 0) return r;
   r.type = checked_enum<OpType>(rd.get<uint8_t>(), 7, "op type");
   r.dtype = checked_enum<DataType>(rd.get<uint8_t>(), kNumDataTypes, "dtype");
@@ -152,6 +154,7 @@ void put_response(Writer& w, const Response& r) {
     w.put<uint64_t>(s.count);
   }
   w.put_string(r.error);
+  w.put_string(r.inline_result);
 }
 
 Response get_response(Reader& rd) {
@@ -180,6 +183,7 @@ Response get_response(Reader& rd) {
     r.plan.push_back(s);
   }
   r.error = rd.get_string();
+  r.inline_result = rd.get_string();
   return r;
 }
 

@@ -43,6 +43,9 @@ struct Request {
   // Response cache: >= 0 means "the same metadata I sent last time under this name"; only the name
   // and this id travel, and the coordinator skips validation (see coordinator.h).
   int32_t cache_id = -1;
+  // A small allreduce's input, sent with the request so rank 0 can reduce it without a rail
+  // (engine/control_reduce.h); empty otherwise. Not metadata: never cached or compared.
+  std::string inline_input;
 
   bool same_metadata(const Request& o) const;
   // Reductions: throws InvalidArgument, naming the tensor, for scaling its dtype cannot take (bool
@@ -72,6 +75,14 @@ struct Response {
   std::vector<int32_t> cache_ids;       // per name: id to use for it next time (-1: not cached)
   std::vector<multirail::RailShare> plan;  // allreduce: element ranges per rail; else one entry
   std::string error;                    // kError: the message every rank raises
+  // Allreduce reduced by rank 0 from the requests' inline inputs (engine/control_reduce.h): the
+  // result, scaled; every rank copies it out and no rail runs. Empty: execute on the rails.
+  std::string inline_result;
 };
+
+// The factor a reduction's result is multiplied by once: the user's postscale, and Average's 1/size.
+inline double effective_postscale(const Response& r, int size) {
+  return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
+}
 
 }  // namespace nezha::engine

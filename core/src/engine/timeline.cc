@@ -74,6 +74,15 @@ void Timeline::negotiation_started(const std::string& tensor) { negotiation_even
 
 void Timeline::negotiation_finished(const std::string& tensor) { negotiation_event(tensor, 'e'); }
 
+void Timeline::reduced_by_coordinator(const std::string& tensor, size_t bytes) {
+  if (!enabled()) return;
+  std::ostringstream e;
+  e << "{\"name\":" << quoted(tensor) << ",\"cat\":\"control\",\"ph\":\"i\",\"s\":\"t\",\"pid\":" << rank_
+    << ",\"tid\":0,\"ts\":" << micros(Clock::now()) << ",\"args\":{\"bytes\":" << bytes
+    << ",\"reduced_by\":\"rank 0\"}}";
+  write_event(e.str());
+}
+
 void Timeline::share_done(int rail, const std::string& what, Clock::time_point start,
                           double seconds, size_t bytes) {
   if (!enabled()) return;

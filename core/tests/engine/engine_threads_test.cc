@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/error.h"
@@ -64,17 +65,32 @@ void check_float_allreduce(Cluster& c, const std::string& name, size_t count, Re
   }
 }
 
-class EngineThreadsTest : public ::testing::TestWithParam<int> {};
+// (ranks, small allreduces reduced by rank 0 inside negotiation or run on the rail).
+class EngineThreadsTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
+ protected:
+  static bool control_reduce() { return std::get<1>(GetParam()); }
+  static Cluster make_cluster() {
+    return Cluster(std::get<0>(GetParam()), loopback_rails(1), [](EngineConfig& c) {
+      c.control_reduce_bytes = control_reduce() ? 16384 : 0;
+    });
+  }
+};
 
 TEST_P(EngineThreadsTest, AllreduceFloatSumAndAverage) {
-  Cluster c(GetParam());
+  Cluster c = make_cluster();
   check_float_allreduce(c, "sum.small", 7, ReduceOp::kSum);
   check_float_allreduce(c, "sum.large", 300000, ReduceOp::kSum);  // ring path, several segments
   check_float_allreduce(c, "avg", 1000, ReduceOp::kAverage);
+  check_float_allreduce(c, "avg.small", 3, ReduceOp::kAverage);
+  // Which way they went: the three small ones (up to 4000 bytes) reduced by rank 0, or all on the rail.
+  for (int r = 0; r < c.size(); ++r) {
+    const uint64_t want = control_reduce() ? 3 : 0;
+    EXPECT_EQ(c[r].stats().tensors_reduced_by_coordinator, want) << "rank " << r;
+  }
 }
 
 TEST_P(EngineThreadsTest, AllreduceInt32Max) {
-  Cluster c(GetParam());
+  Cluster c = make_cluster();
   const int n = c.size();
   const size_t count = 5001;
   std::vector<std::vector<int32_t>> in(n, std::vector<int32_t>(count)), out(n, std::vector<int32_t>(count));
@@ -93,7 +109,7 @@ TEST_P(EngineThreadsTest, AllreduceInt32Max) {
 }
 
 TEST_P(EngineThreadsTest, AllgatherWithDifferentFirstDimensions) {
-  Cluster c(GetParam());
+  Cluster c = make_cluster();
   const int n = c.size();
   const int64_t cols = 3;
   std::vector<std::vector<double>> in(n);
@@ -120,7 +136,7 @@ TEST_P(EngineThreadsTest, AllgatherWithDifferentFirstDimensions) {
 }
 
 TEST_P(EngineThreadsTest, BroadcastFromNonZeroRoot) {
-  Cluster c(GetParam());
+  Cluster c = make_cluster();
   const int n = c.size();
   const int root = n - 1;
   const size_t count = 20000;
@@ -143,7 +159,7 @@ TEST_P(EngineThreadsTest, BroadcastFromNonZeroRoot) {
 TEST_P(EngineThreadsTest, ManySmallTensorsInDifferentOrdersFuseCorrectly) {
   // Each rank submits the same 24 tensors, concurrently and in its own order, three steps in a row
   // with the same names (the second and third steps go through the response cache).
-  Cluster c(GetParam());
+  Cluster c = make_cluster();
   const int n = c.size();
   const int tensors = 24;
   for (int step = 0; step < 3; ++step) {
@@ -179,7 +195,7 @@ TEST_P(EngineThreadsTest, ManySmallTensorsInDifferentOrdersFuseCorrectly) {
 }
 
 TEST_P(EngineThreadsTest, MismatchFailsEveryRankAndNextOpSucceeds) {
-  Cluster c(GetParam());
+  Cluster c = make_cluster();
   const int n = c.size();
   std::vector<std::vector<float>> in(n), out(n);
   std::vector<std::shared_ptr<OpHandle>> h(n);
@@ -203,7 +219,7 @@ TEST_P(EngineThreadsTest, MismatchFailsEveryRankAndNextOpSucceeds) {
 }
 
 TEST_P(EngineThreadsTest, ShutdownCompletesPromptly) {
-  Cluster c(GetParam());
+  Cluster c = make_cluster();
   check_float_allreduce(c, "warmup", 16, ReduceOp::kSum);
   const double secs = c.shutdown();
   EXPECT_LT(secs, 3.0) << "shutdown of " << c.size() << " ranks took " << secs << " s";
@@ -212,9 +228,11 @@ TEST_P(EngineThreadsTest, ShutdownCompletesPromptly) {
                InvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, EngineThreadsTest, ::testing::Values(2, 3, 4),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return std::to_string(info.param) + "ranks";
+INSTANTIATE_TEST_SUITE_P(Ranks, EngineThreadsTest,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+                           return std::to_string(std::get<0>(info.param)) + "ranks" +
+                                  (std::get<1>(info.param) ? "ControlReduce" : "Rails");
                          });
 
 TEST(EngineTest, NameInFlightIsRejectedUntilDone) {
@@ -288,30 +306,34 @@ TEST(EngineTest, TwoRailsStripeLargePayload) {
 }
 
 TEST(EngineTest, JoinLetsOtherRanksAllreduceAndReportsLastJoiner) {
-  Cluster c(3);
-  std::vector<std::vector<float>> in(3, std::vector<float>(50)), out(3, std::vector<float>(50));
-  for (int r = 0; r < 3; ++r)
-    for (size_t i = 0; i < 50; ++i) in[r][i] = float_input(r, i);
-  Request join;
-  join.type = OpType::kJoin;
-  auto j2 = submit(c[2], join, nullptr, nullptr);
-  std::vector<std::shared_ptr<OpHandle>> h(2);
-  for (int r = 0; r < 2; ++r)
-    h[r] = submit(c[r], make_request(OpType::kAllreduce, "uneven", DataType::kFloat32, {50}),
-                  in[r].data(), out[r].data());
-  for (int r = 0; r < 2; ++r) expect_ok(h[r], "uneven");
-  for (size_t i = 0; i < 50; ++i) {
-    EXPECT_EQ(out[0][i], in[0][i] + in[1][i]);  // the joined rank contributes zeros
-    EXPECT_EQ(out[1][i], out[0][i]);
+  // Small allreduces reduced by rank 0 inside negotiation, then the same on the rail.
+  for (size_t limit : {size_t{16384}, size_t{0}}) {
+    SCOPED_TRACE("NEZHA_CONTROL_REDUCE_BYTES=" + std::to_string(limit));
+    Cluster c(3, loopback_rails(1), [limit](EngineConfig& e) { e.control_reduce_bytes = limit; });
+    std::vector<std::vector<float>> in(3, std::vector<float>(50)), out(3, std::vector<float>(50));
+    for (int r = 0; r < 3; ++r)
+      for (size_t i = 0; i < 50; ++i) in[r][i] = float_input(r, i);
+    Request join;
+    join.type = OpType::kJoin;
+    auto j2 = submit(c[2], join, nullptr, nullptr);
+    std::vector<std::shared_ptr<OpHandle>> h(2);
+    for (int r = 0; r < 2; ++r)
+      h[r] = submit(c[r], make_request(OpType::kAllreduce, "uneven", DataType::kFloat32, {50}),
+                    in[r].data(), out[r].data());
+    for (int r = 0; r < 2; ++r) expect_ok(h[r], "uneven");
+    for (size_t i = 0; i < 50; ++i) {
+      EXPECT_EQ(out[0][i], in[0][i] + in[1][i]);  // the joined rank contributes zeros
+      EXPECT_EQ(out[1][i], out[0][i]);
+    }
+    EXPECT_FALSE(j2->poll());
+    auto j0 = submit(c[0], join, nullptr, nullptr);
+    auto j1 = submit(c[1], join, nullptr, nullptr);
+    for (const auto& j : {j0, j1, j2}) expect_ok(j, "join");
+    const int last = j0->result().last_joined_rank;
+    EXPECT_TRUE(last == 0 || last == 1) << last;  // rank 2 joined first
+    EXPECT_EQ(j1->result().last_joined_rank, last);
+    EXPECT_EQ(j2->result().last_joined_rank, last);
   }
-  EXPECT_FALSE(j2->poll());
-  auto j0 = submit(c[0], join, nullptr, nullptr);
-  auto j1 = submit(c[1], join, nullptr, nullptr);
-  for (const auto& j : {j0, j1, j2}) expect_ok(j, "join");
-  const int last = j0->result().last_joined_rank;
-  EXPECT_TRUE(last == 0 || last == 1) << last;  // rank 2 joined first
-  EXPECT_EQ(j1->result().last_joined_rank, last);
-  EXPECT_EQ(j2->result().last_joined_rank, last);
 }
 
 TEST(EngineTest, LoneOperationDoesNotWaitForCycleTime) {
@@ -355,29 +377,33 @@ TEST(EngineTest, ShutdownFailsUnmatchedOperationsInBoundedTime) {
 }
 
 TEST(EngineTest, PrescaleAndPostscaleApplyToSumAndAverage) {
-  Cluster c(3);
-  const int n = 3;
-  const size_t count = 33;
-  std::vector<std::vector<double>> in(n, std::vector<double>(count));
-  std::vector<std::vector<std::vector<double>>> out(n, std::vector<std::vector<double>>(2, std::vector<double>(count)));
-  for (int r = 0; r < n; ++r)
-    for (size_t i = 0; i < count; ++i) in[r][i] = float_input(r, i);
-  std::vector<std::shared_ptr<OpHandle>> h;
-  for (int r = 0; r < n; ++r)
-    for (int t = 0; t < 2; ++t) {
-      Request req = make_request(OpType::kAllreduce, "scaled." + std::to_string(t), DataType::kFloat64,
-                                 {static_cast<int64_t>(count)}, t == 0 ? ReduceOp::kSum : ReduceOp::kAverage);
-      req.prescale = 0.5;
-      req.postscale = 3;
-      h.push_back(submit(c[r], req, in[r].data(), out[r][t].data()));
-    }
-  for (auto& x : h) expect_ok(x, "scaled");
-  for (size_t i = 0; i < count; ++i) {
-    double sum = 0;
-    for (int r = 0; r < n; ++r) sum += 0.5 * in[r][i];
-    for (int r = 0; r < n; ++r) {
-      EXPECT_DOUBLE_EQ(out[r][0][i], 3 * sum) << "sum, rank " << r << " index " << i;
-      EXPECT_NEAR(out[r][1][i], 3 * sum / n, 1e-12) << "average, rank " << r << " index " << i;
+  // Small allreduces reduced by rank 0 inside negotiation, then the same on the rail.
+  for (size_t limit : {size_t{16384}, size_t{0}}) {
+    SCOPED_TRACE("NEZHA_CONTROL_REDUCE_BYTES=" + std::to_string(limit));
+    Cluster c(3, loopback_rails(1), [limit](EngineConfig& e) { e.control_reduce_bytes = limit; });
+    const int n = 3;
+    const size_t count = 33;
+    std::vector<std::vector<double>> in(n, std::vector<double>(count));
+    std::vector<std::vector<std::vector<double>>> out(n, std::vector<std::vector<double>>(2, std::vector<double>(count)));
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < count; ++i) in[r][i] = float_input(r, i);
+    std::vector<std::shared_ptr<OpHandle>> h;
+    for (int r = 0; r < n; ++r)
+      for (int t = 0; t < 2; ++t) {
+        Request req = make_request(OpType::kAllreduce, "scaled." + std::to_string(t), DataType::kFloat64,
+                                   {static_cast<int64_t>(count)}, t == 0 ? ReduceOp::kSum : ReduceOp::kAverage);
+        req.prescale = 0.5;
+        req.postscale = 3;
+        h.push_back(submit(c[r], req, in[r].data(), out[r][t].data()));
+      }
+    for (auto& x : h) expect_ok(x, "scaled");
+    for (size_t i = 0; i < count; ++i) {
+      double sum = 0;
+      for (int r = 0; r < n; ++r) sum += 0.5 * in[r][i];
+      for (int r = 0; r < n; ++r) {
+        EXPECT_DOUBLE_EQ(out[r][0][i], 3 * sum) << "sum, rank " << r << " index " << i;
+        EXPECT_NEAR(out[r][1][i], 3 * sum / n, 1e-12) << "average, rank " << r << " index " << i;
+      }
     }
   }
 }

@@ -26,6 +26,7 @@ Request full_request() {
   r.group = "bucket-1";
   r.group_size = 5;
   r.cache_id = -1;
+  r.inline_input = std::string("\x01\0\x02\xff", 4);
   return r;
 }
 
@@ -47,6 +48,7 @@ Response full_response() {
   r.cache_ids = {4, -1, 17};
   r.plan = {{0, 0, 100}, {1, 100, 1ULL << 33}};
   r.error = "";
+  r.inline_result = std::string("\0\0\x80\x3f", 4);
   return r;
 }
 
@@ -63,6 +65,7 @@ void expect_same(const Request& a, const Request& b) {
   EXPECT_EQ(a.group, b.group);
   EXPECT_EQ(a.group_size, b.group_size);
   EXPECT_EQ(a.cache_id, b.cache_id);
+  EXPECT_EQ(a.inline_input, b.inline_input);
 }
 
 void expect_same(const Response& a, const Response& b) {
@@ -87,6 +90,7 @@ void expect_same(const Response& a, const Response& b) {
     EXPECT_EQ(a.plan[i].count, b.plan[i].count);
   }
   EXPECT_EQ(a.error, b.error);
+  EXPECT_EQ(a.inline_result, b.inline_result);
 }
 
 RequestList sample_request_list() {
@@ -95,6 +99,7 @@ RequestList sample_request_list() {
   Request brief;  // response-cache hit: only name and id travel
   brief.name = "cached/one";
   brief.cache_id = 12;
+  brief.inline_input = "12345678";  // a small allreduce's input travels with the brief request too
   list.requests.push_back(brief);
   Request join;
   join.type = OpType::kJoin;
@@ -126,6 +131,7 @@ TEST(MessageCodecTest, RequestListRoundTripsEveryField) {
   expect_same(out.requests[0], in.requests[0]);
   EXPECT_EQ(out.requests[1].name, "cached/one");
   EXPECT_EQ(out.requests[1].cache_id, 12);
+  EXPECT_EQ(out.requests[1].inline_input, "12345678");
   expect_same(out.requests[2], in.requests[2]);
 }
 
@@ -216,8 +222,9 @@ TEST(MessageCodecTest, BadEnumValuesAreProtocolError) {
   RequestList rq;
   rq.requests.push_back(full_request());
   const std::string good = encode(rq);
-  // Layout: tag, shutdown, u32 count, then i32 cache_id, u32 name length, name, u8 type, u8 dtype.
-  const size_t type_at = 1 + 1 + 4 + 4 + 4 + full_request().name.size();
+  // Layout: tag, shutdown, u32 count, then i32 cache_id, u32 name length, name, u32 inline input
+  // length, inline input, u8 type, u8 dtype.
+  const size_t type_at = 1 + 1 + 4 + 4 + 4 + full_request().name.size() + 4 + full_request().inline_input.size();
   std::string bad_type = good, bad_dtype = good;
   bad_type[type_at] = 7;
   bad_dtype[type_at + 1] = static_cast<char>(kNumDataTypes);
@@ -234,7 +241,8 @@ TEST(MessageCodecTest, HugeCountsAreRejectedWithoutAllocating) {
   RequestList rq;
   rq.requests.push_back(full_request());
   std::string s = encode(rq);
-  const size_t shape_count_at = 1 + 1 + 4 + 4 + 4 + full_request().name.size() + 2;
+  const size_t shape_count_at =
+      1 + 1 + 4 + 4 + 4 + full_request().name.size() + 4 + full_request().inline_input.size() + 2;
   s[shape_count_at] = 0;
   s[shape_count_at + 1] = 0;
   s[shape_count_at + 2] = 0x10;

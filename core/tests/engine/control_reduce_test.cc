@@ -1,0 +1,197 @@
+// Small allreduces reduced by rank 0 inside negotiation (engine/control_reduce.h): the reduction
+// against plain loops, the size limit, and how the coordinator attaches results (never fused, kept
+// through the response cache, never on errors). End to end, engine_threads_test.cc runs every
+// allreduce test both this way and on the rail.
+#include "engine/control_reduce.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/coordinator.h"
+
+namespace nezha::engine {
+namespace {
+
+const Clock::time_point t0 = Clock::time_point{} + std::chrono::hours(1);
+
+template <typename T>
+std::string bytes_of(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+template <typename T>
+std::vector<T> values_of(const std::string& s) {
+  std::vector<T> v(s.size() / sizeof(T));
+  std::memcpy(v.data(), s.data(), v.size() * sizeof(T));
+  return v;
+}
+
+template <typename T>
+Request allreduce_with(const std::string& name, const std::vector<T>& input, DataType dtype,
+                       ReduceOp op = ReduceOp::kSum) {
+  Request r;
+  r.type = OpType::kAllreduce;
+  r.name = name;
+  r.dtype = dtype;
+  r.shape = {static_cast<int64_t>(input.size())};
+  r.op = op;
+  r.inline_input = bytes_of(input);
+  return r;
+}
+
+Response response_for(const Request& r) {
+  Response resp;
+  resp.type = OpType::kAllreduce;
+  resp.names = {r.name};
+  resp.counts = {r.num_elements()};
+  resp.dtype = r.dtype;
+  resp.op = r.op;
+  resp.prescale = r.prescale;
+  resp.postscale = r.postscale;
+  return resp;
+}
+
+template <typename T>
+std::vector<T> reduce(const std::vector<std::vector<T>>& inputs, DataType dtype, ReduceOp op,
+                      double prescale = 1, double postscale = 1) {
+  std::vector<std::optional<Request>> by_rank;
+  for (const auto& in : inputs) {
+    by_rank.push_back(allreduce_with("t", in, dtype, op));
+    by_rank.back()->prescale = prescale;
+    by_rank.back()->postscale = postscale;
+  }
+  std::string out = reduce_inline_inputs(response_for(*by_rank[0]), by_rank);
+  EXPECT_EQ(out.size(), inputs[0].size() * sizeof(T));
+  return values_of<T>(out);
+}
+
+TEST(ControlReduce, ScaledSumAndAverageMatchAPlainLoop) {
+  const std::vector<std::vector<double>> in = {{1.5, -2, 7}, {0.25, 4, -1}, {3, 3, 3}};
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+    std::vector<double> out = reduce(in, DataType::kFloat64, op, 0.5, 3);
+    for (size_t i = 0; i < 3; ++i) {
+      double sum = 0;
+      for (const auto& r : in) sum += 0.5 * r[i];
+      EXPECT_DOUBLE_EQ(out[i], op == ReduceOp::kSum ? 3 * sum : 3 * sum / 3) << reduce_op_name(op) << " " << i;
+    }
+  }
+}
+
+TEST(ControlReduce, IntegerAverageRoundsTowardZeroAsOnTheRails) {
+  std::vector<int32_t> out = reduce<int32_t>({{1, -1, 7}, {2, -2, 0}, {2, -2, 0}}, DataType::kInt32, ReduceOp::kAverage);
+  EXPECT_EQ(out, (std::vector<int32_t>{1, -1, 2}));  // 5/3, -5/3, 7/3
+}
+
+TEST(ControlReduce, MinMaxProductAndBool) {
+  const std::vector<std::vector<int64_t>> in = {{5, -3, 2}, {-7, 4, 3}, {1, 1, -1}};
+  EXPECT_EQ(reduce(in, DataType::kInt64, ReduceOp::kMin), (std::vector<int64_t>{-7, -3, -1}));
+  EXPECT_EQ(reduce(in, DataType::kInt64, ReduceOp::kMax), (std::vector<int64_t>{5, 4, 3}));
+  EXPECT_EQ(reduce(in, DataType::kInt64, ReduceOp::kProduct), (std::vector<int64_t>{-35, -12, -6}));
+  const std::vector<std::vector<uint8_t>> flags = {{0, 1, 0}, {0, 1, 1}};
+  EXPECT_EQ(reduce(flags, DataType::kBool, ReduceOp::kSum), (std::vector<uint8_t>{0, 1, 1}));  // or
+  EXPECT_EQ(reduce(flags, DataType::kBool, ReduceOp::kMin), (std::vector<uint8_t>{0, 1, 0}));  // and
+}
+
+TEST(ControlReduce, JoinedRankContributesZeros) {
+  std::vector<std::optional<Request>> by_rank = {allreduce_with<float>("t", {-4, 2}, DataType::kFloat32, ReduceOp::kMax),
+                                                 std::nullopt,
+                                                 allreduce_with<float>("t", {-1, 1}, DataType::kFloat32, ReduceOp::kMax)};
+  std::string out = reduce_inline_inputs(response_for(*by_rank[0]), by_rank);
+  EXPECT_EQ(values_of<float>(out), (std::vector<float>{0, 2}));  // the zeros of rank 1 win -1
+}
+
+TEST(ControlReduce, AMissingOrMisSizedInputMeansTheRails) {
+  std::vector<std::optional<Request>> by_rank = {allreduce_with<float>("t", {1, 2}, DataType::kFloat32),
+                                                 allreduce_with<float>("t", {3, 4}, DataType::kFloat32)};
+  Response resp = response_for(*by_rank[0]);
+  by_rank[1]->inline_input.clear();
+  EXPECT_EQ(reduce_inline_inputs(resp, by_rank), "");
+  by_rank[1]->inline_input = "abc";
+  EXPECT_EQ(reduce_inline_inputs(resp, by_rank), "");
+  resp.kind = Response::Kind::kError;
+  by_rank[1] = by_rank[0];
+  EXPECT_EQ(reduce_inline_inputs(resp, by_rank), "");
+}
+
+TEST(ControlReduce, LimitIsWhatRankZeroReceivesFromAllOthers) {
+  Request r;
+  r.type = OpType::kAllreduce;
+  r.dtype = DataType::kFloat32;
+  r.shape = {1365};  // 5460 bytes x 3 other ranks <= 16384
+  EXPECT_TRUE(wants_inline_input(r, 16384, 4));
+  r.shape = {1366};
+  EXPECT_FALSE(wants_inline_input(r, 16384, 4));
+  EXPECT_TRUE(wants_inline_input(r, 16384, 2));
+  EXPECT_FALSE(wants_inline_input(r, 0, 2));
+  EXPECT_FALSE(wants_inline_input(r, 16384, 1));
+  r.shape = {0};
+  EXPECT_FALSE(wants_inline_input(r, 16384, 2));
+  r.shape = {4};
+  r.type = OpType::kBroadcast;
+  EXPECT_FALSE(wants_inline_input(r, 16384, 2));
+}
+
+CoordinatorOptions options(int size) {
+  CoordinatorOptions o;
+  o.size = size;
+  o.cycle_time_s = 0.005;
+  return o;
+}
+
+TEST(ControlReduceCoordinator, ReducedTensorsGoAloneAndTheOthersStillFuse) {
+  Coordinator c(options(2));
+  for (int rank = 0; rank < 2; ++rank) {
+    Request b = allreduce_with<float>("b", {1, 1}, DataType::kFloat32);
+    Request d = allreduce_with<float>("d", {1, 1}, DataType::kFloat32);
+    b.inline_input.clear();
+    d.inline_input.clear();
+    c.submit(rank, {allreduce_with<float>("a", {1, 2}, DataType::kFloat32), b, d,
+                    allreduce_with<float>("e", {10, 20.0f + rank}, DataType::kFloat32)}, t0);
+  }
+  std::vector<Response> out = c.take_ready(t0);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].names, std::vector<std::string>{"a"});
+  EXPECT_EQ(values_of<float>(out[0].inline_result), (std::vector<float>{2, 4}));
+  EXPECT_EQ(out[1].names, (std::vector<std::string>{"b", "d"}));  // fused, for the rails
+  EXPECT_TRUE(out[1].inline_result.empty());
+  EXPECT_EQ(out[2].names, std::vector<std::string>{"e"});
+  EXPECT_EQ(values_of<float>(out[2].inline_result), (std::vector<float>{20, 41}));
+}
+
+TEST(ControlReduceCoordinator, BriefRequestsOfTheResponseCacheKeepTheirInputs) {
+  Coordinator c(options(2));
+  for (int rank = 0; rank < 2; ++rank) c.submit(rank, {allreduce_with<int32_t>("x", {rank, 1}, DataType::kInt32)}, t0);
+  std::vector<Response> first = c.take_ready(t0);
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_GE(first[0].cache_ids.at(0), 0);
+  EXPECT_EQ(values_of<int32_t>(first[0].inline_result), (std::vector<int32_t>{1, 2}));
+  for (int rank = 0; rank < 2; ++rank) {
+    Request brief;
+    brief.name = "x";
+    brief.cache_id = first[0].cache_ids[0];
+    brief.inline_input = bytes_of(std::vector<int32_t>{5 * rank, 7});
+    c.submit(rank, {brief}, t0);
+  }
+  std::vector<Response> second = c.take_ready(t0);
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(values_of<int32_t>(second[0].inline_result), (std::vector<int32_t>{5, 14}));
+}
+
+TEST(ControlReduceCoordinator, AMismatchIsAnErrorWithNoResult) {
+  Coordinator c(options(2));
+  c.submit(0, {allreduce_with<float>("m", {1, 2}, DataType::kFloat32)}, t0);
+  c.submit(1, {allreduce_with<float>("m", {1, 2, 3}, DataType::kFloat32)}, t0);
+  std::vector<Response> out = c.take_ready(t0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].kind, Response::Kind::kError);
+  EXPECT_TRUE(out[0].inline_result.empty());
+}
+
+}  // namespace
+}  // namespace nezha::engine
