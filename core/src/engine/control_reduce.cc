@@ -17,6 +17,14 @@ bool wants_inline_input(const Request& req, size_t limit_bytes, int size) {
   return bytes > 0 && bytes <= control_reduce_max_input_bytes(limit_bytes, size);
 }
 
+void spill_inline_results(std::vector<Response>& responses) {
+  size_t budget = kControlReduceBytesPerMessage;
+  for (Response& r : responses) {
+    if (r.inline_result.size() > budget) r.inline_result.clear();
+    budget -= r.inline_result.size();
+  }
+}
+
 std::string reduce_inline_inputs(const Response& resp, const std::vector<std::optional<Request>>& by_rank) {
   if (resp.kind != Response::Kind::kExecute || resp.type != OpType::kAllreduce || resp.counts.size() != 1)
     return {};

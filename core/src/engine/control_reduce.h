@@ -21,11 +21,20 @@
 
 namespace nezha::engine {
 
+// Most inline bytes (inputs in a request list, results in a response list) one control message
+// carries; when many small tensors arrive at once the rest run on the rails. Keeps control messages
+// small, and far below the transport's cap on one message.
+constexpr size_t kControlReduceBytesPerMessage = size_t{1} << 20;
+
 // Most bytes one rank's input may have to travel with its request (0 with one rank or limit 0).
 size_t control_reduce_max_input_bytes(size_t limit_bytes, int size);
 
 // Whether a rank sends req's input with it (a non-empty allreduce within the limit).
 bool wants_inline_input(const Request& req, size_t limit_bytes, int size);
+
+// Rank 0, before sending `responses` in one message: clears the results past
+// kControlReduceBytesPerMessage (in order), so those tensors run on the rails instead.
+void spill_inline_results(std::vector<Response>& responses);
 
 // Rank 0: the result of `resp` (one allreduce tensor) from every rank's request in by_rank (nullopt:
 // a joined rank, which contributes zeros), each scaled by the prescale, reduced in rank order, then

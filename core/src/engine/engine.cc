@@ -265,6 +265,7 @@ void Engine::route_new_work() {
   RequestList list;
   bool send_shutdown = false;
   const Clock::time_point now = Clock::now();
+  size_t inline_budget = kControlReduceBytesPerMessage;  // inline inputs this request list may carry
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& name : new_names_) {
@@ -286,8 +287,11 @@ void Engine::route_new_work() {
       } else {
         list.requests.push_back(req);
       }
-      if (config_.size > 1 && wants_inline_input(req, config_.control_reduce_bytes, config_.size))
+      if (config_.size > 1 && wants_inline_input(req, config_.control_reduce_bytes, config_.size) &&
+          req.bytes() <= inline_budget) {
         list.requests.back().inline_input.assign(static_cast<const char*>(it->second.input), req.bytes());
+        inline_budget -= req.bytes();
+      }
     }
     new_names_.clear();
     if (shutdown_requested_ && !shutdown_sent_) send_shutdown = shutdown_sent_ = true;
@@ -450,11 +454,11 @@ void Engine::dispatch(std::vector<Response> responses) {
                        [](const Response& r) { return r.type == OpType::kJoin; });
   if (end == held_dispatch_.begin()) return;
   ResponseList list;
-  for (auto it = held_dispatch_.begin(); it != end; ++it) {
-    if (it->inline_result.empty()) it->plan = plan_for(*it);
-    list.responses.push_back(std::move(*it));
-  }
+  list.responses.assign(std::make_move_iterator(held_dispatch_.begin()), std::make_move_iterator(end));
   held_dispatch_.erase(held_dispatch_.begin(), end);
+  spill_inline_results(list.responses);
+  for (Response& r : list.responses)
+    if (r.inline_result.empty()) r.plan = plan_for(r);
   if (rails_.size() > 1) list.estimates = current_estimates();
   send_in_order(std::move(list));
 }

@@ -137,6 +137,21 @@ TEST(ControlReduce, LimitIsWhatRankZeroReceivesFromAllOthers) {
   EXPECT_FALSE(wants_inline_input(r, 16384, 2));
 }
 
+TEST(ControlReduce, ResultsPastOneMessagesBudgetGoToTheRails) {
+  std::vector<Response> rs(5);
+  rs[0].inline_result.assign(kControlReduceBytesPerMessage / 2, 'a');
+  rs[1].inline_result.assign(kControlReduceBytesPerMessage / 4, 'b');
+  rs[2].inline_result.assign(kControlReduceBytesPerMessage / 2, 'c');  // does not fit any more
+  rs[3].inline_result.assign(kControlReduceBytesPerMessage / 4, 'd');  // still fits
+  rs[4].inline_result.assign(1, 'e');                                  // over by one byte
+  spill_inline_results(rs);
+  EXPECT_EQ(rs[0].inline_result.size(), kControlReduceBytesPerMessage / 2);
+  EXPECT_EQ(rs[1].inline_result.size(), kControlReduceBytesPerMessage / 4);
+  EXPECT_TRUE(rs[2].inline_result.empty());
+  EXPECT_EQ(rs[3].inline_result.size(), kControlReduceBytesPerMessage / 4);
+  EXPECT_TRUE(rs[4].inline_result.empty());
+}
+
 CoordinatorOptions options(int size) {
   CoordinatorOptions o;
   o.size = size;
