@@ -233,7 +233,11 @@ Response Coordinator::build(const std::string& name, Pending& p) {
       break;
   }
   remember(name, p, resp);
-  resp.inline_result = reduce_inline_inputs(resp, p.by_rank);
+  try {
+    resp.inline_result = reduce_inline_inputs(resp, p.by_rank);
+  } catch (const std::exception& e) {  // the rails report it for this tensor, the engine goes on
+    NZ_LOG(Warning) << "tensor '" << name << "': not reduced by rank 0 (" << e.what() << ")";
+  }
   return resp;
 }
 

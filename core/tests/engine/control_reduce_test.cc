@@ -198,6 +198,21 @@ TEST(ControlReduceCoordinator, BriefRequestsOfTheResponseCacheKeepTheirInputs) {
   EXPECT_EQ(values_of<int32_t>(second[0].inline_result), (std::vector<int32_t>{5, 14}));
 }
 
+TEST(ControlReduceCoordinator, AReductionThatThrowsLeavesTheTensorToTheRails) {
+  // Engines refuse bool with a scale factor at submission; rank 0 must not stop if one gets here.
+  Coordinator c(options(2));
+  for (int rank = 0; rank < 2; ++rank) {
+    Request r = allreduce_with<uint8_t>("flags", {0, 1}, DataType::kBool);
+    r.prescale = 2;
+    c.submit(rank, {r}, t0);
+  }
+  std::vector<Response> out;
+  ASSERT_NO_THROW(out = c.take_ready(t0));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].kind, Response::Kind::kExecute);
+  EXPECT_TRUE(out[0].inline_result.empty());
+}
+
 TEST(ControlReduceCoordinator, AMismatchIsAnErrorWithNoResult) {
   Coordinator c(options(2));
   c.submit(0, {allreduce_with<float>("m", {1, 2}, DataType::kFloat32)}, t0);
