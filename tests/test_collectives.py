@@ -29,3 +29,15 @@ def test_collectives_with_cache_rounds(job, script, args):
     assert result.returncode == 0, result.output[-4000:]
     for r in range(ranks):
         assert any(l.startswith(f"OK rank {r}") for l in result.lines(r)), result.output[-4000:]
+
+
+@pytest.mark.parametrize("control_reduce_bytes", ["16384", "0"])
+def test_mixed_bursts_in_different_orders(job, control_reduce_bytes):
+    # Allreduces (some reduced by rank 0 within negotiation, some fused on the rails), grouped
+    # allreduces, broadcasts and allgathers in flight together, in a different order on each rank.
+    ranks = 3
+    result = job(ranks, "mixed_bursts.py", "12",
+                 env={"NEZHA_CONTROL_REDUCE_BYTES": control_reduce_bytes}, timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(ranks):
+        assert any(l.startswith(f"OK rank {r}: 120 operations") for l in result.lines(r)), result.output[-4000:]

@@ -1,0 +1,81 @@
+"""Bursts of concurrent operations of mixed kinds and sizes, submitted and waited for in a different
+order on every rank, each result checked against numpy. Sizes straddle the limit of allreduces rank 0
+reduces within negotiation (NEZHA_CONTROL_REDUCE_BYTES), so both paths, fusion and the response cache
+are mixed in one stream.  usage: mixed_bursts.py ROUNDS
+"""
+import os
+import sys
+
+import numpy as np
+
+import nezha
+
+nezha.init()
+RANK, SIZE = nezha.rank(), nezha.size()
+ROUNDS = int(sys.argv[1])
+per_tensor = int(os.environ.get("NEZHA_CONTROL_REDUCE_BYTES", "16384")) // max(1, SIZE - 1)
+COUNTS = sorted({c for c in (1, 3, per_tensor // 4, per_tensor // 4 + 1, 5000, 70000) if c > 0})
+KINDS = ("sum", "average", "max", "grouped", "broadcast", "allgather")
+DTYPES = (np.float32, np.int32, np.float64)
+
+
+def make_input(rnd, i, rank, n, dtype):
+    # Small integers: sums are exact in any order, so results must equal numpy's exactly.
+    rng = np.random.default_rng([rnd, i, rank])
+    return rng.integers(-50, 50, n).astype(dtype)
+
+
+def plan(rnd):
+    """The round's operations; the same on every rank (seeded by the round only)."""
+    rng = np.random.default_rng(rnd)
+    return [(str(rng.choice(KINDS)), int(rng.choice(COUNTS)), DTYPES[int(rng.integers(len(DTYPES)))],
+             int(rng.integers(SIZE))) for _ in range(10)]
+
+
+def start(rnd, i, kind, n, dtype, root):
+    name = f"r{rnd % 3}.op{i}"  # names recur every 3 rounds: the response cache is used
+    x = make_input(rnd, i, RANK, n, dtype)
+    everyone = [make_input(rnd, i, r, n, dtype) for r in range(SIZE)]
+    if kind in ("sum", "average", "max"):
+        op = {"sum": nezha.Sum, "average": nezha.Average, "max": nezha.Max}[kind]
+        want = {"sum": lambda: np.sum(everyone, axis=0, dtype=dtype),
+                # Integers average toward zero; floats within rounding of the exact mean.
+                "average": lambda: np.trunc(np.sum(everyone, axis=0, dtype=np.float64) / SIZE).astype(dtype),
+                "max": lambda: np.max(everyone, axis=0)}[kind]()
+        if kind == "average" and np.dtype(dtype).kind == "f":
+            want = np.sum(everyone, axis=0, dtype=np.float64) / SIZE
+        return nezha.allreduce_async(x, op=op, name=name), want
+    if kind == "grouped":
+        parts = [x[:1], x, x[: max(1, n // 2)]]
+        want = [np.sum([p[:len(q)] for p in everyone], axis=0, dtype=dtype) for q in parts]
+        return nezha.grouped_allreduce_async(parts, op=nezha.Sum, name=name), want
+    if kind == "broadcast":
+        return nezha.broadcast_async(x, root, name=name), everyone[root]
+    rows = [make_input(rnd, i, r, n * (r + 1), dtype).reshape(r + 1, n) for r in range(SIZE)]
+    return nezha.allgather_async(rows[RANK], name=name), np.concatenate(rows)
+
+
+def check(got, want, what):
+    if isinstance(want, list):
+        for g, w in zip(got, want):
+            check(g, w, what)
+        return
+    assert got.shape == np.shape(want) and got.dtype.kind == np.asarray(want).dtype.kind, (what, got.shape)
+    if got.dtype.kind == "f":
+        assert np.allclose(got, want, rtol=1e-6, atol=0), (what, got[:4], want[:4])
+    else:
+        assert np.array_equal(got, want), (what, got[:4], want[:4])
+
+
+ops = 0
+for rnd in range(ROUNDS):
+    order = np.random.default_rng([rnd, 1000 + RANK]).permutation(10)
+    ops_plan = plan(rnd)
+    started = {i: start(rnd, i, *ops_plan[i]) for i in order}
+    for i in np.random.default_rng([rnd, 2000 + RANK]).permutation(10):
+        handle, want = started[i]
+        check(handle.wait(timeout_s=30), want, (rnd, int(i), ops_plan[i][:3]))
+        ops += 1
+nezha.barrier()
+print(f"OK rank {RANK}: {ops} operations, counts {COUNTS}", flush=True)
+nezha.shutdown()
