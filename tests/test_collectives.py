@@ -14,8 +14,8 @@ def test_multi_segment_ring_and_logstep_everywhere(job):
     # Tiny ring segments reach the pipelined multi-segment path; a zero log-step threshold sends
     # even one-element payloads through the ring, and a huge one sends 1 MiB through log-step
     # (small allreduces stay on the rail: none is reduced by rank 0 within negotiation).
-    for env in ({"NEZHA_SEGMENT_BYTES": "4096", "NEZHA_LOGSTEP_MAX_BYTES": "0", "NEZHA_CONTROL_REDUCE_BYTES": "0"},
-                {"NEZHA_LOGSTEP_MAX_BYTES": str(1 << 30), "NEZHA_CONTROL_REDUCE_BYTES": "0"}):
+    for env in ({"NEZHA_SEGMENT_BYTES": "4096", "NEZHA_LOGSTEP_MAX_BYTES": "0", "NEZHA_CONTROL_INLINE_BYTES": "0"},
+                {"NEZHA_LOGSTEP_MAX_BYTES": str(1 << 30), "NEZHA_CONTROL_INLINE_BYTES": "0"}):
         result = job(3, "collectives_check.py", env=env, timeout=300)
         assert result.returncode == 0, (env, result.output[-4000:])
 
@@ -31,13 +31,13 @@ def test_collectives_with_cache_rounds(job, script, args):
         assert any(l.startswith(f"OK rank {r}") for l in result.lines(r)), result.output[-4000:]
 
 
-@pytest.mark.parametrize("control_reduce_bytes", ["16384", "0"])
-def test_mixed_bursts_in_different_orders(job, control_reduce_bytes):
+@pytest.mark.parametrize("control_inline_bytes", ["16384", "0"])
+def test_mixed_bursts_in_different_orders(job, control_inline_bytes):
     # Allreduces (some reduced by rank 0 within negotiation, some fused on the rails), grouped
     # allreduces, broadcasts and allgathers in flight together, in a different order on each rank.
     ranks = 3
     result = job(ranks, "mixed_bursts.py", "12",
-                 env={"NEZHA_CONTROL_REDUCE_BYTES": control_reduce_bytes}, timeout=300)
+                 env={"NEZHA_CONTROL_INLINE_BYTES": control_inline_bytes}, timeout=300)
     assert result.returncode == 0, result.output[-4000:]
     for r in range(ranks):
         assert any(l.startswith(f"OK rank {r}: 120 operations") for l in result.lines(r)), result.output[-4000:]

@@ -5,12 +5,12 @@ import json
 import pytest
 
 
-@pytest.mark.parametrize("control_reduce", [True, False])
-def test_timeline_has_negotiation_and_rail_events(job, tmp_path, control_reduce):
+@pytest.mark.parametrize("control_inline", [True, False])
+def test_timeline_has_negotiation_and_rail_events(job, tmp_path, control_inline):
     # The 3-element allreduce is reduced by rank 0 within negotiation, or with
-    # NEZHA_CONTROL_REDUCE_BYTES=0 runs on the rail.
+    # NEZHA_CONTROL_INLINE_BYTES=0 runs on the rail.
     path = tmp_path / "trace.json"
-    env = {} if control_reduce else {"NEZHA_CONTROL_REDUCE_BYTES": "0"}
+    env = {} if control_inline else {"NEZHA_CONTROL_INLINE_BYTES": "0"}
     result = job(2, "env_allreduce.py", nezharun_args=["--timeline", str(path)], env=env, timeout=60)
     assert result.returncode == 0, result.output
     for rank in (0, 1):
@@ -19,7 +19,7 @@ def test_timeline_has_negotiation_and_rail_events(job, tmp_path, control_reduce)
         assert ("negotiate", "b", "env") in names and ("negotiate", "e", "env") in names, names
         on_rail = any(e.get("ph") == "X" and e.get("cat") == "rail" for e in events)
         by_rank0 = [e for e in events if e.get("cat") == "control" and e.get("name") == "env"]
-        assert (on_rail, len(by_rank0)) == ((False, 1) if control_reduce else (True, 0)), events
-        if control_reduce:
+        assert (on_rail, len(by_rank0)) == ((False, 1) if control_inline else (True, 0)), events
+        if control_inline:
             assert by_rank0[0]["ph"] == "i" and by_rank0[0]["args"]["bytes"] == 24, by_rank0
         assert all(e["pid"] == rank for e in events)

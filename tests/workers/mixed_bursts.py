@@ -1,6 +1,6 @@
 """Bursts of concurrent operations of mixed kinds and sizes, submitted and waited for in a different
 order on every rank, each result checked against numpy. Sizes straddle the limit of allreduces rank 0
-reduces within negotiation (NEZHA_CONTROL_REDUCE_BYTES), so both paths, fusion and the response cache
+reduces within negotiation (NEZHA_CONTROL_INLINE_BYTES), so both paths, fusion and the response cache
 are mixed in one stream.  usage: mixed_bursts.py ROUNDS
 """
 import os
@@ -13,7 +13,7 @@ import nezha
 nezha.init()
 RANK, SIZE = nezha.rank(), nezha.size()
 ROUNDS = int(sys.argv[1])
-per_tensor = int(os.environ.get("NEZHA_CONTROL_REDUCE_BYTES", "16384")) // max(1, SIZE - 1)
+per_tensor = int(os.environ.get("NEZHA_CONTROL_INLINE_BYTES", "16384")) // max(1, SIZE - 1)
 COUNTS = sorted({c for c in (1, 3, per_tensor // 4, per_tensor // 4 + 1, 5000, 70000) if c > 0})
 KINDS = ("sum", "average", "max", "grouped", "broadcast", "allgather")
 DTYPES = (np.float32, np.int32, np.float64)

@@ -5,7 +5,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
-#include "engine/control_reduce.h"
+#include "engine/control_inline.h"
 
 namespace nezha::engine {
 namespace {
@@ -234,7 +234,7 @@ Response Coordinator::build(const std::string& name, Pending& p) {
   }
   remember(name, p, resp);
   try {
-    resp.inline_result = reduce_inline_inputs(resp, p.by_rank);
+    resp.inline_result = inline_result_of(resp, p.by_rank);
   } catch (const std::exception& e) {  // the rails report it for this tensor, the engine goes on
     NZ_LOG(Warning) << "tensor '" << name << "': not reduced by rank 0 (" << e.what() << ")";
   }

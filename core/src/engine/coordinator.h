@@ -11,7 +11,7 @@
 // tensors are only partially submitted, ready ones are held up to cycle_time so they can be fused
 // with tensors about to become ready (gradients arrive in bursts).
 //
-// Small allreduces (control_reduce.h) arrive with each rank's input; their response carries the
+// Small allreduces (control_inline.h) arrive with each rank's input; their response carries the
 // result rank 0 reduced, and is never fused with others.
 //
 // Response cache. Once a tensor has gone through negotiation, each rank remembers the id the

@@ -11,7 +11,7 @@
 #include "common/error.h"
 #include "common/knobs.h"
 #include "common/logging.h"
-#include "engine/control_reduce.h"
+#include "engine/control_inline.h"
 #include "engine/message_codec.h"
 #include "engine/round_plan.h"
 
@@ -49,8 +49,8 @@ EngineConfig EngineConfig::from_knobs() {
   c.rail_failover = knob_int("NEZHA_RAIL_FAILOVER") != 0;
   c.cache_rounds = knob_int("NEZHA_CACHE_ROUNDS") != 0;
   // Capped so the largest result fits one control-message string.
-  c.control_reduce_bytes = static_cast<size_t>(
-      std::clamp<int64_t>(knob_int("NEZHA_CONTROL_REDUCE_BYTES"), 0, kMaxControlString));
+  c.control_inline_bytes = static_cast<size_t>(
+      std::clamp<int64_t>(knob_int("NEZHA_CONTROL_INLINE_BYTES"), 0, kMaxControlString));
   return c;
 }
 
@@ -265,7 +265,7 @@ void Engine::route_new_work() {
   RequestList list;
   bool send_shutdown = false;
   const Clock::time_point now = Clock::now();
-  size_t inline_budget = kControlReduceBytesPerMessage;  // inline inputs this request list may carry
+  size_t inline_budget = kControlInlineBytesPerMessage;  // inline inputs this request list may carry
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& name : new_names_) {
@@ -287,7 +287,7 @@ void Engine::route_new_work() {
       } else {
         list.requests.push_back(req);
       }
-      if (config_.size > 1 && wants_inline_input(req, config_.control_reduce_bytes, config_.size) &&
+      if (config_.size > 1 && wants_inline_input(req, config_.control_inline_bytes, config_.rank, config_.size) &&
           req.bytes() <= inline_budget) {
         list.requests.back().inline_input.assign(static_cast<const char*>(it->second.input), req.bytes());
         inline_budget -= req.bytes();
@@ -531,24 +531,10 @@ void Engine::execute_locally(const ResponseList& list, bool from_round) {
 }
 
 void Engine::complete_inline(const Response& resp, std::vector<TensorEntry>& entries) {
-  const size_t esize = dtype_size(resp.dtype);
-  size_t total = 0;
-  for (int64_t c : resp.counts) total += static_cast<size_t>(c) * esize;
-  if (resp.type != OpType::kAllreduce || resp.inline_result.size() != total || entries.size() != resp.counts.size())
-    throw ProtocolError("rank 0 sent a result of " + std::to_string(resp.inline_result.size()) +
-                        " bytes for allreduce of '" + (resp.names.empty() ? "" : resp.names[0]) + "' (" +
-                        std::to_string(total) + " bytes)");
-  size_t off = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const size_t bytes = static_cast<size_t>(resp.counts[i]) * esize;
-    if (entries[i].handle) {
-      std::memcpy(entries[i].output, resp.inline_result.data() + off, bytes);
-      ++tensors_reduced_by_coordinator_;
-      timeline_.reduced_by_coordinator(resp.names[i], bytes);
-      entries[i].handle->complete();
-    }
-    off += bytes;
-  }
+  deliver_inline_result(resp, entries, [this](const std::string& name, size_t bytes) {
+    ++tensors_done_by_coordinator_;
+    timeline_.done_by_coordinator(name, bytes);
+  });
 }
 
 void Engine::on_control_message(int peer, const std::string& payload) {
@@ -655,7 +641,7 @@ EngineStats Engine::stats() const {
   EngineStats s;
   s.tensors_via_rounds = tensors_via_rounds_;
   s.tensors_via_coordinator = tensors_via_coordinator_;
-  s.tensors_reduced_by_coordinator = tensors_reduced_by_coordinator_;
+  s.tensors_done_by_coordinator = tensors_done_by_coordinator_;
   s.requests_to_coordinator = requests_to_coordinator_;
   s.rounds = rounds_completed_;
   return s;

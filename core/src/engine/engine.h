@@ -67,8 +67,8 @@ struct EngineConfig {
   double rail_probe_backoff_s = 0.25;
   double rail_probe_backoff_max_s = 3;
   bool cache_rounds = false;  // NEZHA_CACHE_ROUNDS: cached allreduces skip rank 0 (cache_rounds.h)
-  // NEZHA_CONTROL_REDUCE_BYTES: small allreduces reduced by rank 0 inside negotiation (control_reduce.h).
-  size_t control_reduce_bytes = 16384;
+  // NEZHA_CONTROL_INLINE_BYTES: small allreduces reduced by rank 0 inside negotiation (control_inline.h).
+  size_t control_inline_bytes = 16384;
 
   // Defaults from the knob table (NEZHA_* environment variables).
   static EngineConfig from_knobs();
@@ -78,7 +78,7 @@ struct EngineConfig {
 struct EngineStats {
   uint64_t tensors_via_rounds = 0;       // by a cache round, without rank 0
   uint64_t tensors_via_coordinator = 0;  // by a response from rank 0
-  uint64_t tensors_reduced_by_coordinator = 0;  // of those: reduced by rank 0, no rail
+  uint64_t tensors_done_by_coordinator = 0;  // of those: reduced by rank 0, no rail
   uint64_t requests_to_coordinator = 0;  // tensor requests this rank sent to rank 0
   uint64_t rounds = 0;                   // cache rounds completed
 };
@@ -198,7 +198,7 @@ class Engine {
   bool last_plan_striped_ = false;                        // rank 0: for cold/hot transition logs
   std::vector<int> idle_large_ops_;
   std::vector<int> round_idle_large_ops_;  // probe counters of round plans: same on every rank
-  std::atomic<uint64_t> tensors_via_rounds_{0}, tensors_via_coordinator_{0}, tensors_reduced_by_coordinator_{0};
+  std::atomic<uint64_t> tensors_via_rounds_{0}, tensors_via_coordinator_{0}, tensors_done_by_coordinator_{0};
   std::atomic<uint64_t> requests_to_coordinator_{0}, rounds_completed_{0};
   Timeline timeline_;                       // rank 0: large ops since a rail's last share
 };

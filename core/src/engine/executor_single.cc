@@ -75,11 +75,7 @@ void Executor::run_single(const Response& resp, const TensorEntry& e, transport:
   const size_t esize = dtype_size(resp.dtype);
   const int me = opt_.rank, n = opt_.size;
   const std::vector<int64_t>& shape = e.req.shape;
-  auto out_shape = [&](int64_t rows) {
-    std::vector<int64_t> s = shape.empty() ? std::vector<int64_t>{1} : shape;
-    s[0] = rows;
-    return s;
-  };
+  auto out_shape = [&](int64_t rows) { return with_rows(shape, rows); };
   switch (resp.type) {
     case OpType::kBroadcast: {
       size_t bytes = static_cast<size_t>(resp.counts[0]) * esize;

@@ -44,7 +44,7 @@ struct Request {
   // and this id travel, and the coordinator skips validation (see coordinator.h).
   int32_t cache_id = -1;
   // A small allreduce's input, sent with the request so rank 0 can reduce it without a rail
-  // (engine/control_reduce.h); empty otherwise. Not metadata: never cached or compared.
+  // (engine/control_inline.h); empty otherwise. Not metadata: never cached or compared.
   std::string inline_input;
 
   bool same_metadata(const Request& o) const;
@@ -75,10 +75,18 @@ struct Response {
   std::vector<int32_t> cache_ids;       // per name: id to use for it next time (-1: not cached)
   std::vector<multirail::RailShare> plan;  // allreduce: element ranges per rail; else one entry
   std::string error;                    // kError: the message every rank raises
-  // Allreduce reduced by rank 0 from the requests' inline inputs (engine/control_reduce.h): the
+  // Allreduce reduced by rank 0 from the requests' inline inputs (engine/control_inline.h): the
   // result, scaled; every rank copies it out and no rail runs. Empty: execute on the rails.
   std::string inline_result;
 };
+
+// `shape` with its first dimension set to `rows` (a scalar counts as one row): the shape of an
+// allgather's or alltoall's result.
+inline std::vector<int64_t> with_rows(const std::vector<int64_t>& shape, int64_t rows) {
+  std::vector<int64_t> s = shape.empty() ? std::vector<int64_t>{1} : shape;
+  s[0] = rows;
+  return s;
+}
 
 // The factor a reduction's result is multiplied by once: the user's postscale, and Average's 1/size.
 inline double effective_postscale(const Response& r, int size) {

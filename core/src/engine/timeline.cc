@@ -74,7 +74,7 @@ void Timeline::negotiation_started(const std::string& tensor) { negotiation_even
 
 void Timeline::negotiation_finished(const std::string& tensor) { negotiation_event(tensor, 'e'); }
 
-void Timeline::reduced_by_coordinator(const std::string& tensor, size_t bytes) {
+void Timeline::done_by_coordinator(const std::string& tensor, size_t bytes) {
   if (!enabled()) return;
   std::ostringstream e;
   e << "{\"name\":" << quoted(tensor) << ",\"cat\":\"control\",\"ph\":\"i\",\"s\":\"t\",\"pid\":" << rank_

@@ -27,8 +27,8 @@ class Timeline {
 
   void negotiation_started(const std::string& tensor);
   void negotiation_finished(const std::string& tensor);
-  // An allreduce rank 0 reduced within negotiation (control_reduce.h): an instant event, no rail.
-  void reduced_by_coordinator(const std::string& tensor, size_t bytes);
+  // An allreduce rank 0 reduced within negotiation (control_inline.h): an instant event, no rail.
+  void done_by_coordinator(const std::string& tensor, size_t bytes);
   void share_done(int rail, const std::string& what, Clock::time_point start, double seconds,
                   size_t bytes);
   void close();

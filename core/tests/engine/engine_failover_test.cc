@@ -31,7 +31,7 @@ class TwoRailJob : public testing::Cluster {
           c.rail_probe_backoff_max_s = 1;
           c.rail_failover = failover;
           c.cache_rounds = cache_rounds;
-          c.control_reduce_bytes = 0;  // small allreduces too must run on the rails here
+          c.control_inline_bytes = 0;  // small allreduces too must run on the rails here
         }) {}
 };
 

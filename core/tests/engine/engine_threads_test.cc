@@ -68,10 +68,10 @@ void check_float_allreduce(Cluster& c, const std::string& name, size_t count, Re
 // (ranks, small allreduces reduced by rank 0 inside negotiation or run on the rail).
 class EngineThreadsTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
  protected:
-  static bool control_reduce() { return std::get<1>(GetParam()); }
+  static bool control_inline() { return std::get<1>(GetParam()); }
   static Cluster make_cluster() {
     return Cluster(std::get<0>(GetParam()), loopback_rails(1), [](EngineConfig& c) {
-      c.control_reduce_bytes = control_reduce() ? 16384 : 0;
+      c.control_inline_bytes = control_inline() ? 16384 : 0;
     });
   }
 };
@@ -84,8 +84,8 @@ TEST_P(EngineThreadsTest, AllreduceFloatSumAndAverage) {
   check_float_allreduce(c, "avg.small", 3, ReduceOp::kAverage);
   // Which way they went: the three small ones (up to 4000 bytes) reduced by rank 0, or all on the rail.
   for (int r = 0; r < c.size(); ++r) {
-    const uint64_t want = control_reduce() ? 3 : 0;
-    EXPECT_EQ(c[r].stats().tensors_reduced_by_coordinator, want) << "rank " << r;
+    const uint64_t want = control_inline() ? 3 : 0;
+    EXPECT_EQ(c[r].stats().tensors_done_by_coordinator, want) << "rank " << r;
   }
 }
 
@@ -132,6 +132,8 @@ TEST_P(EngineThreadsTest, AllgatherWithDifferentFirstDimensions) {
     std::vector<double> got(want.size());
     std::memcpy(got.data(), res.output.data(), res.output.size());
     EXPECT_EQ(got, want) << "rank " << r;
+    // At most 144 bytes per rank: gathered by rank 0 within negotiation when that is on.
+    EXPECT_EQ(c[r].stats().tensors_done_by_coordinator, control_inline() ? 1u : 0u) << "rank " << r;
   }
 }
 
@@ -139,21 +141,25 @@ TEST_P(EngineThreadsTest, BroadcastFromNonZeroRoot) {
   Cluster c = make_cluster();
   const int n = c.size();
   const int root = n - 1;
-  const size_t count = 20000;
-  std::vector<std::vector<int64_t>> buf(n, std::vector<int64_t>(count));
+  for (size_t count : {size_t{20000}, size_t{5}}) {  // on the rail; small enough for rank 0 to relay
+    std::vector<std::vector<int64_t>> buf(n, std::vector<int64_t>(count));
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < count; ++i) buf[r][i] = (r == root ? 1 : -1) * static_cast<int64_t>(i * i + 3);
+    const std::vector<int64_t> want = buf[root];
+    const std::string name = "bcast." + std::to_string(count);
+    std::vector<std::shared_ptr<OpHandle>> h(n);
+    for (int r = 0; r < n; ++r) {
+      Request req = make_request(OpType::kBroadcast, name, DataType::kInt64, {static_cast<int64_t>(count)});
+      req.root = root;
+      h[r] = submit(c[r], req, buf[r].data(), buf[r].data());  // in place, as optimizers do
+    }
+    for (int r = 0; r < n; ++r) {
+      expect_ok(h[r], name);
+      EXPECT_EQ(buf[r], want) << name << " rank " << r;
+    }
+  }
   for (int r = 0; r < n; ++r)
-    for (size_t i = 0; i < count; ++i) buf[r][i] = (r == root ? 1 : -1) * static_cast<int64_t>(i * i + 3);
-  const std::vector<int64_t> want = buf[root];
-  std::vector<std::shared_ptr<OpHandle>> h(n);
-  for (int r = 0; r < n; ++r) {
-    Request req = make_request(OpType::kBroadcast, "bcast", DataType::kInt64, {count});
-    req.root = root;
-    h[r] = submit(c[r], req, buf[r].data(), buf[r].data());  // in place, as optimizers do
-  }
-  for (int r = 0; r < n; ++r) {
-    expect_ok(h[r], "bcast");
-    EXPECT_EQ(buf[r], want) << "rank " << r;
-  }
+    EXPECT_EQ(c[r].stats().tensors_done_by_coordinator, control_inline() ? 1u : 0u) << "rank " << r;
 }
 
 TEST_P(EngineThreadsTest, ManySmallTensorsInDifferentOrdersFuseCorrectly) {
@@ -232,7 +238,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, EngineThreadsTest,
                          ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
                            return std::to_string(std::get<0>(info.param)) + "ranks" +
-                                  (std::get<1>(info.param) ? "ControlReduce" : "Rails");
+                                  (std::get<1>(info.param) ? "ControlInline" : "Rails");
                          });
 
 TEST(EngineTest, NameInFlightIsRejectedUntilDone) {
@@ -308,8 +314,8 @@ TEST(EngineTest, TwoRailsStripeLargePayload) {
 TEST(EngineTest, JoinLetsOtherRanksAllreduceAndReportsLastJoiner) {
   // Small allreduces reduced by rank 0 inside negotiation, then the same on the rail.
   for (size_t limit : {size_t{16384}, size_t{0}}) {
-    SCOPED_TRACE("NEZHA_CONTROL_REDUCE_BYTES=" + std::to_string(limit));
-    Cluster c(3, loopback_rails(1), [limit](EngineConfig& e) { e.control_reduce_bytes = limit; });
+    SCOPED_TRACE("NEZHA_CONTROL_INLINE_BYTES=" + std::to_string(limit));
+    Cluster c(3, loopback_rails(1), [limit](EngineConfig& e) { e.control_inline_bytes = limit; });
     std::vector<std::vector<float>> in(3, std::vector<float>(50)), out(3, std::vector<float>(50));
     for (int r = 0; r < 3; ++r)
       for (size_t i = 0; i < 50; ++i) in[r][i] = float_input(r, i);
@@ -379,8 +385,8 @@ TEST(EngineTest, ShutdownFailsUnmatchedOperationsInBoundedTime) {
 TEST(EngineTest, PrescaleAndPostscaleApplyToSumAndAverage) {
   // Small allreduces reduced by rank 0 inside negotiation, then the same on the rail.
   for (size_t limit : {size_t{16384}, size_t{0}}) {
-    SCOPED_TRACE("NEZHA_CONTROL_REDUCE_BYTES=" + std::to_string(limit));
-    Cluster c(3, loopback_rails(1), [limit](EngineConfig& e) { e.control_reduce_bytes = limit; });
+    SCOPED_TRACE("NEZHA_CONTROL_INLINE_BYTES=" + std::to_string(limit));
+    Cluster c(3, loopback_rails(1), [limit](EngineConfig& e) { e.control_inline_bytes = limit; });
     const int n = 3;
     const size_t count = 33;
     std::vector<std::vector<double>> in(n, std::vector<double>(count));

@@ -1,8 +1,8 @@
-// Small allreduces reduced by rank 0 inside negotiation (engine/control_reduce.h): the reduction
+// Small allreduces reduced by rank 0 inside negotiation (engine/control_inline.h): the reduction
 // against plain loops, the size limit, and how the coordinator attaches results (never fused, kept
 // through the response cache, never on errors). End to end, engine_threads_test.cc runs every
 // allreduce test both this way and on the rail.
-#include "engine/control_reduce.h"
+#include "engine/control_inline.h"
 
 #include <gtest/gtest.h>
 
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "engine/coordinator.h"
 
 namespace nezha::engine {
@@ -66,12 +67,12 @@ std::vector<T> reduce(const std::vector<std::vector<T>>& inputs, DataType dtype,
     by_rank.back()->prescale = prescale;
     by_rank.back()->postscale = postscale;
   }
-  std::string out = reduce_inline_inputs(response_for(*by_rank[0]), by_rank);
+  std::string out = inline_result_of(response_for(*by_rank[0]), by_rank);
   EXPECT_EQ(out.size(), inputs[0].size() * sizeof(T));
   return values_of<T>(out);
 }
 
-TEST(ControlReduce, ScaledSumAndAverageMatchAPlainLoop) {
+TEST(ControlInline, ScaledSumAndAverageMatchAPlainLoop) {
   const std::vector<std::vector<double>> in = {{1.5, -2, 7}, {0.25, 4, -1}, {3, 3, 3}};
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
     std::vector<double> out = reduce(in, DataType::kFloat64, op, 0.5, 3);
@@ -83,12 +84,12 @@ TEST(ControlReduce, ScaledSumAndAverageMatchAPlainLoop) {
   }
 }
 
-TEST(ControlReduce, IntegerAverageRoundsTowardZeroAsOnTheRails) {
+TEST(ControlInline, IntegerAverageRoundsTowardZeroAsOnTheRails) {
   std::vector<int32_t> out = reduce<int32_t>({{1, -1, 7}, {2, -2, 0}, {2, -2, 0}}, DataType::kInt32, ReduceOp::kAverage);
   EXPECT_EQ(out, (std::vector<int32_t>{1, -1, 2}));  // 5/3, -5/3, 7/3
 }
 
-TEST(ControlReduce, MinMaxProductAndBool) {
+TEST(ControlInline, MinMaxProductAndBool) {
   const std::vector<std::vector<int64_t>> in = {{5, -3, 2}, {-7, 4, 3}, {1, 1, -1}};
   EXPECT_EQ(reduce(in, DataType::kInt64, ReduceOp::kMin), (std::vector<int64_t>{-7, -3, -1}));
   EXPECT_EQ(reduce(in, DataType::kInt64, ReduceOp::kMax), (std::vector<int64_t>{5, 4, 3}));
@@ -98,57 +99,147 @@ TEST(ControlReduce, MinMaxProductAndBool) {
   EXPECT_EQ(reduce(flags, DataType::kBool, ReduceOp::kMin), (std::vector<uint8_t>{0, 1, 0}));  // and
 }
 
-TEST(ControlReduce, JoinedRankContributesZeros) {
+TEST(ControlInline, JoinedRankContributesZeros) {
   std::vector<std::optional<Request>> by_rank = {allreduce_with<float>("t", {-4, 2}, DataType::kFloat32, ReduceOp::kMax),
                                                  std::nullopt,
                                                  allreduce_with<float>("t", {-1, 1}, DataType::kFloat32, ReduceOp::kMax)};
-  std::string out = reduce_inline_inputs(response_for(*by_rank[0]), by_rank);
+  std::string out = inline_result_of(response_for(*by_rank[0]), by_rank);
   EXPECT_EQ(values_of<float>(out), (std::vector<float>{0, 2}));  // the zeros of rank 1 win -1
 }
 
-TEST(ControlReduce, AMissingOrMisSizedInputMeansTheRails) {
+TEST(ControlInline, AMissingOrMisSizedInputMeansTheRails) {
   std::vector<std::optional<Request>> by_rank = {allreduce_with<float>("t", {1, 2}, DataType::kFloat32),
                                                  allreduce_with<float>("t", {3, 4}, DataType::kFloat32)};
   Response resp = response_for(*by_rank[0]);
   by_rank[1]->inline_input.clear();
-  EXPECT_EQ(reduce_inline_inputs(resp, by_rank), "");
+  EXPECT_EQ(inline_result_of(resp, by_rank), "");
   by_rank[1]->inline_input = "abc";
-  EXPECT_EQ(reduce_inline_inputs(resp, by_rank), "");
+  EXPECT_EQ(inline_result_of(resp, by_rank), "");
   resp.kind = Response::Kind::kError;
   by_rank[1] = by_rank[0];
-  EXPECT_EQ(reduce_inline_inputs(resp, by_rank), "");
+  EXPECT_EQ(inline_result_of(resp, by_rank), "");
 }
 
-TEST(ControlReduce, LimitIsWhatRankZeroReceivesFromAllOthers) {
+TEST(ControlInline, LimitIsWhatRankZeroReceivesFromAllOthers) {
   Request r;
   r.type = OpType::kAllreduce;
   r.dtype = DataType::kFloat32;
   r.shape = {1365};  // 5460 bytes x 3 other ranks <= 16384
-  EXPECT_TRUE(wants_inline_input(r, 16384, 4));
+  EXPECT_TRUE(wants_inline_input(r, 16384, 1, 4));
+  r.type = OpType::kAllgather;
+  EXPECT_TRUE(wants_inline_input(r, 16384, 1, 4));
   r.shape = {1366};
-  EXPECT_FALSE(wants_inline_input(r, 16384, 4));
-  EXPECT_TRUE(wants_inline_input(r, 16384, 2));
-  EXPECT_FALSE(wants_inline_input(r, 0, 2));
-  EXPECT_FALSE(wants_inline_input(r, 16384, 1));
+  EXPECT_FALSE(wants_inline_input(r, 16384, 1, 4));
+  r.type = OpType::kAllreduce;
+  EXPECT_FALSE(wants_inline_input(r, 16384, 1, 4));
+  EXPECT_TRUE(wants_inline_input(r, 16384, 1, 2));
+  EXPECT_FALSE(wants_inline_input(r, 0, 1, 2));
+  EXPECT_FALSE(wants_inline_input(r, 16384, 0, 1));
   r.shape = {0};
-  EXPECT_FALSE(wants_inline_input(r, 16384, 2));
+  EXPECT_FALSE(wants_inline_input(r, 16384, 1, 2));
+  // A broadcast's input travels from its root only; other collectives never.
   r.shape = {4};
   r.type = OpType::kBroadcast;
-  EXPECT_FALSE(wants_inline_input(r, 16384, 2));
+  r.root = 1;
+  EXPECT_TRUE(wants_inline_input(r, 16384, 1, 2));
+  EXPECT_FALSE(wants_inline_input(r, 16384, 0, 2));
+  for (OpType t : {OpType::kAlltoall, OpType::kReducescatter, OpType::kBarrier, OpType::kJoin}) {
+    r.type = t;
+    EXPECT_FALSE(wants_inline_input(r, 16384, 1, 2)) << op_type_name(t);
+  }
 }
 
-TEST(ControlReduce, ResultsPastOneMessagesBudgetGoToTheRails) {
+TEST(ControlInline, BroadcastCarriesTheRootsInputOnly) {
+  std::vector<std::optional<Request>> by_rank(3);
+  for (int rank = 0; rank < 3; ++rank) {
+    by_rank[rank] = allreduce_with<int64_t>("b", {7, -8}, DataType::kInt64);
+    by_rank[rank]->type = OpType::kBroadcast;
+    by_rank[rank]->root = 2;
+    if (rank != 2) by_rank[rank]->inline_input.clear();
+  }
+  by_rank[2]->inline_input = bytes_of(std::vector<int64_t>{5, 6});
+  Response resp = response_for(*by_rank[0]);
+  resp.type = OpType::kBroadcast;
+  resp.root = 2;
+  EXPECT_EQ(values_of<int64_t>(inline_result_of(resp, by_rank)), (std::vector<int64_t>{5, 6}));
+  by_rank[2]->inline_input.clear();  // the root sent none (over its limit): the rails
+  EXPECT_EQ(inline_result_of(resp, by_rank), "");
+}
+
+TEST(ControlInline, AllgatherConcatenatesInRankOrderWithEachRanksRows) {
+  // Rows of 2 elements; rank r has r + 1 rows.
+  std::vector<std::optional<Request>> by_rank;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::vector<float> rows(2 * (rank + 1), static_cast<float>(rank));
+    by_rank.push_back(allreduce_with<float>("g", rows, DataType::kFloat32));
+    by_rank.back()->type = OpType::kAllgather;
+    by_rank.back()->shape = {rank + 1, 2};
+  }
+  Response resp;
+  resp.type = OpType::kAllgather;
+  resp.names = {"g"};
+  resp.dtype = DataType::kFloat32;
+  resp.row_elements = {2};
+  resp.rank_rows = {1, 2, 3};
+  EXPECT_EQ(values_of<float>(inline_result_of(resp, by_rank)),
+            (std::vector<float>{0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2}));
+  by_rank[1]->inline_input.pop_back();  // one rank's input of the wrong size: the rails
+  EXPECT_EQ(inline_result_of(resp, by_rank), "");
+}
+
+TEST(ControlInline, DeliveryFillsOutputsAndRefusesAResultOfTheWrongSize) {
+  // Allgather: the engine-allocated output with the gathered shape.
+  Response g;
+  g.type = OpType::kAllgather;
+  g.names = {"g"};
+  g.dtype = DataType::kInt32;
+  g.row_elements = {3};
+  g.rank_rows = {1, 2};
+  g.inline_result = bytes_of(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9});
+  std::vector<TensorEntry> entries(1);
+  entries[0].req.shape = {2, 3};
+  entries[0].handle = std::make_shared<OpHandle>();
+  std::vector<std::string> done;
+  deliver_inline_result(g, entries, [&](const std::string& name, size_t bytes) {
+    done.push_back(name + ":" + std::to_string(bytes));
+  });
+  ASSERT_TRUE(entries[0].handle->poll());
+  EXPECT_EQ(entries[0].handle->error(), "");
+  EXPECT_EQ(entries[0].handle->result().output_shape, (std::vector<int64_t>{3, 3}));
+  EXPECT_EQ(entries[0].handle->result().output.size(), 36u);
+  EXPECT_EQ(done, std::vector<std::string>{"g:36"});
+  // Broadcast: into the caller's output.
+  Response b;
+  b.type = OpType::kBroadcast;
+  b.names = {"b"};
+  b.dtype = DataType::kFloat64;
+  b.counts = {2};
+  b.inline_result = bytes_of(std::vector<double>{0.5, -2});
+  std::vector<double> out(2, 0);
+  std::vector<TensorEntry> be(1);
+  be[0].output = out.data();
+  be[0].handle = std::make_shared<OpHandle>();
+  deliver_inline_result(b, be, {});
+  EXPECT_EQ(out, (std::vector<double>{0.5, -2}));
+  // A result that does not fit what the response says is a protocol error, not a wild copy.
+  b.inline_result.pop_back();
+  be[0].handle = std::make_shared<OpHandle>();
+  EXPECT_THROW(deliver_inline_result(b, be, {}), ProtocolError);
+  EXPECT_FALSE(be[0].handle->poll());
+}
+
+TEST(ControlInline, ResultsPastOneMessagesBudgetGoToTheRails) {
   std::vector<Response> rs(5);
-  rs[0].inline_result.assign(kControlReduceBytesPerMessage / 2, 'a');
-  rs[1].inline_result.assign(kControlReduceBytesPerMessage / 4, 'b');
-  rs[2].inline_result.assign(kControlReduceBytesPerMessage / 2, 'c');  // does not fit any more
-  rs[3].inline_result.assign(kControlReduceBytesPerMessage / 4, 'd');  // still fits
+  rs[0].inline_result.assign(kControlInlineBytesPerMessage / 2, 'a');
+  rs[1].inline_result.assign(kControlInlineBytesPerMessage / 4, 'b');
+  rs[2].inline_result.assign(kControlInlineBytesPerMessage / 2, 'c');  // does not fit any more
+  rs[3].inline_result.assign(kControlInlineBytesPerMessage / 4, 'd');  // still fits
   rs[4].inline_result.assign(1, 'e');                                  // over by one byte
   spill_inline_results(rs);
-  EXPECT_EQ(rs[0].inline_result.size(), kControlReduceBytesPerMessage / 2);
-  EXPECT_EQ(rs[1].inline_result.size(), kControlReduceBytesPerMessage / 4);
+  EXPECT_EQ(rs[0].inline_result.size(), kControlInlineBytesPerMessage / 2);
+  EXPECT_EQ(rs[1].inline_result.size(), kControlInlineBytesPerMessage / 4);
   EXPECT_TRUE(rs[2].inline_result.empty());
-  EXPECT_EQ(rs[3].inline_result.size(), kControlReduceBytesPerMessage / 4);
+  EXPECT_EQ(rs[3].inline_result.size(), kControlInlineBytesPerMessage / 4);
   EXPECT_TRUE(rs[4].inline_result.empty());
 }
 
@@ -159,7 +250,7 @@ CoordinatorOptions options(int size) {
   return o;
 }
 
-TEST(ControlReduceCoordinator, ReducedTensorsGoAloneAndTheOthersStillFuse) {
+TEST(ControlInlineCoordinator, ReducedTensorsGoAloneAndTheOthersStillFuse) {
   Coordinator c(options(2));
   for (int rank = 0; rank < 2; ++rank) {
     Request b = allreduce_with<float>("b", {1, 1}, DataType::kFloat32);
@@ -179,7 +270,7 @@ TEST(ControlReduceCoordinator, ReducedTensorsGoAloneAndTheOthersStillFuse) {
   EXPECT_EQ(values_of<float>(out[2].inline_result), (std::vector<float>{20, 41}));
 }
 
-TEST(ControlReduceCoordinator, BriefRequestsOfTheResponseCacheKeepTheirInputs) {
+TEST(ControlInlineCoordinator, BriefRequestsOfTheResponseCacheKeepTheirInputs) {
   Coordinator c(options(2));
   for (int rank = 0; rank < 2; ++rank) c.submit(rank, {allreduce_with<int32_t>("x", {rank, 1}, DataType::kInt32)}, t0);
   std::vector<Response> first = c.take_ready(t0);
@@ -198,7 +289,7 @@ TEST(ControlReduceCoordinator, BriefRequestsOfTheResponseCacheKeepTheirInputs) {
   EXPECT_EQ(values_of<int32_t>(second[0].inline_result), (std::vector<int32_t>{5, 14}));
 }
 
-TEST(ControlReduceCoordinator, AReductionThatThrowsLeavesTheTensorToTheRails) {
+TEST(ControlInlineCoordinator, AReductionThatThrowsLeavesTheTensorToTheRails) {
   // Engines refuse bool with a scale factor at submission; rank 0 must not stop if one gets here.
   Coordinator c(options(2));
   for (int rank = 0; rank < 2; ++rank) {
@@ -213,7 +304,7 @@ TEST(ControlReduceCoordinator, AReductionThatThrowsLeavesTheTensorToTheRails) {
   EXPECT_TRUE(out[0].inline_result.empty());
 }
 
-TEST(ControlReduceCoordinator, AMismatchIsAnErrorWithNoResult) {
+TEST(ControlInlineCoordinator, AMismatchIsAnErrorWithNoResult) {
   Coordinator c(options(2));
   c.submit(0, {allreduce_with<float>("m", {1, 2}, DataType::kFloat32)}, t0);
   c.submit(1, {allreduce_with<float>("m", {1, 2, 3}, DataType::kFloat32)}, t0);

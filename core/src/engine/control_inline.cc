@@ -1,0 +1,123 @@
+#include "engine/control_inline.h"
+
+#include <cstring>
+
+#include "collectives/reduce.h"
+#include "common/aligned_buffer.h"
+#include "common/error.h"
+
+namespace nezha::engine {
+namespace {
+
+std::string reduced(const Response& resp, const std::vector<std::optional<Request>>& by_rank) {
+  if (resp.counts.size() != 1) return {};
+  const size_t count = static_cast<size_t>(resp.counts[0]);
+  const size_t bytes = count * dtype_size(resp.dtype);
+  bool any = false;
+  for (const auto& r : by_rank) {
+    if (r && r->inline_input.size() != bytes) return {};
+    any = any || r.has_value();
+  }
+  if (!any || bytes == 0) return {};
+  // Aligned scratch: the reduce kernels read and write whole elements.
+  AlignedBuffer acc(bytes), term(bytes);
+  for (size_t rank = 0; rank < by_rank.size(); ++rank) {
+    uint8_t* dst = rank == 0 ? acc.data() : term.data();
+    if (by_rank[rank]) std::memcpy(dst, by_rank[rank]->inline_input.data(), bytes);
+    else std::memset(dst, 0, bytes);  // joined: zeros, as on the rails
+    collectives::scale(dst, count, resp.dtype, resp.prescale);
+    if (rank > 0) collectives::reduce_into(acc.data(), term.data(), count, resp.dtype, resp.op);
+  }
+  collectives::scale(acc.data(), count, resp.dtype, effective_postscale(resp, static_cast<int>(by_rank.size())));
+  return std::string(reinterpret_cast<const char*>(acc.data()), bytes);
+}
+
+std::string broadcasted(const Response& resp, const std::vector<std::optional<Request>>& by_rank) {
+  if (resp.counts.size() != 1 || resp.root < 0 || resp.root >= static_cast<int>(by_rank.size())) return {};
+  const auto& root = by_rank[resp.root];
+  const size_t bytes = static_cast<size_t>(resp.counts[0]) * dtype_size(resp.dtype);
+  if (!root || bytes == 0 || root->inline_input.size() != bytes) return {};
+  return root->inline_input;
+}
+
+std::string gathered(const Response& resp, const std::vector<std::optional<Request>>& by_rank) {
+  if (resp.row_elements.size() != 1 || resp.rank_rows.size() != by_rank.size()) return {};
+  const size_t row_bytes = static_cast<size_t>(resp.row_elements[0]) * dtype_size(resp.dtype);
+  std::string out;
+  for (size_t rank = 0; rank < by_rank.size(); ++rank) {
+    const auto& r = by_rank[rank];
+    if (!r || r->inline_input.size() != static_cast<size_t>(resp.rank_rows[rank]) * row_bytes) return {};
+    out += r->inline_input;
+  }
+  return out;  // empty when every rank gave zero rows: nothing to carry, the rails do it
+}
+
+}  // namespace
+
+size_t control_inline_max_input_bytes(size_t limit_bytes, int size) {
+  return size > 1 ? limit_bytes / static_cast<size_t>(size - 1) : 0;
+}
+
+bool wants_inline_input(const Request& req, size_t limit_bytes, int rank, int size) {
+  const bool carries = req.type == OpType::kAllreduce || req.type == OpType::kAllgather ||
+                       (req.type == OpType::kBroadcast && req.root == rank);
+  const size_t bytes = req.bytes();
+  return carries && bytes > 0 && bytes <= control_inline_max_input_bytes(limit_bytes, size);
+}
+
+void spill_inline_results(std::vector<Response>& responses) {
+  size_t budget = kControlInlineBytesPerMessage;
+  for (Response& r : responses) {
+    if (r.inline_result.size() > budget) r.inline_result.clear();
+    budget -= r.inline_result.size();
+  }
+}
+
+std::string inline_result_of(const Response& resp, const std::vector<std::optional<Request>>& by_rank) {
+  if (resp.kind != Response::Kind::kExecute) return {};
+  switch (resp.type) {
+    case OpType::kAllreduce: return reduced(resp, by_rank);
+    case OpType::kBroadcast: return broadcasted(resp, by_rank);
+    case OpType::kAllgather: return gathered(resp, by_rank);
+    default: return {};
+  }
+}
+
+void deliver_inline_result(const Response& resp, std::vector<TensorEntry>& entries,
+                           const std::function<void(const std::string& name, size_t bytes)>& on_done) {
+  const size_t esize = dtype_size(resp.dtype);
+  const std::string& result = resp.inline_result;
+  const bool gather = resp.type == OpType::kAllgather;
+  size_t want = 0;  // the result's size this response implies
+  int64_t rows = 0;
+  if (gather) {
+    for (int64_t r : resp.rank_rows) rows += r;
+    want = static_cast<size_t>(rows) * static_cast<size_t>(resp.row_elements.empty() ? 0 : resp.row_elements[0]) * esize;
+  } else {
+    for (int64_t c : resp.counts) want += static_cast<size_t>(c) * esize;
+  }
+  const bool known = resp.type == OpType::kAllreduce || resp.type == OpType::kBroadcast || gather;
+  if (!known || result.size() != want || entries.size() != resp.names.size() ||
+      (resp.type != OpType::kAllreduce && entries.size() != 1))
+    throw ProtocolError("rank 0 sent a result of " + std::to_string(result.size()) + " bytes for " +
+                        op_type_name(resp.type) + " of '" + (resp.names.empty() ? "" : resp.names[0]) +
+                        "' (" + std::to_string(want) + " bytes expected)");
+  size_t off = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    TensorEntry& e = entries[i];
+    const size_t bytes = gather ? want : static_cast<size_t>(resp.counts[i]) * esize;
+    if (e.handle) {
+      if (gather) {
+        e.handle->result().output.assign(result.begin(), result.end());
+        e.handle->result().output_shape = with_rows(e.req.shape, rows);
+      } else {
+        std::memcpy(e.output, result.data() + off, bytes);
+      }
+      if (on_done) on_done(resp.names[i], bytes);
+      e.handle->complete();
+    }
+    off += bytes;
+  }
+}
+
+}  // namespace nezha::engine
