@@ -9,7 +9,7 @@ from nezha.bench.sizes import format_size
 
 def format_rails(rails: Sequence[RailShare]) -> str:
     """"10.50.0.0/24 52% 10.51.0.0/24 48%"; "-" when the implementation has no rail counters; "none"
-    when no data crossed a rail (small allreduces reduced by rank 0 within negotiation)."""
+    when no data crossed a rail (small collectives done by rank 0 within negotiation)."""
     if not rails:
         return "-"
     if all(rail.bytes == 0 for rail in rails):

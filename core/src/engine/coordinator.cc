@@ -236,7 +236,7 @@ Response Coordinator::build(const std::string& name, Pending& p) {
   try {
     resp.inline_result = inline_result_of(resp, p.by_rank);
   } catch (const std::exception& e) {  // the rails report it for this tensor, the engine goes on
-    NZ_LOG(Warning) << "tensor '" << name << "': not reduced by rank 0 (" << e.what() << ")";
+    NZ_LOG(Warning) << "tensor '" << name << "': not done by rank 0 within negotiation (" << e.what() << ")";
   }
   return resp;
 }
@@ -267,7 +267,7 @@ std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
   std::vector<Response> out;
   size_t out_bytes = 0;
   for (auto& r : in) {
-    // A tensor reduced here already is done: fusing would only send it over a rail again.
+    // A tensor done here already (control_inline.h): fusing would only send it over a rail again.
     bool fusable = r.kind == Response::Kind::kExecute && r.type == OpType::kAllreduce &&
                    r.inline_result.empty();
     size_t bytes = fusable ? static_cast<size_t>(r.counts[0]) * dtype_size(r.dtype) : 0;

@@ -11,8 +11,8 @@
 // tensors are only partially submitted, ready ones are held up to cycle_time so they can be fused
 // with tensors about to become ready (gradients arrive in bursts).
 //
-// Small allreduces (control_inline.h) arrive with each rank's input; their response carries the
-// result rank 0 reduced, and is never fused with others.
+// Small allreduces, broadcasts and allgathers (control_inline.h) arrive with their inputs; their
+// response carries the result rank 0 computed, and is never fused with others.
 //
 // Response cache. Once a tensor has gone through negotiation, each rank remembers the id the
 // coordinator gave it; the next submission with identical metadata sends only (name, id). When

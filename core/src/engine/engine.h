@@ -67,7 +67,7 @@ struct EngineConfig {
   double rail_probe_backoff_s = 0.25;
   double rail_probe_backoff_max_s = 3;
   bool cache_rounds = false;  // NEZHA_CACHE_ROUNDS: cached allreduces skip rank 0 (cache_rounds.h)
-  // NEZHA_CONTROL_INLINE_BYTES: small allreduces reduced by rank 0 inside negotiation (control_inline.h).
+  // NEZHA_CONTROL_INLINE_BYTES: small collectives done by rank 0 inside negotiation (control_inline.h).
   size_t control_inline_bytes = 16384;
 
   // Defaults from the knob table (NEZHA_* environment variables).
@@ -78,7 +78,7 @@ struct EngineConfig {
 struct EngineStats {
   uint64_t tensors_via_rounds = 0;       // by a cache round, without rank 0
   uint64_t tensors_via_coordinator = 0;  // by a response from rank 0
-  uint64_t tensors_done_by_coordinator = 0;  // of those: reduced by rank 0, no rail
+  uint64_t tensors_done_by_coordinator = 0;  // of those: done by rank 0 in negotiation, no rail
   uint64_t requests_to_coordinator = 0;  // tensor requests this rank sent to rank 0
   uint64_t rounds = 0;                   // cache rounds completed
 };

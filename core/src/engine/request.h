@@ -43,7 +43,7 @@ struct Request {
   // Response cache: >= 0 means "the same metadata I sent last time under this name"; only the name
   // and this id travel, and the coordinator skips validation (see coordinator.h).
   int32_t cache_id = -1;
-  // A small allreduce's input, sent with the request so rank 0 can reduce it without a rail
+  // A small collective's input, sent with the request so rank 0 can do it without a rail
   // (engine/control_inline.h); empty otherwise. Not metadata: never cached or compared.
   std::string inline_input;
 
@@ -75,8 +75,8 @@ struct Response {
   std::vector<int32_t> cache_ids;       // per name: id to use for it next time (-1: not cached)
   std::vector<multirail::RailShare> plan;  // allreduce: element ranges per rail; else one entry
   std::string error;                    // kError: the message every rank raises
-  // Allreduce reduced by rank 0 from the requests' inline inputs (engine/control_inline.h): the
-  // result, scaled; every rank copies it out and no rail runs. Empty: execute on the rails.
+  // Done by rank 0 from the requests' inline inputs (engine/control_inline.h): the
+  // result (an allreduce's scaled); every rank copies it out and no rail runs. Empty: the rails.
   std::string inline_result;
 };
 

@@ -1,7 +1,7 @@
 // A Chrome-trace timeline of engine activity (NEZHA_TIMELINE=<file>, nezharun --timeline FILE),
 // viewable in chrome://tracing or Perfetto: per tensor, the time from submission until the
 // coordinator scheduled it (async events on the "negotiate" row), and per rail, every share that
-// rail carried (complete events on one row per rail), and allreduces rank 0 reduced within
+// rail carried (complete events on one row per rail), and the small collectives rank 0 did within
 // negotiation (instant "control" events). Thread-safe; does nothing when disabled.
 #pragma once
 
@@ -27,7 +27,7 @@ class Timeline {
 
   void negotiation_started(const std::string& tensor);
   void negotiation_finished(const std::string& tensor);
-  // An allreduce rank 0 reduced within negotiation (control_inline.h): an instant event, no rail.
+  // A collective rank 0 did within negotiation (control_inline.h): an instant event, no rail.
   void done_by_coordinator(const std::string& tensor, size_t bytes);
   void share_done(int rail, const std::string& what, Clock::time_point start, double seconds,
                   size_t bytes);

@@ -1,7 +1,7 @@
-// Small allreduces reduced by rank 0 inside negotiation (engine/control_inline.h): the reduction
+// Small collectives done by rank 0 inside negotiation (engine/control_inline.h): the results
 // against plain loops, the size limit, and how the coordinator attaches results (never fused, kept
 // through the response cache, never on errors). End to end, engine_threads_test.cc runs every
-// allreduce test both this way and on the rail.
+// allreduce, broadcast and allgather test both this way and on the rail.
 #include "engine/control_inline.h"
 
 #include <gtest/gtest.h>

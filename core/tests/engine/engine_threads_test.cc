@@ -65,7 +65,7 @@ void check_float_allreduce(Cluster& c, const std::string& name, size_t count, Re
   }
 }
 
-// (ranks, small allreduces reduced by rank 0 inside negotiation or run on the rail).
+// (ranks, small collectives done by rank 0 inside negotiation or run on the rail).
 class EngineThreadsTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
  protected:
   static bool control_inline() { return std::get<1>(GetParam()); }
