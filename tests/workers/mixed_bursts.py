@@ -13,6 +13,7 @@ import nezha
 nezha.init()
 RANK, SIZE = nezha.rank(), nezha.size()
 ROUNDS = int(sys.argv[1])
+print("READY", flush=True)
 per_tensor = int(os.environ.get("NEZHA_CONTROL_INLINE_BYTES", "16384")) // max(1, SIZE - 1)
 COUNTS = sorted({c for c in (1, 3, per_tensor // 4, per_tensor // 4 + 1, 5000, 70000) if c > 0})
 KINDS = ("sum", "average", "max", "grouped", "broadcast", "allgather")
