@@ -47,6 +47,22 @@ std::optional<std::string> check_field(const std::string& tensor, const char* fi
 
 bool is_reduction(OpType t) { return t == OpType::kAllreduce || t == OpType::kReducescatter; }
 
+// Whether every input a result computed here needs came with the requests (control_inline.h).
+template <typename Pending>
+bool inputs_arrived(const Pending& p) {
+  const Request* any = nullptr;
+  for (const auto& r : p.by_rank)
+    if (r) { any = &*r; break; }
+  if (!any) return false;
+  if (any->type == OpType::kBroadcast)
+    return any->root >= 0 && any->root < static_cast<int>(p.by_rank.size()) && p.by_rank[any->root] &&
+           !p.by_rank[any->root]->inline_input.empty();
+  if (any->type != OpType::kAllreduce && any->type != OpType::kAllgather) return false;
+  for (const auto& r : p.by_rank)
+    if (r && r->inline_input.empty()) return false;
+  return true;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions opt) : opt_(opt), joined_(opt.size, false) {}
@@ -300,7 +316,7 @@ std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
     bool hold = !pending_.empty() && !all_joined && oldest_ready_ &&
                 now - *oldest_ready_ < std::chrono::duration<double>(opt_.cycle_time_s) &&
                 ready_bytes < opt_.fusion_threshold;
-    if (hold) return out;
+    if (hold) return take_inline_ready();
     std::vector<Response> single;
     for (auto& [name, p] : ready_) single.push_back(build(name, p));
     ready_.clear();
@@ -317,6 +333,23 @@ std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
     std::fill(joined_.begin(), joined_.end(), false);
     last_joined_ = -1;
   }
+  return out;
+}
+
+std::vector<Response> Coordinator::take_inline_ready() {
+  // Tensors rank 0 completes itself (control_inline.h) gain nothing from waiting to fuse.
+  std::vector<Response> out;
+  for (auto it = ready_.begin(); it != ready_.end();) {
+    std::optional<Response> r;
+    if (inputs_arrived(it->second)) r = build(it->first, it->second);  // cheap test first
+    if (!r || r->inline_result.empty()) {
+      ++it;
+      continue;
+    }
+    out.push_back(std::move(*r));
+    it = ready_.erase(it);
+  }
+  if (ready_.empty()) oldest_ready_.reset();
   return out;
 }
 

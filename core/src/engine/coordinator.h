@@ -12,7 +12,7 @@
 // with tensors about to become ready (gradients arrive in bursts).
 //
 // Small allreduces, broadcasts and allgathers (control_inline.h) arrive with their inputs; their
-// response carries the result rank 0 computed, and is never fused with others.
+// response carries the result rank 0 computed, is never fused with others, and is never held.
 //
 // Response cache. Once a tensor has gone through negotiation, each rank remembers the id the
 // coordinator gave it; the next submission with identical metadata sends only (name, id). When
@@ -75,6 +75,8 @@ class Coordinator {
   Response build(const std::string& name, Pending& p);
   void remember(const std::string& name, const Pending& p, Response& r);
   std::vector<Response> fuse(std::vector<Response> in) const;
+  // While the others are held for fusion: the ready tensors whose response carries a result.
+  std::vector<Response> take_inline_ready();
   std::string missing_ranks(const Pending& p) const;
 
   CoordinatorOptions opt_;

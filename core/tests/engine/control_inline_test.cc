@@ -270,6 +270,26 @@ TEST(ControlInlineCoordinator, ReducedTensorsGoAloneAndTheOthersStillFuse) {
   EXPECT_EQ(values_of<float>(out[2].inline_result), (std::vector<float>{20, 41}));
 }
 
+TEST(ControlInlineCoordinator, DoneTensorsAreNotHeldWhileOthersWaitToFuse) {
+  Coordinator c(options(2));
+  Request big = allreduce_with<float>("big", {1, 2}, DataType::kFloat32);
+  big.inline_input.clear();  // over the limit: for the rails
+  for (int rank = 0; rank < 2; ++rank)
+    c.submit(rank, {big, allreduce_with<float>("small", {1, 2}, DataType::kFloat32)}, t0);
+  c.submit(0, {allreduce_with<float>("partial", {1}, DataType::kFloat32)}, t0);  // rank 1 not yet
+  // Within the cycle time: "big" waits for "partial" to fuse with it, "small" goes at once.
+  std::vector<Response> now = c.take_ready(t0 + std::chrono::microseconds(100));
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_EQ(now[0].names, std::vector<std::string>{"small"});
+  EXPECT_EQ(values_of<float>(now[0].inline_result), (std::vector<float>{2, 4}));
+  Request partial = allreduce_with<float>("partial", {1}, DataType::kFloat32);
+  partial.inline_input.clear();
+  c.submit(1, {partial}, t0 + std::chrono::microseconds(200));
+  std::vector<Response> later = c.take_ready(t0 + std::chrono::microseconds(300));
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later[0].names, (std::vector<std::string>{"big", "partial"}));  // fused, for the rails
+}
+
 TEST(ControlInlineCoordinator, BriefRequestsOfTheResponseCacheKeepTheirInputs) {
   Coordinator c(options(2));
   for (int rank = 0; rank < 2; ++rank) c.submit(rank, {allreduce_with<int32_t>("x", {rank, 1}, DataType::kInt32)}, t0);
