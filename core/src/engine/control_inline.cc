@@ -61,8 +61,12 @@ size_t control_inline_max_input_bytes(size_t limit_bytes, int size) {
 bool wants_inline_input(const Request& req, size_t limit_bytes, int rank, int size) {
   const bool carries = req.type == OpType::kAllreduce || req.type == OpType::kAllgather ||
                        (req.type == OpType::kBroadcast && req.root == rank);
+  size_t max_bytes = control_inline_max_input_bytes(limit_bytes, size);
+  // An allgather's result, every rank's input, goes back to each of the others: what rank 0 sends
+  // stays within the limit too.
+  if (req.type == OpType::kAllgather) max_bytes /= static_cast<size_t>(size);
   const size_t bytes = req.bytes();
-  return carries && bytes > 0 && bytes <= control_inline_max_input_bytes(limit_bytes, size);
+  return carries && bytes > 0 && bytes <= max_bytes;
 }
 
 void spill_inline_results(std::vector<Response>& responses) {

@@ -10,9 +10,11 @@
 // and nothing else. A result is computed once, so it is bit-identical on every rank; the control
 // channel's own failover covers a lost rail.
 //
-// How small: rank 0 receives at most NEZHA_CONTROL_INLINE_BYTES for one tensor from all the other
-// ranks together, so the limit per rank shrinks as the job grows. Anything else (one rank's input
-// missing or over the limit, a mismatch, more than a message's budget) runs on the rails as before.
+// How small: rank 0 receives, and sends, at most NEZHA_CONTROL_INLINE_BYTES for one tensor: an input
+// of up to limit / (ranks - 1) bytes per rank for an allreduce or a broadcast, limit / ((ranks - 1) x
+// ranks) for an allgather (whose whole result goes to every rank), so the limits shrink as the job
+// grows. Anything else (one rank's input missing or over the limit, a mismatch, more than a message's
+// budget) runs on the rails as before.
 #pragma once
 
 #include <cstddef>
@@ -31,11 +33,12 @@ namespace nezha::engine {
 // small, and far below the transport's cap on one message.
 constexpr size_t kControlInlineBytesPerMessage = size_t{1} << 20;
 
-// Most bytes one rank's input may travel with its request (0 with one rank or limit 0).
+// Most bytes one rank's allreduce or broadcast input may travel with its request (0 with one rank
+// or limit 0).
 size_t control_inline_max_input_bytes(size_t limit_bytes, int size);
 
-// Whether `rank` sends req's input with it: a non-empty allreduce or allgather input within the
-// limit, or a broadcast's on its root.
+// Whether `rank` sends req's input with it: a non-empty allreduce or allgather input within its
+// limit (see above), or a broadcast's on its root.
 bool wants_inline_input(const Request& req, size_t limit_bytes, int rank, int size);
 
 // Rank 0, before sending `responses` in one message: clears the results past

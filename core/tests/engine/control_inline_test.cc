@@ -126,12 +126,16 @@ TEST(ControlInline, LimitIsWhatRankZeroReceivesFromAllOthers) {
   r.dtype = DataType::kFloat32;
   r.shape = {1365};  // 5460 bytes x 3 other ranks <= 16384
   EXPECT_TRUE(wants_inline_input(r, 16384, 1, 4));
-  r.type = OpType::kAllgather;
-  EXPECT_TRUE(wants_inline_input(r, 16384, 1, 4));
   r.shape = {1366};
   EXPECT_FALSE(wants_inline_input(r, 16384, 1, 4));
-  r.type = OpType::kAllreduce;
+  // An allgather's result (4 inputs) goes to 3 ranks: 341 floats x 4 x 3 <= 16384.
+  r.type = OpType::kAllgather;
+  r.shape = {341};
+  EXPECT_TRUE(wants_inline_input(r, 16384, 1, 4));
+  r.shape = {342};
   EXPECT_FALSE(wants_inline_input(r, 16384, 1, 4));
+  r.type = OpType::kAllreduce;
+  r.shape = {1366};
   EXPECT_TRUE(wants_inline_input(r, 16384, 1, 2));
   EXPECT_FALSE(wants_inline_input(r, 0, 1, 2));
   EXPECT_FALSE(wants_inline_input(r, 16384, 0, 1));
