@@ -1,7 +1,7 @@
 """Bursts of concurrent operations of mixed kinds and sizes, submitted and waited for in a different
-order on every rank, each result checked against numpy. Sizes straddle the limit of allreduces rank 0
-reduces within negotiation (NEZHA_CONTROL_INLINE_BYTES), so both paths, fusion and the response cache
-are mixed in one stream.  usage: mixed_bursts.py ROUNDS
+order on every rank, each result checked against numpy. Sizes straddle the limits of the collectives
+rank 0 does within negotiation (NEZHA_CONTROL_INLINE_BYTES), so both paths, fusion, response-cache hits
+and invalidations are mixed in one stream.  usage: mixed_bursts.py ROUNDS
 """
 import os
 import sys
@@ -27,14 +27,15 @@ def make_input(rnd, i, rank, n, dtype):
 
 
 def plan(rnd):
-    """The round's operations; the same on every rank (seeded by the round only)."""
-    rng = np.random.default_rng(rnd)
+    """The round's operations; the same on every rank, and in rounds 2k and 2k + 1 (the second a
+    response-cache hit for each name, the next pair mostly new metadata under the same names)."""
+    rng = np.random.default_rng(rnd // 2)
     return [(str(rng.choice(KINDS)), int(rng.choice(COUNTS)), DTYPES[int(rng.integers(len(DTYPES)))],
              int(rng.integers(SIZE))) for _ in range(10)]
 
 
 def start(rnd, i, kind, n, dtype, root):
-    name = f"r{rnd % 3}.op{i}"  # names recur every 3 rounds: the response cache is used
+    name = f"op{i}"
     x = make_input(rnd, i, RANK, n, dtype)
     everyone = [make_input(rnd, i, r, n, dtype) for r in range(SIZE)]
     if kind in ("sum", "average", "max"):
