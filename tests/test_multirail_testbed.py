@@ -60,12 +60,15 @@ def test_failed_rail_fails_over_without_loss_and_is_readmitted(testbed_factory, 
 
 
 def test_mixed_operations_survive_a_rail_cut(testbed_factory):
-    """Small collectives done by rank 0 within negotiation, fused allreduces on the rails, broadcasts
-    and allgathers, all in flight together while one host loses rail 0 (which also carries a control
-    path) for 2 s: every result is exact and the job goes on."""
+    """Small collectives done by rank 0 within negotiation (allreduces, broadcasts, allgathers), fused
+    allreduces on the rails and a striped 4 MiB allreduce per round, all in flight together while one
+    host loses rail 0 (which also carries a control path) for 2 s: the cut is noticed, the rail fails
+    over, every result is exact and the job goes on. (Broadcasts and allgathers that run on a rail are
+    left out: a rail cut under one of those is not noticed until the link returns or the operation's
+    deadline passes; see benchmarks/FAILOVER.md.)"""
     tb = testbed_factory(hosts=4, rails=2, rates=["1gbit", "1gbit"])
     cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", "4", *tb.nezharun_args(), "--",
-           sys.executable, str(WORKERS / "mixed_bursts.py"), "300"]
+           sys.executable, str(WORKERS / "mixed_bursts.py"), "120", "big"]
     env = dict(os.environ, NEZHA_TIMEOUT_S="30")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -76,7 +79,7 @@ def test_mixed_operations_survive_a_rail_cut(testbed_factory):
         deadline = time.monotonic() + 60
         while sum("READY" in l for l in lines) < 4 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        time.sleep(1.0)  # well inside the ~10 s of bursts
+        time.sleep(1.0)  # well inside the ~10 s of bursts; the 4 MiB ones use rail 0 every round
         host = tb.hosts[1]
         tb.set_link(0, False, host)
         time.sleep(2.0)
@@ -90,5 +93,5 @@ def test_mixed_operations_survive_a_rail_cut(testbed_factory):
     output = "".join(lines)
     assert proc.returncode == 0, output[-4000:]
     for r in range(4):
-        assert f"[{r}]<stdout>: OK rank {r}: 3000 operations" in output, output[-3000:]
+        assert f"[{r}]<stdout>: OK rank {r}: 1320 operations" in output, output[-3000:]
     assert "continuing on" in output, output[-3000:]  # the cut hit the run: a rail failed over

@@ -1,10 +1,12 @@
 """Bursts of concurrent operations of mixed kinds and sizes, submitted and waited for in a different
 order on every rank, each result checked against numpy. Sizes straddle the limits of the collectives
 rank 0 does within negotiation (NEZHA_CONTROL_INLINE_BYTES), so both paths, fusion, response-cache hits
-and invalidations are mixed in one stream.  usage: mixed_bursts.py ROUNDS
+and invalidations are mixed in one stream. With `big`, every round also has a 4 MiB allreduce, striped
+over all rails (so a rail cut is always noticed), and broadcasts and allgathers stay small.  usage: mixed_bursts.py ROUNDS [big]
 """
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -13,6 +15,7 @@ import nezha
 nezha.init()
 RANK, SIZE = nezha.rank(), nezha.size()
 ROUNDS = int(sys.argv[1])
+BIG = sys.argv[2:] == ["big"]
 print("READY", flush=True)
 per_tensor = int(os.environ.get("NEZHA_CONTROL_INLINE_BYTES", "16384")) // max(1, SIZE - 1)
 COUNTS = sorted({c for c in (1, 3, per_tensor // 4, per_tensor // 4 + 1, 5000, 70000) if c > 0})
@@ -51,6 +54,11 @@ def start(rnd, i, kind, n, dtype, root):
         parts = [x[:1], x, x[: max(1, n // 2)]]
         want = [np.sum([p[:len(q)] for p in everyone], axis=0, dtype=dtype) for q in parts]
         return nezha.grouped_allreduce_async(parts, op=nezha.Sum, name=name), want
+    if BIG and kind in ("broadcast", "allgather"):
+        # Kept small enough for rank 0 to do them within negotiation: on a rail, a cut under one of
+        # them is not noticed (single-rail collectives are not watched for silence; FAILOVER.md).
+        n = min(n, 3)
+        x, everyone = x[:n], [e[:n] for e in everyone]
     if kind == "broadcast":
         return nezha.broadcast_async(x, root, name=name), everyone[root]
     rows = [make_input(rnd, i, r, n * (r + 1), dtype).reshape(r + 1, n) for r in range(SIZE)]
@@ -70,14 +78,20 @@ def check(got, want, what):
 
 
 ops = 0
+longest_round, last = 0.0, time.monotonic()
 for rnd in range(ROUNDS):
     order = np.random.default_rng([rnd, 1000 + RANK]).permutation(10)
     ops_plan = plan(rnd)
+    if BIG:
+        ops_plan.append(("sum", 1 << 20, np.float32, 0))  # 4 MiB: striped over every rail
+        order = np.append(order, len(ops_plan) - 1)
     started = {i: start(rnd, i, *ops_plan[i]) for i in order}
-    for i in np.random.default_rng([rnd, 2000 + RANK]).permutation(10):
+    for i in np.random.default_rng([rnd, 2000 + RANK]).permutation(len(ops_plan)):
         handle, want = started[i]
         check(handle.wait(timeout_s=30), want, (rnd, int(i), ops_plan[i][:3]))
         ops += 1
+    now = time.monotonic()
+    longest_round, last = max(longest_round, now - last), now
 nezha.barrier()
-print(f"OK rank {RANK}: {ops} operations, counts {COUNTS}", flush=True)
+print(f"OK rank {RANK}: {ops} operations, counts {COUNTS}, longest round {longest_round:.2f} s", flush=True)
 nezha.shutdown()
