@@ -2,7 +2,7 @@
 order on every rank, each result checked against numpy. Sizes straddle the limits of the collectives
 rank 0 does within negotiation (NEZHA_CONTROL_INLINE_BYTES), so both paths, fusion, response-cache hits
 and invalidations are mixed in one stream. With `big`, every round also has a 4 MiB allreduce, striped
-over all rails (so a rail cut is always noticed), and broadcasts and allgathers stay small.  usage: mixed_bursts.py ROUNDS [big]
+over all rails (so a rail cut always meets traffic).  usage: mixed_bursts.py ROUNDS [big]
 """
 import os
 import sys
@@ -54,11 +54,6 @@ def start(rnd, i, kind, n, dtype, root):
         parts = [x[:1], x, x[: max(1, n // 2)]]
         want = [np.sum([p[:len(q)] for p in everyone], axis=0, dtype=dtype) for q in parts]
         return nezha.grouped_allreduce_async(parts, op=nezha.Sum, name=name), want
-    if BIG and kind in ("broadcast", "allgather"):
-        # Kept small enough for rank 0 to do them within negotiation: on a rail, a cut under one of
-        # them is not noticed (single-rail collectives are not watched for silence; FAILOVER.md).
-        n = min(n, 3)
-        x, everyone = x[:n], [e[:n] for e in everyone]
     if kind == "broadcast":
         return nezha.broadcast_async(x, root, name=name), everyone[root]
     rows = [make_input(rnd, i, r, n * (r + 1), dtype).reshape(r + 1, n) for r in range(SIZE)]

@@ -53,14 +53,17 @@ void Executor::run_single_record(ShareRecord& rec) {
     scratch_out = pool_.acquire(in_bytes);
     output = scratch_out.data();
   }
-  // Not watched for silence: a tree broadcast's leaves legitimately hear nothing while their parent
-  // receives the whole payload. A failed rail shows here as an error (or the deadline), or is found
-  // by the allreduce traffic it carries; either way this operation is redone.
+  // Watched for silence like an allreduce share: a cut under it stalls every rank, and the allreduces
+  // queued behind it on this rail never start, so nothing else would notice (the broadcast tree is
+  // pipelined in segments, so its leaves do not wait long in silence either).
+  if (watchdog_) watchdog_->begin(r, std::string(op_type_name(resp.type)) + " of " + names_str(resp));
   try {
     run_single(resp, e, *rails_[r], rec.seq, input, output, res);
+    if (watchdog_) watchdog_->end(r, true);
     record_done(rec);
     if (!rec.into_scratch && !job.finished.exchange(true)) e.handle->complete();
   } catch (const std::exception& ex) {
+    if (watchdog_) watchdog_->end(r, false);
     std::string msg = std::string(op_type_name(resp.type)) + " of " + names_str(resp) +
                       " failed on rail '" + rails_[r]->properties().name + "': " + ex.what();
     if (record_lost(rec, msg)) return;
