@@ -69,6 +69,20 @@ bool wants_inline_input(const Request& req, size_t limit_bytes, int rank, int si
   return carries && bytes > 0 && bytes <= max_bytes;
 }
 
+bool inline_inputs_arrived(const std::vector<std::optional<Request>>& by_rank) {
+  const Request* any = nullptr;
+  for (const auto& r : by_rank)
+    if (r) { any = &*r; break; }
+  if (!any) return false;
+  if (any->type == OpType::kBroadcast)
+    return any->root >= 0 && any->root < static_cast<int>(by_rank.size()) && by_rank[any->root] &&
+           !by_rank[any->root]->inline_input.empty();
+  if (any->type != OpType::kAllreduce && any->type != OpType::kAllgather) return false;
+  for (const auto& r : by_rank)
+    if (r && r->inline_input.empty()) return false;
+  return true;
+}
+
 void spill_inline_results(std::vector<Response>& responses) {
   size_t budget = kControlInlineBytesPerMessage;
   for (Response& r : responses) {

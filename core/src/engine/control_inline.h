@@ -41,6 +41,10 @@ size_t control_inline_max_input_bytes(size_t limit_bytes, int size);
 // limit (see above), or a broadcast's on its root.
 bool wants_inline_input(const Request& req, size_t limit_bytes, int rank, int size);
 
+// Rank 0, a cheap test before building a response: whether every input its result needs came with
+// the requests in by_rank (the root's for a broadcast; every submitting rank's otherwise).
+bool inline_inputs_arrived(const std::vector<std::optional<Request>>& by_rank);
+
 // Rank 0, before sending `responses` in one message: clears the results past
 // kControlInlineBytesPerMessage (in order), so those tensors run on the rails instead.
 void spill_inline_results(std::vector<Response>& responses);

@@ -47,22 +47,6 @@ std::optional<std::string> check_field(const std::string& tensor, const char* fi
 
 bool is_reduction(OpType t) { return t == OpType::kAllreduce || t == OpType::kReducescatter; }
 
-// Whether every input a result computed here needs came with the requests (control_inline.h).
-template <typename Pending>
-bool inputs_arrived(const Pending& p) {
-  const Request* any = nullptr;
-  for (const auto& r : p.by_rank)
-    if (r) { any = &*r; break; }
-  if (!any) return false;
-  if (any->type == OpType::kBroadcast)
-    return any->root >= 0 && any->root < static_cast<int>(p.by_rank.size()) && p.by_rank[any->root] &&
-           !p.by_rank[any->root]->inline_input.empty();
-  if (any->type != OpType::kAllreduce && any->type != OpType::kAllgather) return false;
-  for (const auto& r : p.by_rank)
-    if (r && r->inline_input.empty()) return false;
-  return true;
-}
-
 }  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions opt) : opt_(opt), joined_(opt.size, false) {}
@@ -341,7 +325,7 @@ std::vector<Response> Coordinator::take_inline_ready() {
   std::vector<Response> out;
   for (auto it = ready_.begin(); it != ready_.end();) {
     std::optional<Response> r;
-    if (inputs_arrived(it->second)) r = build(it->first, it->second);  // cheap test first
+    if (inline_inputs_arrived(it->second.by_rank)) r = build(it->first, it->second);  // cheap test first
     if (!r || r->inline_result.empty()) {
       ++it;
       continue;

@@ -56,7 +56,8 @@ void Executor::run_single_record(ShareRecord& rec) {
   // Watched for silence like an allreduce share: a cut under it stalls every rank, and the allreduces
   // queued behind it on this rail never start, so nothing else would notice (the broadcast tree is
   // pipelined in segments, so its leaves do not wait long in silence either).
-  if (watchdog_) watchdog_->begin(r, std::string(op_type_name(resp.type)) + " of " + names_str(resp));
+  const std::string what = std::string(op_type_name(resp.type)) + " of " + names_str(resp);
+  if (watchdog_) watchdog_->begin(r, what);
   try {
     run_single(resp, e, *rails_[r], rec.seq, input, output, res);
     if (watchdog_) watchdog_->end(r, true);
@@ -64,7 +65,7 @@ void Executor::run_single_record(ShareRecord& rec) {
     if (!rec.into_scratch && !job.finished.exchange(true)) e.handle->complete();
   } catch (const std::exception& ex) {
     if (watchdog_) watchdog_->end(r, false);
-    std::string msg = std::string(op_type_name(resp.type)) + " of " + names_str(resp) +
+    std::string msg = what +
                       " failed on rail '" + rails_[r]->properties().name + "': " + ex.what();
     if (record_lost(rec, msg)) return;
     NZ_LOG(Error) << msg;
@@ -78,7 +79,6 @@ void Executor::run_single(const Response& resp, const TensorEntry& e, transport:
   const size_t esize = dtype_size(resp.dtype);
   const int me = opt_.rank, n = opt_.size;
   const std::vector<int64_t>& shape = e.req.shape;
-  auto out_shape = [&](int64_t rows) { return with_rows(shape, rows); };
   switch (resp.type) {
     case OpType::kBroadcast: {
       size_t bytes = static_cast<size_t>(resp.counts[0]) * esize;
@@ -96,7 +96,7 @@ void Executor::run_single(const Response& resp, const TensorEntry& e, transport:
       }
       res.output.resize(static_cast<size_t>(rows) * row_bytes);
       collectives::allgatherv(rail, input, res.output.data(), bytes, copt);
-      res.output_shape = out_shape(rows);
+      res.output_shape = with_rows(shape, rows);
       break;
     }
     case OpType::kAlltoall: {
@@ -112,7 +112,7 @@ void Executor::run_single(const Response& resp, const TensorEntry& e, transport:
       }
       res.output.resize(static_cast<size_t>(rows) * row_bytes);
       collectives::alltoallv(rail, input, send, res.output.data(), recv, copt);
-      res.output_shape = out_shape(rows);
+      res.output_shape = with_rows(shape, rows);
       break;
     }
     case OpType::kReducescatter: {
@@ -127,7 +127,7 @@ void Executor::run_single(const Response& resp, const TensorEntry& e, transport:
       collectives::reducescatterv(rail, scratch.data(), res.output.data(), counts, resp.dtype, resp.op, copt);
       double post = effective_postscale(resp, n);
       if (post != 1.0) collectives::scale(res.output.data(), counts[me], resp.dtype, post);
-      res.output_shape = out_shape(resp.rank_rows[me]);
+      res.output_shape = with_rows(shape, resp.rank_rows[me]);
       break;
     }
     default:

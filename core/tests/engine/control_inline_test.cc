@@ -232,6 +232,24 @@ TEST(ControlInline, DeliveryFillsOutputsAndRefusesAResultOfTheWrongSize) {
   EXPECT_FALSE(be[0].handle->poll());
 }
 
+TEST(ControlInline, InputsArrivedMeansEveryInputTheResultNeeds) {
+  std::vector<std::optional<Request>> by_rank = {allreduce_with<float>("t", {1}, DataType::kFloat32),
+                                                 std::nullopt,  // joined
+                                                 allreduce_with<float>("t", {2}, DataType::kFloat32)};
+  EXPECT_TRUE(inline_inputs_arrived(by_rank));
+  by_rank[2]->inline_input.clear();
+  EXPECT_FALSE(inline_inputs_arrived(by_rank));
+  for (auto& r : by_rank)
+    if (r) { r->type = OpType::kBroadcast; r->root = 0; }
+  EXPECT_TRUE(inline_inputs_arrived(by_rank));  // only the root's is needed
+  by_rank[0]->root = by_rank[2]->root = 2;
+  EXPECT_FALSE(inline_inputs_arrived(by_rank));
+  by_rank[0]->type = by_rank[2]->type = OpType::kReducescatter;
+  by_rank[2]->inline_input = "x";
+  EXPECT_FALSE(inline_inputs_arrived(by_rank));
+  EXPECT_FALSE(inline_inputs_arrived({std::nullopt, std::nullopt}));
+}
+
 TEST(ControlInline, ResultsPastOneMessagesBudgetGoToTheRails) {
   std::vector<Response> rs(5);
   rs[0].inline_result.assign(kControlInlineBytesPerMessage / 2, 'a');
