@@ -64,8 +64,11 @@ def launch_direct(np_: int, script: str, *args: str, env: Optional[Dict[str, str
             procs.append(subprocess.Popen([sys.executable, str(WORKERS / script), *args], cwd=REPO,
                                           env=e, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
-        results = []
-        for r, p in enumerate(procs):
+        # The ranks waited for first (whatever their number), then the others, killed if still running.
+        order = sorted(range(np_), key=lambda r: wait_for is not None and r not in wait_for)
+        results = {}
+        for r in order:
+            p = procs[r]
             if wait_for is not None and r not in wait_for and p.poll() is None:
                 p.kill()
             try:
@@ -73,8 +76,8 @@ def launch_direct(np_: int, script: str, *args: str, env: Optional[Dict[str, str
             except subprocess.TimeoutExpired:
                 p.kill()
                 out = p.communicate()[0] + "\n<killed by the test: timeout>"
-            results.append(JobResult(p.returncode, out))
-        return results
+            results[r] = JobResult(p.returncode, out)
+        return [results[r] for r in range(np_)]
     finally:
         for p in procs:
             if p.poll() is None:
