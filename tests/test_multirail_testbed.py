@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import REPO, WORKERS, run_worker
+from conftest import REPO, WORKERS, run_job, run_worker
 from nezha.testbed.pytest_fixtures import testbed_factory  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.testbed
@@ -93,3 +93,14 @@ def test_mixed_operations_survive_a_rail_cut(testbed_factory):
     for r in range(4):
         assert f"[{r}]<stdout>: OK rank {r}: 1320 operations" in output, output[-3000:]
     assert "continuing on" in output, output[-3000:]  # the cut hit the run: a rail failed over
+
+
+def test_sixteen_ranks_broadcast_on_slow_rails_without_false_alarms(testbed_factory):
+    """16 ranks on 250 Mbit/s rails. A binomial tree kept ranks far from the root silent for ~300 ms
+    (1 MiB pieces, every ancestor serving all its children through one link), and healthy rails failed
+    over on every run; large broadcasts now go down a chain in smaller pieces. Each result checked."""
+    tb = testbed_factory(hosts=16, rails=2, rates=["250mbit", "250mbit"])
+    bench = [sys.executable, "-m", "nezha.bench", "--sizes", "1M,4M", "--iters", "3", "--warmup", "1"]
+    result = run_job(16, [*bench, "--op", "broadcast"], nezharun_args=tb.nezharun_args(), timeout=240)
+    assert result.returncode == 0, result.output[-4000:]
+    assert "continuing on" not in result.output, result.output[-4000:]

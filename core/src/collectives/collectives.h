@@ -53,7 +53,10 @@ void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType 
 void allgatherv(transport::Rail& rail, const void* in, void* out,
                 const std::vector<size_t>& bytes_per_rank, const CollectiveOptions& opt);
 
-// buf (bytes long) is copied from root to every rank (binomial tree).
+// buf (bytes long) is copied from root to every rank: a binomial tree below
+// kBroadcastChainMinBytes (log2 n steps), a pipelined chain from there on (every rank sends the
+// data once, so the root's link carries it once instead of log2 n times).
+constexpr size_t kBroadcastChainMinBytes = 256 << 10;
 void broadcast(transport::Rail& rail, void* buf, size_t bytes, int root,
                const CollectiveOptions& opt);
 

@@ -130,6 +130,27 @@ TEST_P(DataMovementTest, AlltoallvDeliversEachBlockToItsRank) {
 
 INSTANTIATE_TEST_SUITE_P(RanksBytesSegments, DataMovementTest, kParams, param_name);
 
+// Either side of the size where broadcast turns from a tree into a chain, with pieces that divide
+// the payload unevenly, up to 9 ranks (a chain of 8 links, a tree of depth 4), every root.
+TEST(DataMovement, BroadcastTreeAndChainDeliverEveryByte) {
+  for (int n : {2, 3, 5, 9}) {
+    for (size_t bytes : {kBroadcastChainMinBytes - 1, kBroadcastChainMinBytes, kBroadcastChainMinBytes * 3 + 13}) {
+      for (size_t segment : {size_t(1) << 20, size_t(40000)}) {
+        for (int root = 0; root < n; root += (n > 3 ? 3 : 1)) {
+          std::vector<std::vector<uint8_t>> bufs(n, std::vector<uint8_t>(bytes, 0xEE));
+          for (size_t i = 0; i < bytes; ++i) bufs[root][i] = pattern(root, 0, i);
+          run_ranks(n, [&](transport::Rail& rail) {
+            broadcast(rail, bufs[rail.rank()].data(), bytes, root, test_options(12, segment));
+          });
+          for (int r = 0; r < n; ++r)
+            ASSERT_EQ(bufs[r], bufs[root]) << n << " ranks, " << bytes << " bytes, segment " << segment
+                                           << ", root " << root << ", rank " << r;
+        }
+      }
+    }
+  }
+}
+
 TEST(DataMovement, InvalidArgumentsAreRejectedBeforeAnyTraffic) {
   const auto errors = run_ranks_collect(2, [&](transport::Rail& rail) {
     std::vector<uint8_t> buf(8);
