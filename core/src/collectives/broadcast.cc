@@ -1,13 +1,13 @@
 // Broadcast. Small payloads go down a binomial tree: ceil(log2 n) rounds; in round k every rank
 // that already has the data sends it to the rank 2^k further away (ranks counted relative to the
 // root). Large ones go down a chain, root -> 1 -> 2 -> ... -> n-1 (relative ranks), in pieces that
-// each rank forwards as soon as it has them: every link carries the data once (a tree's root sends it
-// log2 n times, and those flows, all leaving through one link at once, overflowed its queue: TCP then
-// stalls a flow for a 200 ms retransmission timeout, which the rail watchdog took for a cut), and the
-// chain's length costs n - 2 piece times. Both are pipelined in pieces small enough that no rank
-// waits long in silence for its first piece (the watchdog must tell a cut from a rank waiting its
-// turn). A rank only ever waits on its parent or its children, so blocking sends cannot deadlock,
-// buffered or not.
+// each rank forwards as soon as it has them: every link carries the data once. (A tree's root sends
+// it log2 n times, and those flows, leaving through one link at once, overflowed its queue: TCP
+// then stalls a flow for a 200 ms retransmission timeout, which the rail watchdog took for a cut.)
+// The chain's length costs n - 2 piece times. Both are pipelined in pieces small enough that no
+// rank waits long in silence for its first piece (the watchdog must tell a cut from a rank waiting
+// its turn). A rank only ever waits on its parent or its children, so blocking sends cannot
+// deadlock, buffered or not.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -25,11 +25,13 @@ constexpr size_t kMinPieceBytes = 16 << 10;  // below this, per-message costs do
 
 // `waits`: how many piece times the farthest rank waits before its first piece.
 size_t piece_bytes(size_t segment_bytes, size_t waits) {
-  const size_t budget = std::max(kMinPieceBytes, kFirstPieceWaitBytes / std::max<size_t>(1, waits));
+  const size_t budget =
+      std::max(kMinPieceBytes, kFirstPieceWaitBytes / std::max<size_t>(1, waits));
   return std::clamp<size_t>(segment_bytes, 1, budget);
 }
 
-void tree(transport::Rail& rail, uint8_t* data, size_t bytes, int root, const CollectiveOptions& opt) {
+void tree(transport::Rail& rail, uint8_t* data, size_t bytes, int root,
+          const CollectiveOptions& opt) {
   const int n = rail.size();
   const int vrank = detail::ring_mod(rail.rank() - root, n);  // 0 = root
   auto to_rank = [&](int v) { return detail::ring_mod(v + root, n); };
@@ -61,15 +63,17 @@ void tree(transport::Rail& rail, uint8_t* data, size_t bytes, int root, const Co
   }
 }
 
-void chain(transport::Rail& rail, uint8_t* data, size_t bytes, int root, const CollectiveOptions& opt) {
+void chain(transport::Rail& rail, uint8_t* data, size_t bytes, int root,
+           const CollectiveOptions& opt) {
   const int n = rail.size();
   const int vrank = detail::ring_mod(rail.rank() - root, n);  // 0 = root
   auto to_rank = [&](int v) { return detail::ring_mod(v + root, n); };
   const size_t piece = piece_bytes(opt.segment_bytes, static_cast<size_t>(n - 1));
   for (size_t off = 0, p = 0; off < bytes; off += piece, ++p) {
     const size_t len = std::min(piece, bytes - off);
-    if (vrank != 0) rail.recv(to_rank(vrank - 1), make_tag(opt.seq, p), data + off, len, opt.deadline);
-    if (vrank + 1 < n) rail.send(to_rank(vrank + 1), make_tag(opt.seq, p), data + off, len, opt.deadline);
+    const uint64_t tag = make_tag(opt.seq, p);
+    if (vrank != 0) rail.recv(to_rank(vrank - 1), tag, data + off, len, opt.deadline);
+    if (vrank + 1 < n) rail.send(to_rank(vrank + 1), tag, data + off, len, opt.deadline);
   }
 }
 }  // namespace

@@ -131,10 +131,11 @@ TEST_P(DataMovementTest, AlltoallvDeliversEachBlockToItsRank) {
 INSTANTIATE_TEST_SUITE_P(RanksBytesSegments, DataMovementTest, kParams, param_name);
 
 // Either side of the size where broadcast turns from a tree into a chain, with pieces that divide
-// the payload unevenly, up to 9 ranks (a chain of 8 links, a tree of depth 4), every root.
+// the payload unevenly, up to 9 ranks (a chain of 8 links, a tree of depth 4), several roots.
 TEST(DataMovement, BroadcastTreeAndChainDeliverEveryByte) {
   for (int n : {2, 3, 5, 9}) {
-    for (size_t bytes : {kBroadcastChainMinBytes - 1, kBroadcastChainMinBytes, kBroadcastChainMinBytes * 3 + 13}) {
+    const size_t chain = kBroadcastChainMinBytes;
+    for (size_t bytes : {chain - 1, chain, chain * 3 + 13}) {
       for (size_t segment : {size_t(1) << 20, size_t(40000)}) {
         for (int root = 0; root < n; root += (n > 3 ? 3 : 1)) {
           std::vector<std::vector<uint8_t>> bufs(n, std::vector<uint8_t>(bytes, 0xEE));
@@ -143,8 +144,8 @@ TEST(DataMovement, BroadcastTreeAndChainDeliverEveryByte) {
             broadcast(rail, bufs[rail.rank()].data(), bytes, root, test_options(12, segment));
           });
           for (int r = 0; r < n; ++r)
-            ASSERT_EQ(bufs[r], bufs[root]) << n << " ranks, " << bytes << " bytes, segment " << segment
-                                           << ", root " << root << ", rank " << r;
+            ASSERT_EQ(bufs[r], bufs[root]) << n << " ranks, " << bytes << " bytes, segment "
+                                           << segment << ", root " << root << ", rank " << r;
         }
       }
     }
