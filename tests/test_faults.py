@@ -15,11 +15,12 @@ TIMEOUT_S = 4
 @pytest.mark.parametrize("victim", [0, 2])
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_dead_or_frozen_peer_is_named_on_every_other_rank(how, victim):
+    survivors = [r for r in range(3) if r != victim]
     # The stopped victim never exits by itself: it is killed once the others have exited.
     results = launch_direct(3, "dead_peer.py", how, str(victim),
                             env={"NEZHA_TIMEOUT_S": str(TIMEOUT_S)}, timeout=TIMEOUT_S + 20,
-                            wait_for=[r for r in range(3) if r != victim])
-    for rank in (r for r in range(3) if r != victim):
+                            wait_for=survivors)
+    for rank in survivors:
         res = results[rank]
         assert res.returncode == 3, res.output[-2000:]
         line = next(l for l in res.output.splitlines() if l.startswith("RAISED"))

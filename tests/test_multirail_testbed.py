@@ -100,7 +100,8 @@ def test_sixteen_ranks_broadcast_on_slow_rails_without_false_alarms(testbed_fact
     (1 MiB pieces, every ancestor serving all its children through one link), and healthy rails failed
     over on every run; large broadcasts now go down a chain in smaller pieces. Each result checked."""
     tb = testbed_factory(hosts=16, rails=2, rates=["250mbit", "250mbit"])
-    bench = [sys.executable, "-m", "nezha.bench", "--sizes", "1M,4M", "--iters", "3", "--warmup", "1"]
-    result = run_job(16, [*bench, "--op", "broadcast"], nezharun_args=tb.nezharun_args(), timeout=240)
+    bench = [sys.executable, "-m", "nezha.bench", "--op", "broadcast", "--sizes", "1M,4M", "--iters", "3",
+             "--warmup", "1"]
+    result = run_job(16, bench, nezharun_args=tb.nezharun_args(), timeout=240)
     assert result.returncode == 0, result.output[-4000:]
     assert "continuing on" not in result.output, result.output[-4000:]
