@@ -54,8 +54,8 @@ void Executor::run_single_record(ShareRecord& rec) {
     output = scratch_out.data();
   }
   // Watched for silence like an allreduce share: a cut under it stalls every rank, and the allreduces
-  // queued behind it on this rail never start, so nothing else would notice (the broadcast tree is
-  // pipelined in segments, so its leaves do not wait long in silence either).
+  // queued behind it on this rail never start, so nothing else would notice (a broadcast's pieces
+  // are sized so that no rank waits long in silence for its turn: broadcast.cc).
   const std::string what = std::string(op_type_name(resp.type)) + " of " + names_str(resp);
   if (watchdog_) watchdog_->begin(r, what);
   try {
