@@ -12,14 +12,17 @@ _WAIT_SLICE_S = 0.1  # wait in slices so Ctrl-C reaches Python promptly
 
 
 class Handle:
-    """An operation in flight. ``wait()`` returns its result or raises ``NezhaError``."""
+    """An operation in flight. ``wait()`` returns its result or raises ``NezhaError``.
 
-    def __init__(self, core_handles: Sequence[Any], finish: Callable[[], Any], names: List[str],
-                 keepalive: Any = None) -> None:
+    Dropping a handle is legal: the engine keeps the operation's buffers alive until it is done with
+    them (the native operation holds them, not this object); the result is then never observed.
+    """
+
+    def __init__(self, core_handles: Sequence[Any], finish: Callable[[], Any],
+                 names: List[str]) -> None:
         self._core = list(core_handles)
         self._finish = finish
         self._names = names
-        self._keepalive = keepalive  # the buffers the engine reads and writes until completion
         self._result: Any = None
         self._done = False
         self._error: Optional[str] = None
@@ -46,7 +49,6 @@ class Handle:
                     raise NezhaError(f"timed out after {timeout_s} s waiting for "
                                      f"{', '.join(repr(n) for n in self._names[:4])}")
         errors = [h.error for h in self._core if h.error]
-        self._keepalive = None
         self._done = True
         if errors:
             self._error = errors[0]

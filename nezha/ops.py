@@ -69,7 +69,7 @@ def allreduce_async(tensor: Any, op: ReduceOp = Average, name: Optional[str] = N
     result = _output_like(arr, out, "out")
     h = _engine().submit(OpType.allreduce, name, arr, result, dtype, op,
                          float(prescale_factor), float(postscale_factor))
-    return Handle([h], lambda: present(result, dtype), [name], keepalive=(arr, result))
+    return Handle([h], lambda: present(result, dtype), [name])
 
 
 def allreduce(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
@@ -89,19 +89,19 @@ def grouped_allreduce_async(tensors: Sequence[Any], op: ReduceOp = Average,
     if outs is not None and len(outs) != len(tensors):
         raise ValueError(f"got {len(outs)} outputs for {len(tensors)} tensors")
     group = _auto_name("grouped_allreduce", name)
-    eng = _engine()
-    handles, results, keep, names = [], [], [], []
+    # Every member is converted and checked before any is submitted, and the engine queues them as
+    # one unit: a bad member never leaves the others in flight waiting for it.
+    arrays, dtypes, results, names = [], [], [], []
     for i, t in enumerate(tensors):
         arr, dtype = as_array(t, f"tensors[{i}]")
-        res = _output_like(arr, None if outs is None else outs[i], f"outs[{i}]")
-        member = f"{group}.{i}"
-        handles.append(eng.submit(OpType.allreduce, member, arr, res, dtype, op,
-                                  float(prescale_factor), float(postscale_factor), -1, [],
-                                  group, len(tensors)))
-        results.append(present(res, dtype))
-        keep.append((arr, res))
-        names.append(member)
-    return Handle(handles, lambda: results, names, keepalive=(keep, results))
+        arrays.append(arr)
+        dtypes.append(dtype)
+        results.append(_output_like(arr, None if outs is None else outs[i], f"outs[{i}]"))
+        names.append(f"{group}.{i}")
+    handles = _engine().submit_group(OpType.allreduce, group, names, arrays, results, dtypes, op,
+                                     float(prescale_factor), float(postscale_factor))
+    presented = [present(r, d) for r, d in zip(results, dtypes)]
+    return Handle(handles, lambda: presented, names)
 
 
 def grouped_allreduce(tensors: Sequence[Any], op: ReduceOp = Average, name: Optional[str] = None,
@@ -120,7 +120,7 @@ def allgather_async(tensor: Any, name: Optional[str] = None) -> Handle:
     arr, dtype = as_array(tensor)
     src = arr.reshape(1) if arr.ndim == 0 else arr
     h = _engine().submit(OpType.allgather, name, src, None, dtype)
-    return Handle([h], lambda: present(_engine_output(h, src), dtype), [name], keepalive=src)
+    return Handle([h], lambda: present(_engine_output(h, src), dtype), [name])
 
 
 def allgather(tensor: Any, name: Optional[str] = None) -> np.ndarray:
@@ -139,7 +139,7 @@ def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None,
     result = _output_like(arr, out, "out")
     h = _engine().submit(OpType.broadcast, name, arr, result, dtype, Sum, 1.0, 1.0,
                          int(root_rank))
-    return Handle([h], lambda: present(result, dtype), [name], keepalive=(arr, result))
+    return Handle([h], lambda: present(result, dtype), [name])
 
 
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, out: Any = None):
@@ -169,7 +169,7 @@ def alltoall_async(tensor: Any, splits: Optional[Sequence[int]] = None,
     h = _engine().submit(OpType.alltoall, name, arr, None, dtype, Sum, 1.0, 1.0, -1, splits)
     return Handle([h], lambda: (present(_engine_output(h, arr), dtype),
                                 np.asarray(h.received_splits, np.int64)),
-                  [name], keepalive=arr)
+                  [name])
 
 
 def alltoall(tensor: Any, splits: Optional[Sequence[int]] = None,
@@ -188,7 +188,7 @@ def reducescatter_async(tensor: Any, op: ReduceOp = Average, name: Optional[str]
     src = arr.reshape(1) if arr.ndim == 0 else arr
     h = _engine().submit(OpType.reducescatter, name, src, None, dtype, op,
                          float(prescale_factor), float(postscale_factor))
-    return Handle([h], lambda: present(_engine_output(h, src), dtype), [name], keepalive=src)
+    return Handle([h], lambda: present(_engine_output(h, src), dtype), [name])
 
 
 def reducescatter(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,

@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "bindings/buffer_owner.h"
 #include "collectives/reduce.h"
 #include "common/error.h"
 #include "common/knobs.h"
@@ -64,12 +65,16 @@ struct Buffer {
   DataType dtype;
   std::vector<int64_t> shape;
   size_t bytes;
+  // The Py_buffer view: while it lives, `ptr` stays valid (it references the exporter and locks it
+  // against resizing). Operations hand it to the engine (bindings/buffer_owner.h).
+  std::unique_ptr<py::buffer_info> info;
 };
 
 // dtype_override lets callers pass bfloat16 (or any type numpy lacks) as same-size raw storage.
 Buffer view(const py::buffer& b, const char* what, std::optional<DataType> dtype_override,
             bool writable) {
-  py::buffer_info info = b.request(writable);
+  auto owned = std::make_unique<py::buffer_info>(b.request(writable));
+  const py::buffer_info& info = *owned;
   require_contiguous(info, what);
   Buffer out;
   out.ptr = info.ptr;
@@ -80,7 +85,34 @@ Buffer view(const py::buffer& b, const char* what, std::optional<DataType> dtype
                           std::to_string(info.itemsize));
   out.shape.assign(info.shape.begin(), info.shape.end());
   out.bytes = static_cast<size_t>(info.size) * info.itemsize;
+  out.info = std::move(owned);
   return out;
+}
+
+// One tensor's entry with its buffers pinned: the operation, not the Python handle, keeps them
+// alive until the engine is done with them, so dropping a handle is legal.
+TensorEntry make_entry(OpType type, const std::string& name, const std::optional<py::buffer>& input,
+                       const std::optional<py::buffer>& output, std::optional<DataType> dtype) {
+  TensorEntry entry;
+  entry.req.type = type;
+  entry.req.name = name;
+  std::vector<std::unique_ptr<py::buffer_info>> views;
+  if (input) {
+    Buffer in = view(*input, "input", dtype, false);
+    entry.input = in.ptr;
+    entry.req.dtype = in.dtype;
+    entry.req.shape = in.shape;
+    views.push_back(std::move(in.info));
+    if (output) {
+      Buffer out = view(*output, "output", dtype, true);
+      if (out.bytes != in.bytes || out.dtype != in.dtype)
+        throw InvalidArgument("output buffer must have the input's dtype and size");
+      entry.output = out.ptr;
+      views.push_back(std::move(out.info));
+    }
+  }
+  entry.owner = bindings::own_buffers(std::move(views));
+  return entry;
 }
 
 
@@ -182,6 +214,10 @@ PYBIND11_MODULE(_core, m) {
     list.requests[1].cache_id = 3;
     return py::bytes(engine::encode(list));
   }, "A valid encoded request list, as a seed for mutation.");
+  testing.def("deferred_release_count", &bindings::deferred_release_count,
+              "Operations' buffer views the engine let go of off the GIL, not yet released.");
+  testing.def("release_deferred", &bindings::release_deferred,
+              "Releases those views now (as the next submission would).");
   testing.def("sample_response_list", [] {
     engine::ResponseList list;
     engine::Response r;
@@ -247,37 +283,46 @@ PYBIND11_MODULE(_core, m) {
       .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("submit", [](Engine& e, OpType type, const std::string& name, std::optional<py::buffer> input,
                         std::optional<py::buffer> output, std::optional<DataType> dtype, ReduceOp op,
-                        double prescale, double postscale, int root, std::vector<int64_t> splits,
-                        const std::string& group, int group_size) {
-             TensorEntry entry;
-             entry.req.type = type;
-             entry.req.name = name;
+                        double prescale, double postscale, int root, std::vector<int64_t> splits) {
+             bindings::release_deferred();  // views the engine let go of on its threads meanwhile
+             TensorEntry entry = make_entry(type, name, input, output, dtype);
              entry.req.op = op;
              entry.req.prescale = prescale;
              entry.req.postscale = postscale;
              entry.req.root = root;
              entry.req.splits = std::move(splits);
-             entry.req.group = group;
-             entry.req.group_size = group_size;
-             if (input) {
-               Buffer in = view(*input, "input", dtype, false);
-               entry.input = in.ptr;
-               entry.req.dtype = in.dtype;
-               entry.req.shape = in.shape;
-               if (output) {
-                 Buffer out = view(*output, "output", dtype, true);
-                 if (out.bytes != in.bytes || out.dtype != in.dtype)
-                   throw InvalidArgument("output buffer must have the input's dtype and size");
-                 entry.output = out.ptr;
-               }
-             }
              return e.enqueue(std::move(entry));
            }, py::arg("type"), py::arg("name"), py::arg("input") = py::none(),
            py::arg("output") = py::none(), py::arg("dtype") = py::none(),
            py::arg("op") = ReduceOp::kSum, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
            py::arg("root") = -1, py::arg("splits") = std::vector<int64_t>{},
-           py::arg("group") = "", py::arg("group_size") = 0,
-           "Submits one tensor; returns an OpHandle. Buffers must stay alive until it completes.")
+           "Submits one tensor; returns an OpHandle. The operation keeps its buffers alive until "
+           "the engine is done with them, whether or not the handle is kept.")
+      .def("submit_group", [](Engine& e, OpType type, const std::string& group,
+                              const std::vector<std::string>& names, const std::vector<py::buffer>& inputs,
+                              const std::vector<std::optional<py::buffer>>& outputs,
+                              const std::vector<std::optional<DataType>>& dtypes, ReduceOp op,
+                              double prescale, double postscale) {
+             bindings::release_deferred();
+             const size_t n = names.size();
+             if (inputs.size() != n || outputs.size() != n || dtypes.size() != n)
+               throw InvalidArgument("submit_group: names, inputs, outputs and dtypes differ in length");
+             std::vector<TensorEntry> entries;
+             for (size_t i = 0; i < n; ++i) {
+               entries.push_back(make_entry(type, names[i], inputs[i], outputs[i], dtypes[i]));
+               engine::Request& req = entries.back().req;
+               req.op = op;
+               req.prescale = prescale;
+               req.postscale = postscale;
+               req.group = group;
+               req.group_size = static_cast<int32_t>(n);
+             }
+             return e.enqueue_all(std::move(entries));
+           }, py::arg("type"), py::arg("group"), py::arg("names"), py::arg("inputs"),
+           py::arg("outputs"), py::arg("dtypes"), py::arg("op") = ReduceOp::kSum,
+           py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
+           "Submits a group's members as one unit: every member is queued or, if any is invalid, none "
+           "is. Returns one OpHandle per member.")
       .def("rail_stats", [](const Engine& e) {
         py::list out;
         for (const auto& s : e.rail_stats()) {

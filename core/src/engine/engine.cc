@@ -197,32 +197,50 @@ void Engine::wake() {
 }
 
 std::shared_ptr<OpHandle> Engine::enqueue(TensorEntry entry) {
+  std::vector<TensorEntry> one;
+  one.push_back(std::move(entry));
+  return enqueue_all(std::move(one)).at(0);
+}
+
+std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEntry> entries) {
   if (!thread_.joinable()) throw InvalidArgument("nezha engine is not started; call nezha.init() first");
-  auto handle = std::make_shared<OpHandle>();
-  entry.handle = handle;
-  if (entry.req.type == OpType::kJoin) {
-    entry.req.name = kJoinName;
-  } else if (entry.req.name == kJoinName) {
-    throw InvalidArgument(std::string("tensor name '") + kJoinName + "' is reserved for join()");
-  } else if (entry.req.name.empty() || entry.req.name.size() > 4096) {
-    throw InvalidArgument("tensor names must be 1 to 4096 characters long, got " +
-                          std::to_string(entry.req.name.size()));
+  // Every entry is checked before any is queued: a group must never be half in flight (its
+  // members would wait for the missing ones on every rank).
+  for (auto& entry : entries) {
+    if (entry.req.type == OpType::kJoin) {
+      entry.req.name = kJoinName;
+    } else if (entry.req.name == kJoinName) {
+      throw InvalidArgument(std::string("tensor name '") + kJoinName + "' is reserved for join()");
+    } else if (entry.req.name.empty() || entry.req.name.size() > 4096) {
+      throw InvalidArgument("tensor names must be 1 to 4096 characters long, got " +
+                            std::to_string(entry.req.name.size()));
+    }
+    entry.req.check_scaling();
   }
-  entry.req.check_scaling();
+  std::vector<std::shared_ptr<OpHandle>> handles;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.empty()) throw NezhaError(failure_);
     if (shutdown_requested_) throw InvalidArgument("nezha has been shut down");
-    if (in_flight_.count(entry.req.name))
-      throw InvalidArgument("tensor name '" + entry.req.name +
-                            "' is already in flight; wait for it before reusing the name");
-    std::string name = entry.req.name;
-    in_flight_.emplace(name, std::move(entry));
-    new_names_.push_back(name);
-    timeline_.negotiation_started(name);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const std::string& name = entries[i].req.name;
+      bool repeated = in_flight_.count(name) > 0;
+      for (size_t j = 0; j < i && !repeated; ++j) repeated = entries[j].req.name == name;
+      if (repeated)
+        throw InvalidArgument("tensor name '" + name +
+                              "' is already in flight; wait for it before reusing the name");
+    }
+    for (auto& entry : entries) {
+      entry.handle = std::make_shared<OpHandle>();
+      handles.push_back(entry.handle);
+      std::string name = entry.req.name;
+      in_flight_.emplace(name, std::move(entry));
+      new_names_.push_back(name);
+      timeline_.negotiation_started(name);
+    }
   }
   wake();
-  return handle;
+  return handles;
 }
 
 void Engine::shutdown() {

@@ -103,6 +103,9 @@ class Engine {
 
   // Submits one tensor. Throws InvalidArgument for bad input (name in flight, engine stopped).
   std::shared_ptr<OpHandle> enqueue(TensorEntry entry);
+  // Submits several tensors at once (a group's members): all are queued, or none is (the first bad
+  // one throws as enqueue() would).
+  std::vector<std::shared_ptr<OpHandle>> enqueue_all(std::vector<TensorEntry> entries);
 
   // Finishes local work, agrees with the other ranks to stop (bounded by timeout_s), closes.
   void shutdown();
