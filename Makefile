@@ -1,5 +1,6 @@
 # make demo  - set up .venv, build, run a 4-rank allreduce benchmark on this machine
-# make test  - set up if needed, run the C++ unit tests and the whole pytest suite
+# make test  - set up if needed, run the C++ unit tests and the whole pytest suite, then the
+#              sanitizer tiers (test-asan, test-tsan, test-py-asan; `make test SANITIZERS=` skips them)
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +8,8 @@ PIP := $(PY) -m pip
 CORE_SOURCES := $(shell find core -name '*.cc' -o -name '*.h') CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: all setup system-deps demo test test-cpp test-py clean
+.PHONY: all setup system-deps demo test test-cpp test-py test-sanitizers test-asan test-tsan \
+	test-py-asan clean
 
 all: setup
 
@@ -39,7 +41,45 @@ test-cpp: build/cpp/.built
 test-py: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test: test-cpp test-py
+# Sanitizer tiers. The C++ unit tests under AddressSanitizer + UndefinedBehaviorSanitizer and,
+# separately, ThreadSanitizer; the Python lifetime tests against an ASan build of nezha._core
+# (scripts/asan_python.sh). Any report fails the run.
+SANITIZERS ?= test-asan test-tsan test-py-asan
+SAN_CMAKE = PATH=$(abspath $(VENV))/bin:$$PATH cmake -S . -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+export ASAN_OPTIONS ?= detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
+export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
+# Tests that are about wall-clock limits (failover within 100 ms, watchdogs) measure the sanitizer,
+# not the code, at TSan's 5-15x slowdown: that tier runs the rest.
+TSAN_SKIP := StallWatchdog|FailsOverWithin|Timing|Throughput
+
+# One ASan build serves both tiers: the C++ tests and the sanitized Python module.
+build/asan/.built: $(CORE_SOURCES) | system-deps $(VENV)/.deps-stamp
+	$(SAN_CMAKE) -B build/asan -DNEZHA_BUILD_PYTHON=ON -DNEZHA_BUILD_TESTS=ON \
+	    -DNEZHA_SANITIZE=address,undefined -DPython_EXECUTABLE=$(abspath $(PY)) \
+	    -Dpybind11_DIR=$$($(PY) -m pybind11 --cmakedir) >/dev/null
+	PATH=$(abspath $(VENV))/bin:$$PATH cmake --build build/asan
+	@touch $@
+
+build/tsan/.built: $(CORE_SOURCES) | system-deps $(VENV)/.deps-stamp
+	$(SAN_CMAKE) -B build/tsan -DNEZHA_BUILD_PYTHON=OFF -DNEZHA_BUILD_TESTS=ON \
+	    -DNEZHA_SANITIZE=thread >/dev/null
+	PATH=$(abspath $(VENV))/bin:$$PATH cmake --build build/tsan
+	@touch $@
+
+test-asan: build/asan/.built
+	cd build/asan && ctest --output-on-failure -j2
+
+test-tsan: build/tsan/.built
+	cd build/tsan && ctest --output-on-failure -j2 -E '$(TSAN_SKIP)'
+
+test-py-asan: build/asan/.built | setup
+	bash scripts/asan_python.sh build/asan $(PY) -m pytest -q -p no:cacheprovider \
+	    tests/test_lifetime.py tests/test_api_errors.py tests/test_mismatch.py
+
+test-sanitizers: $(SANITIZERS)
+
+test: test-cpp test-py $(SANITIZERS)
 
 demo: setup
 	$(VENV)/bin/nezharun -np 4 $(VENV)/bin/nezha-bench --op allreduce --sizes 8,1K,64K,1M,16M,64M --iters auto

@@ -89,3 +89,14 @@ def launch_direct(np_: int, script: str, *args: str, env: Optional[Dict[str, str
 @pytest.fixture
 def job():
     return run_worker
+
+
+def pytest_configure(config):
+    # The sanitizer tier (scripts/asan_python.sh) must really test the sanitized core.
+    expected = os.environ.get("NEZHA_EXPECT_SANITIZED_CORE")
+    if expected:
+        import nezha._core
+        loaded = os.path.realpath(nezha._core.__file__)
+        if not os.path.dirname(os.path.abspath(nezha._core.__file__)) == os.path.abspath(expected):
+            raise pytest.UsageError(f"nezha._core came from {loaded}, not the sanitized build in "
+                                    f"{expected}")

@@ -12,7 +12,8 @@ def assert_ok(result, ranks):
         assert any(l.startswith(f"OK rank {r}") for l in result.lines(r)), result.output[-4000:]
 
 
-@pytest.mark.parametrize("api,ranks", [("numpy", 2), ("numpy", 4), ("torch", 2), ("torch", 4)])
+@pytest.mark.parametrize("api,ranks", [("numpy", 2), ("numpy", 4), ("buffers", 2), ("torch", 2),
+                                       ("torch", 4)])
 def test_dropped_handles_never_corrupt_memory(job, api, ranks):
     # Before the engine owned its buffers this died with SIGSEGV within a few hundred operations.
     result = job(ranks, "dropped_handles.py", api, "700", env=FUSION, timeout=300)
@@ -45,3 +46,12 @@ def test_dead_peer_fails_dropped_operations_and_names_the_rank():
     assert victim.returncode == 3, victim.output[-2000:]
     assert survivor.returncode == 0, survivor.output[-4000:]
     assert "OK rank 0: raised after" in survivor.output, survivor.output[-4000:]
+
+
+def test_long_life_of_mixed_operations_leaves_nothing_behind(job):
+    # Every collective, dtype and size class, sync, async and dropped, with failures on purpose; the
+    # worker checks every observed result against numpy and, after shutdown(), that no native
+    # thread, socket or buffer of the engine is left.
+    result = job(2, "long_life.py", "3000", env={"NEZHA_FUSION_THRESHOLD": str(256 << 10)},
+                 timeout=600)
+    assert_ok(result, 2)

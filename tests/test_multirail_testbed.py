@@ -59,15 +59,13 @@ def test_failed_rail_fails_over_without_loss_and_is_readmitted(testbed_factory, 
     assert cycle["readmit_s"] <= 8.0, cycle
 
 
-def test_mixed_operations_survive_a_rail_cut(testbed_factory):
-    """Small collectives done by rank 0 within negotiation, fused allreduces, broadcasts and allgathers
-    on the rails and a striped 4 MiB allreduce per round, all in flight together while one host loses
-    rail 0 (which also carries a control path) for 2 s: the cut is noticed whatever runs on the rail
-    at that moment, the rail fails over, every result is exact and the job goes on."""
-    tb = testbed_factory(hosts=4, rails=2, rates=["1gbit", "1gbit"])
-    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", "4", *tb.nezharun_args(), "--",
-           sys.executable, str(WORKERS / "mixed_bursts.py"), "120", "big"]
-    env = dict(os.environ, NEZHA_TIMEOUT_S="30")
+def run_with_a_cut(tb, worker_args, rail, host, after_s, cut_s, env=None, timeout=180):
+    """Runs tests/workers/<worker_args> on every host of `tb` and cuts `rail` of `host` for `cut_s`
+    seconds, `after_s` after every rank printed READY; returns (exit code, output)."""
+    n = len(tb.hosts)
+    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", str(n), *tb.nezharun_args(), "--",
+           sys.executable, str(WORKERS / worker_args[0]), *worker_args[1:]]
+    env = dict(os.environ, NEZHA_TIMEOUT_S="30", **(env or {}))
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     lines = []
@@ -75,24 +73,47 @@ def test_mixed_operations_survive_a_rail_cut(testbed_factory):
     reader.start()
     try:
         deadline = time.monotonic() + 60
-        while sum("READY" in l for l in lines) < 4 and time.monotonic() < deadline and proc.poll() is None:
+        while sum("READY" in l for l in lines) < n and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        time.sleep(1.0)  # well inside the ~15 s of bursts; the 4 MiB ones use rail 0 every round
-        host = tb.hosts[1]
-        tb.set_link(0, False, host)
-        time.sleep(2.0)
-        tb.set_link(0, True, host)
-        proc.wait(timeout=180)
+        time.sleep(after_s)
+        tb.set_link(rail, False, host)
+        time.sleep(cut_s)
+        tb.set_link(rail, True, host)
+        proc.wait(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         reader.join(timeout=10)
-    output = "".join(lines)
-    assert proc.returncode == 0, output[-4000:]
+    return proc.returncode, "".join(lines)
+
+
+def test_mixed_operations_survive_a_rail_cut(testbed_factory):
+    """Small collectives done by rank 0 within negotiation, fused allreduces, broadcasts and allgathers
+    on the rails and a striped 4 MiB allreduce per round, all in flight together while one host loses
+    rail 0 (which also carries a control path) for 2 s: the cut is noticed whatever runs on the rail
+    at that moment, the rail fails over, every result is exact and the job goes on."""
+    tb = testbed_factory(hosts=4, rails=2, rates=["1gbit", "1gbit"])
+    # 1 s is well inside the ~15 s of bursts; the 4 MiB ones use rail 0 every round.
+    code, output = run_with_a_cut(tb, ["mixed_bursts.py", "120", "big"], rail=0, host=tb.hosts[1],
+                                  after_s=1.0, cut_s=2.0)
+    assert code == 0, output[-4000:]
     for r in range(4):
         assert f"[{r}]<stdout>: OK rank {r}: 1320 operations" in output, output[-3000:]
     assert "continuing on" in output, output[-3000:]  # the cut hit the run: a rail failed over
+
+
+def test_dropped_handles_survive_a_rail_cut(testbed_factory):
+    """Operations whose handles were dropped are failed over and redone like any other: a redo reads
+    and writes buffers nobody but the engine holds any more."""
+    tb = testbed_factory(hosts=4, rails=2, rates=["1gbit", "1gbit"])
+    code, output = run_with_a_cut(tb, ["dropped_handles.py", "numpy", "1400"], rail=0,
+                                  host=tb.hosts[2], after_s=0.5, cut_s=1.5,
+                                  env={"NEZHA_FUSION_THRESHOLD": str(1 << 20)})
+    assert code == 0, output[-4000:]
+    for r in range(4):
+        assert f"[{r}]<stdout>: OK rank {r}: 1400 operations" in output, output[-3000:]
+    assert "continuing on" in output, output[-3000:]
 
 
 def test_sixteen_ranks_broadcast_on_slow_rails_without_false_alarms(testbed_factory):

@@ -2,10 +2,12 @@
 churn in between: the engine must keep each operation's buffers alive until it is done with them.
 
 Every collective, on sizes either side of the inline limit (done by rank 0 within negotiation) and of
-NEZHA_FUSION_THRESHOLD, through the numpy API or nezha.torch. Every 7th operation keeps its handle
+NEZHA_FUSION_THRESHOLD, through the numpy API, through it with buffer-protocol (memoryview of a
+bytearray) and DLPack (torch tensor) inputs in turn, or through nezha.torch. Every 7th operation keeps its handle
 and checks its result against numpy; churn arrays filled with a pattern must still hold it one step
 later (the engine writing into freed memory would corrupt them, or crash); at the end every dropped
-input must have been released (no leak).  usage: dropped_handles.py numpy|torch COUNT [MARK_EVERY]
+input must have been released (no leak).
+usage: dropped_handles.py numpy|buffers|torch COUNT [MARK_EVERY]
 """
 import gc
 import os
@@ -18,8 +20,9 @@ import numpy as np
 API, COUNT = sys.argv[1], int(sys.argv[2])
 MARK_EVERY = int(sys.argv[3]) if len(sys.argv) > 3 else 0  # print a progress mark (for rail cuts)
 
-if API == "torch":
+if API in ("torch", "buffers"):
     import torch
+if API == "torch":
     import nezha.torch as hvd
     hvd.init()
     RANK, SIZE = hvd.rank(), hvd.size()
@@ -74,6 +77,11 @@ def submit(kind, i, x):
             "reducescatter": lambda: hvd.reducescatter_async(t, name=name, op=hvd.Sum),
         }
         return ops[kind](), t
+    if API == "buffers":
+        if i % 3 == 0:  # buffer protocol: the engine pins the bytearray's export
+            x = memoryview(bytearray(x.tobytes())).cast("B").cast("f", x.shape)
+        elif i % 3 == 1:  # DLPack
+            x = torch.from_numpy(x)
     ops = {
         "allreduce": lambda: nezha.allreduce_async(x, op=nezha.Sum, name=name),
         "allreduce_inplace": lambda: nezha.allreduce_async(x, op=nezha.Sum, name=name, out=x),

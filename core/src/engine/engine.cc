@@ -251,7 +251,11 @@ void Engine::shutdown() {
   }
   wake();
   thread_.join();
-  if (executor_) executor_->stop();
+  if (executor_) {
+    executor_->stop();
+    // A share lost as the rails closed is never redone now: fail it rather than leave it pending.
+    executor_->fail_all("nezha shut down before it finished");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [name, e] : in_flight_)
     if (e.handle) e.handle->complete("nezha shut down before tensor '" + name + "' was processed");
