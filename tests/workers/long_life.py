@@ -14,7 +14,9 @@ import weakref
 
 import numpy as np
 
-from numpy_reference import DTYPES, make_input, matches, reduction
+# The sanitizer tier runs with PYTHONSAFEPATH (scripts/asan_python.sh): find the sibling module.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from numpy_reference import DTYPES, make_input, matches, reduction  # noqa: E402
 
 
 def native_threads():
