@@ -28,7 +28,7 @@ REDUCES_BFLOAT16 = _BF16_NUMPY is not None
 
 # Element types the engine reduces natively and numpy can describe.
 _NUMPY_TYPES = {
-    torch.uint8, torch.int8, torch.int32, torch.int64,
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
     torch.float16, torch.float32, torch.float64, torch.bool,
 }
 ENGINE_TYPES = frozenset(_NUMPY_TYPES | {torch.bfloat16})
