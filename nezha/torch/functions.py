@@ -64,14 +64,21 @@ def _join_tensors(obj, tensors):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank, prefix=None):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, prefix=None):
     """Makes every rank's optimizer state (hyper-parameters, moments, step counts) root_rank's.
 
     Ranks whose state is still empty (no step taken yet) receive it too: the state's structure is
     broadcast as a small pickled skeleton, then its tensors are broadcast in place, without pickling.
+    As in Horovod, a rank whose state is empty first gives every trainable parameter without a
+    gradient a zero one (sparse for SparseAdam, and for SGD on `model`'s sparse embeddings), so code
+    that reads or broadcasts `p.grad` afterwards finds a tensor; parameters that do not require a
+    gradient keep `grad is None`. Unlike Horovod, no dummy optimizer step is taken: parameters are
+    not touched and the state is exactly root_rank's.
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state:
+        _give_missing_grads(optimizer, model)
     base = "broadcast_optimizer_state" if prefix is None else prefix
     local_tensors = []
     skeleton = _split_tensors(optimizer.state_dict(), local_tensors)
@@ -89,6 +96,23 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix=None):
     for handle in handles:
         synchronize(handle)
     optimizer.load_state_dict(_join_tensors(skeleton, tensors))
+
+
+def _give_missing_grads(optimizer, model):
+    sparse_ids = set()
+    if model is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding) and m.sparse:
+                sparse_ids.update(id(p) for p in m.parameters())
+    sparse_optimizer = isinstance(optimizer, torch.optim.SparseAdam)
+    sgd = isinstance(optimizer, torch.optim.SGD)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                grad = torch.zeros_like(p)
+                if p.dim() and (sparse_optimizer or (sgd and id(p) in sparse_ids)):
+                    grad = grad.to_sparse(1)  # by rows, as an embedding's gradient
+                p.grad = grad
 
 
 def _collect_slots(obj, slots):
