@@ -64,19 +64,20 @@ class _DistributedOptimizerMixin:
         for p in bucket:
             if p.grad is None:  # unused on this rank; another rank may have used it
                 p.grad = torch.zeros_like(p)
-            elif p.grad.is_sparse and self.sparse_as_dense:
-                p.grad = p.grad.to_dense()
         if self.op == Average:
             # Horovod's split of the average: the engine folds 1/size into the postscale.
             prescale = 1.0 / self.gradient_predivide_factor
             postscale = self.gradient_predivide_factor
         else:
             prescale = postscale = 1.0
-        if len(bucket) == 1 and bucket[0].grad.is_sparse:
+        if len(bucket) == 1 and bucket[0].grad.is_sparse and not self.sparse_as_dense:
             self._handles[bucket] = (mpi_ops.sparse_allreduce_async(
                 bucket[0].grad, self._parameter_names[bucket[0]], self.op), None)
             return
-        compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in bucket])
+        # sparse_as_dense: a dense copy is reduced; synchronize() hands the result back as a
+        # sparse gradient (optimizers such as SparseAdam accept nothing else), as Horovod does.
+        grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in bucket]
+        compressed, ctxs = zip(*[self._compression.compress(g) for g in grads])
         name = self._parameter_names[bucket[0]]
         if len(bucket) == 1:
             handle = mpi_ops.allreduce_async_(compressed[0], name=name, op=self.op,
@@ -103,7 +104,9 @@ class _DistributedOptimizerMixin:
                     results = results if isinstance(results, list) else [results]
                     for p, result, ctx in zip(bucket, results, ctxs):
                         reduced = self._compression.decompress(result, ctx)
-                        if reduced is not p.grad:
+                        if p.grad.is_sparse:  # reduced as dense (sparse_as_dense)
+                            p.grad = reduced.to_sparse(p.grad.sparse_dim()).coalesce()
+                        elif reduced is not p.grad:
                             p.grad.copy_(reduced)
                 for p in bucket:
                     self._passes_left[p] = self.backward_passes_per_step
