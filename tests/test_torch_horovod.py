@@ -8,7 +8,8 @@ pytest.importorskip("torch")
 
 EXPECTED = {"HOROVOD_* environment", "int16", "prescale and postscale", "grouped_reducescatter",
             "reducescatter gradients", "other gradients",
-            "broadcast_optimizer_state without gradients", "SparseAdam with sparse gradients"}
+            "broadcast_optimizer_state without gradients", "SparseAdam with sparse gradients",
+            "API forms"}
 
 
 @pytest.mark.timeout(240)

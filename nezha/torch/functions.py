@@ -7,28 +7,31 @@ import numpy as np
 import torch
 
 from nezha.torch import mpi_ops
-from nezha.torch.basics import rank, size
+from nezha.torch.basics import check_process_set, global_process_set, rank, size
 from nezha.torch.handles import synchronize
 
 
 def broadcast_parameters(params, root_rank, prefix=None):
     """Overwrites every rank's tensors with root_rank's, in place.
 
-    `params` is a `state_dict()`, or an iterable of (name, tensor) such as `named_parameters()`.
-    Names key the broadcasts, so the order of `params` does not need to match across ranks.
+    `params` is a `state_dict()`, an iterable of (name, tensor) such as `named_parameters()`, or
+    (as in Horovod) a list of tensors. Names key the broadcasts, so the order of named `params`
+    does not need to match across ranks; unnamed tensors are matched by position, as Horovod does.
     """
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, list) or hasattr(params, "__iter__"):
-        items = list(params)
-        if any(not isinstance(item, tuple) or len(item) != 2 for item in items):
-            raise ValueError("broadcast_parameters expects a state_dict or (name, tensor) pairs")
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+        if any(len(item) != 2 for item in items):
+            raise ValueError("broadcast_parameters expects a state_dict, (name, tensor) pairs or "
+                             "a list of tensors")
     else:
         raise ValueError("invalid params of type: %s" % type(params))
     base = "broadcast_parameters" if prefix is None else prefix
     handles = [mpi_ops.broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p,
-                                        root_rank, name="%s.%s" % (base, name))
-               for name, p in items if p is not None]
+                                        root_rank,
+                                        name="%s.%s" % (base, name if name is not None else i))
+               for i, (name, p) in enumerate(items) if p is not None]
     for handle in handles:
         synchronize(handle)
 
@@ -136,8 +139,9 @@ def _from_bytes(data):
     return torch.load(io.BytesIO(data.tobytes()), weights_only=False)
 
 
-def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns root_rank's `obj` on every rank (pickled; peers are authenticated by the engine)."""
+    check_process_set(process_set)
     base = "broadcast_object" if name is None else name
     payload = _to_bytes(obj) if rank() == root_rank else np.zeros(0, dtype=np.uint8)
     length = torch.tensor([payload.size], dtype=torch.int64)
@@ -149,8 +153,9 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     return _from_bytes(data.numpy())
 
 
-def allgather_object(obj, name=None, process_set=None):
+def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every rank's `obj`, in rank order."""
+    check_process_set(process_set)
     base = "allgather_object" if name is None else name
     payload = torch.from_numpy(_to_bytes(obj).copy())
     lengths = synchronize(mpi_ops.allgather_async(

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 import torch
 
 from nezha.torch import mpi_ops
-from nezha.torch.basics import Adasum, Average, resolve_op, size
+from nezha.torch.basics import (Adasum, Average, check_process_set, global_process_set,
+                                resolve_op, size)
 from nezha.torch.compression import Compression
 from nezha.torch.functions import broadcast_object
 from nezha.torch.handles import synchronize
@@ -212,7 +213,8 @@ def _form_buckets(trainable, groups, names):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         groups=None, sparse_as_dense=False, num_groups=0, process_set=None):
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
     """Wraps `optimizer` so that `step()` applies gradients averaged (or summed) over all ranks.
 
     The result is an instance of a subclass of `optimizer`'s class that shares its state and
@@ -225,9 +227,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("gradient_predivide_factor is supported only with op == Average")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be >= 1")
-    if process_set is not None:
-        from nezha.torch.basics import check_process_set
-        check_process_set(process_set)
+    check_process_set(process_set)
     if num_groups and groups is None:
         groups = num_groups
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizerMixin, optimizer.__class__), {})

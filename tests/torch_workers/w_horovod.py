@@ -241,13 +241,32 @@ def case_sparse_adam(rank, size):
     report("SparseAdam with sparse gradients")
 
 
+def case_api_forms(rank, size):
+    # broadcast_parameters takes a plain list of tensors too (Horovod matches them by position).
+    tensors = [torch.full((2,), float(rank)), torch.full((3,), float(rank + 10))]
+    hvd.broadcast_parameters(tensors, root_rank=size - 1)
+    assert_close(tensors[0], torch.full((2,), float(size - 1)), "broadcast_parameters list")
+    assert_close(tensors[1], torch.full((3,), float(size + 9)), "broadcast_parameters list")
+    # DistributedOptimizer's arguments bind positionally as in Horovod (num_groups before groups).
+    model = torch.nn.Linear(2, 1)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   model.named_parameters(), hvd.Compression.none, 1, hvd.Sum,
+                                   1.0, 0, None, False, hvd.global_process_set)
+    if opt.op != hvd.Sum or opt.sparse_as_dense is not False:
+        fail("DistributedOptimizer's positional arguments bound differently from Horovod's")
+    model(torch.ones(1, 2) * (rank + 1)).sum().backward()
+    opt.step()
+    report("API forms")
+
+
 def main():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(0)
     for case in (case_launcher_environment, case_int16, case_scaling, case_grouped_reducescatter,
                  case_reducescatter_gradients, case_other_gradients,
-                 case_broadcast_optimizer_state_without_grads, case_sparse_adam):
+                 case_broadcast_optimizer_state_without_grads, case_sparse_adam, case_api_forms):
         case(rank, size)
     hvd.shutdown()
 
