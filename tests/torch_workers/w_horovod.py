@@ -160,9 +160,14 @@ def case_other_gradients(rank, size):
         sum(o.sum() for o in outs).backward()
         for x in xs:
             assert_close(x.grad, torch.full_like(x, factor), "grouped_allreduce %s grad" % op)
-    # grouped_allreduce runs forward for every op, as Horovod's does.
+    # grouped_allreduce runs forward for every op, as Horovod's does; its Max gradient is
+    # allreduce's (the summed gradient where this rank's value was the maximum).
     mins = hvd.grouped_allreduce([torch.full((2,), float(rank))], op=hvd.Min)
     assert_close(mins[0], torch.zeros(2), "grouped_allreduce Min")
+    x = torch.full((2,), float(rank), dtype=torch.float64, requires_grad=True)
+    hvd.grouped_allreduce([x], op=hvd.Max)[0].sum().backward()
+    assert_close(x.grad, torch.full((2,), float(size) if rank == size - 1 else 0.0,
+                                    dtype=torch.float64), "grouped_allreduce Max grad")
     # allgather / grouped_allgather: the averaged gradient, this rank's rows.
     xs = [_leaf((rank + 1, 2), 7), _leaf((2, 3), 8)]
     outs = hvd.grouped_allgather(xs)
