@@ -41,3 +41,13 @@ def test_mixed_bursts_in_different_orders(job, control_inline_bytes):
     assert result.returncode == 0, result.output[-4000:]
     for r in range(ranks):
         assert any(l.startswith(f"OK rank {r}: 120 operations") for l in result.lines(r)), result.output[-4000:]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_prescale_and_postscale_give_horovods_bits(job, ranks):
+    # Issue 16: Horovod scales float32 in float32 (the factor cast first), float16 in float32,
+    # integers in float64 truncated; its tests compare exactly for 2-3 ranks, so must we.
+    result = job(ranks, "scaling_check.py", timeout=120)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(ranks):
+        assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]

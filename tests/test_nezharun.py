@@ -93,6 +93,21 @@ def test_hosts_fill_in_order_and_rails_and_timeline_are_passed(tmp_path):
                                                    for r in range(3)]
 
 
+def test_horovod_layout_variables_are_set_beside_nezhas(tmp_path):
+    # Horovod scripts read HOROVOD_RANK, HOROVOD_SIZE, ... (issue 16): same values, host as listed.
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n127.0.0.1:4\n")
+    code = "import os, json; print(json.dumps(dict(os.environ)))"
+    result = nezharun("-np", "3", "--hostfile", str(hostfile), "--", PY, "-c", code)
+    assert result.returncode == 0, result.stderr
+    envs = [json.loads(lines_of(result.stdout, r)[0]) for r in range(3)]
+    for e in envs:
+        for what in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
+            assert e["HOROVOD_" + what] == e["NEZHA_" + what], what
+    assert [e["HOROVOD_RANK"] for e in envs] == ["0", "1", "2"]
+    assert [e["HOROVOD_HOSTNAME"] for e in envs] == ["localhost", "localhost", "127.0.0.1"]
+
+
 def test_output_lines_are_prefixed_per_rank_and_stream():
     code = script("""
         import os, sys

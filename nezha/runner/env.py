@@ -1,4 +1,5 @@
-"""The environment nezharun gives each rank (the NEZHA_* contract read by ``nezha.environ``)."""
+"""The environment nezharun gives each rank: the NEZHA_* contract read by ``nezha.environ``, and the
+same layout under Horovod's HOROVOD_* names."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ def rank_environment(placement: Placement, job: JobSettings) -> Dict[str, str]:
         # Ranks' output goes through pipes; unbuffered Python keeps it timely and ordered.
         "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
     }
+    # Horovod's names for the same layout: Horovod scripts and tools read these (gloo's launcher
+    # sets them); HOROVOD_HOSTNAME is the host as the host list names it.
+    for what in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
+        env["HOROVOD_" + what] = env["NEZHA_" + what]
+    env["HOROVOD_HOSTNAME"] = placement.host
     if job.rails:
         env["NEZHA_RAILS"] = job.rails
     if job.timeline:

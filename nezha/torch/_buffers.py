@@ -28,22 +28,30 @@ REDUCES_BFLOAT16 = _BF16_NUMPY is not None
 
 # Element types the engine reduces natively and numpy can describe.
 _NUMPY_TYPES = {
-    torch.uint8, torch.int8, torch.int32, torch.int64,
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
     torch.float16, torch.float32, torch.float64, torch.bool,
 }
 ENGINE_TYPES = frozenset(_NUMPY_TYPES | {torch.bfloat16})
 
 
+class UnsupportedTensorError(TypeError, ValueError):
+    """A tensor the engine cannot carry. A TypeError, and a ValueError as Horovod raises for an
+    unsupported tensor type, so either `except` catches it."""
+
+
 def check_supported(tensor, what):
-    """Raises TypeError naming the op and the dtype when the engine cannot carry `tensor`."""
+    """Raises UnsupportedTensorError naming the op and the dtype when the engine cannot carry
+    `tensor`."""
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError("%s expects a torch.Tensor, got %s" % (what, type(tensor).__name__))
+        raise UnsupportedTensorError("%s expects a torch.Tensor, got %s"
+                                     % (what, type(tensor).__name__))
     if tensor.dtype not in ENGINE_TYPES:
         names = ", ".join(sorted(str(t).replace("torch.", "") for t in ENGINE_TYPES))
-        raise TypeError("%s: dtype %s is not supported by Nezha (supported: %s)"
-                        % (what, str(tensor.dtype).replace("torch.", ""), names))
+        raise UnsupportedTensorError("%s: dtype %s is not supported by Nezha (supported: %s)"
+                                     % (what, str(tensor.dtype).replace("torch.", ""), names))
     if tensor.is_sparse:
-        raise TypeError("%s: sparse tensors are not supported; pass tensor.to_dense()" % what)
+        raise UnsupportedTensorError("%s: sparse tensors are not supported; pass "
+                                     "tensor.to_dense()" % what)
 
 
 def engine_array(host):

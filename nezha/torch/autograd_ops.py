@@ -1,13 +1,18 @@
 """The synchronous collectives, differentiable like Horovod's.
 
-Gradient conventions (the same as horovod.torch, so scripts train the same):
+Gradient conventions (horovod.torch's, so scripts train the same and its test suite passes):
   allreduce Sum/Average -> the gradient is allreduced with the same op and scale factors;
   allreduce Min/Max     -> the summed gradient flows to the ranks whose input was selected;
   allreduce Product     -> the summed gradient times prod/x (undefined where x == 0);
+                           (Horovod allreduces the gradient with Min/Max/Product itself, which is
+                           not the derivative; COMPATIBILITY.md lists this difference);
+  grouped_allreduce     -> the same, tensor by tensor, as one grouped operation;
   allgather, broadcast  -> the gradient is averaged over ranks (Horovod >= 0.20), then sliced to this
                            rank's rows / kept only on the root;
   alltoall              -> the gradient goes back with alltoall using the received splits;
-  reducescatter         -> the gradient is allgathered and scaled like the forward op.
+  reducescatter         -> the gradient is multiplied by the size for Sum (not for Average) and by
+                           the prescale and postscale factors, then allgathered: Horovod's
+                           definition, size times the derivative for both ops.
 Backward ops are named after the forward op (`<name>.grad`) when it was named.
 """
 
@@ -45,12 +50,17 @@ class _Allreduce(torch.autograd.Function):
                              postscale_factor=post)
         else:
             tensor, result = ctx.saved_tensors
-            summed = allreduce(grad_output, name=name, op=Sum)
-            if ctx.op == Product:
-                grad = summed * result / tensor
-            else:
-                grad = summed * (tensor == result).to(summed.dtype)
+            grad = _selected_grad(ctx.op, allreduce(grad_output, name=name, op=Sum), tensor,
+                                  result)
         return grad, None, None, None, None
+
+
+def _selected_grad(op, summed, tensor, result):
+    """Min/Max/Product: the derivative of the reduction at this rank's input, given the summed
+    gradient of its output."""
+    if op == Product:
+        return summed * result / tensor
+    return summed * (tensor == result).to(summed.dtype)
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
@@ -66,19 +76,28 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op, name, prescale_factor, postscale_factor, *tensors):
-        if op not in (Sum, Average):
-            raise NotImplementedError("grouped_allreduce is differentiable only for Sum and "
-                                      "Average; use grouped_allreduce_async for %s" % op)
         ctx.op, ctx.name, ctx.scale = op, name, (prescale_factor, postscale_factor)
-        return tuple(synchronize(mpi_ops.grouped_allreduce_async(
+        results = tuple(synchronize(mpi_ops.grouped_allreduce_async(
             tensors, name=name, op=op, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor)))
+        if op not in (Sum, Average):
+            ctx.save_for_backward(*tensors, *results)
+        return results
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        grads = synchronize(mpi_ops.grouped_allreduce_async(
-            [g.contiguous() for g in grad_outputs], name=_grad_name(ctx.name), op=ctx.op,
-            prescale_factor=ctx.scale[0], postscale_factor=ctx.scale[1]))
+        grads = [g.contiguous() for g in grad_outputs]
+        if ctx.op in (Sum, Average):
+            grads = synchronize(mpi_ops.grouped_allreduce_async(
+                grads, name=_grad_name(ctx.name), op=ctx.op, prescale_factor=ctx.scale[0],
+                postscale_factor=ctx.scale[1]))
+        else:
+            saved = ctx.saved_tensors
+            count = len(grads)
+            summed = synchronize(mpi_ops.grouped_allreduce_async(
+                grads, name=_grad_name(ctx.name), op=Sum))
+            grads = [_selected_grad(ctx.op, s, t, r)
+                     for s, t, r in zip(summed, saved[:count], saved[count:])]
         return (None, None, None, None) + tuple(grads)
 
 
@@ -163,39 +182,70 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return output if splits is None else (output, received_splits)
 
 
+def _reducescatter_grad_factor(op, prescale_factor, postscale_factor):
+    """What Horovod multiplies a reducescatter's incoming gradient by before allgathering it."""
+    factor = size() if op == Sum else 1
+    return factor * prescale_factor * postscale_factor
+
+
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, name, prescale_factor, postscale_factor):
         if op not in (Sum, Average):
             raise NotImplementedError("reducescatter is differentiable only for Sum and Average; "
                                       "use reducescatter_async for %s" % op)
-        ctx.op, ctx.name = op, name
-        ctx.scale = prescale_factor * postscale_factor
+        ctx.name = name
+        ctx.factor = _reducescatter_grad_factor(op, prescale_factor, postscale_factor)
         return synchronize(mpi_ops.reducescatter_async(
             tensor, name=name, op=op, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(mpi_ops.allgather_async(grad_output.contiguous(),
-                                                   name=_grad_name(ctx.name)))
-        scale = ctx.scale / (size() if ctx.op == Average else 1)
-        return (grad * scale if scale != 1 else grad), None, None, None, None
+        grad = grad_output * ctx.factor if ctx.factor != 1 else grad_output
+        grad = synchronize(mpi_ops.allgather_async(grad.contiguous(), name=_grad_name(ctx.name)))
+        return grad, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces `tensor` over all ranks; rank r gets block r of dim 0 (differentiable)."""
     check_process_set(process_set)
+    mpi_ops.check_scatterable(tensor, "reducescatter")
     op = resolve_op(op, None)
     compressed, cctx = compression.compress(tensor)
     reduced = _Reducescatter.apply(compressed, op, name, prescale_factor, postscale_factor)
     return compression.decompress(reduced, cctx)
 
 
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op, name, prescale_factor, postscale_factor, *tensors):
+        if op not in (Sum, Average):
+            raise NotImplementedError("grouped_reducescatter is differentiable only for Sum and "
+                                      "Average; use grouped_reducescatter_async for %s" % op)
+        ctx.name = name
+        ctx.factor = _reducescatter_grad_factor(op, prescale_factor, postscale_factor)
+        return tuple(synchronize(mpi_ops.grouped_reducescatter_async(
+            list(tensors), name=name, op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = [(g * ctx.factor if ctx.factor != 1 else g).contiguous() for g in grad_outputs]
+        gathered = synchronize(mpi_ops.grouped_allgather_async(grads, name=_grad_name(ctx.name)))
+        return (None, None, None, None) + tuple(gathered)
+
+
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
-    """Reducescatters each tensor of a list (differentiable); returns a list."""
-    return [reducescatter(t, mpi_ops._member_name(name, i), compression, op, process_set,
-                          prescale_factor, postscale_factor) for i, t in enumerate(tensors)]
+    """Reducescatters each tensor of a list as one operation (differentiable); returns a list."""
+    check_process_set(process_set)
+    tensors = list(tensors)
+    for t in tensors:
+        mpi_ops.check_scatterable(t, "grouped_reducescatter")
+    op = resolve_op(op, None)
+    compressed, cctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    reduced = _GroupedReducescatter.apply(op, name, prescale_factor, postscale_factor, *compressed)
+    return [compression.decompress(r, c) for r, c in zip(reduced, cctxs)]

@@ -7,28 +7,31 @@ import numpy as np
 import torch
 
 from nezha.torch import mpi_ops
-from nezha.torch.basics import rank, size
+from nezha.torch.basics import check_process_set, global_process_set, rank, size
 from nezha.torch.handles import synchronize
 
 
 def broadcast_parameters(params, root_rank, prefix=None):
     """Overwrites every rank's tensors with root_rank's, in place.
 
-    `params` is a `state_dict()`, or an iterable of (name, tensor) such as `named_parameters()`.
-    Names key the broadcasts, so the order of `params` does not need to match across ranks.
+    `params` is a `state_dict()`, an iterable of (name, tensor) such as `named_parameters()`, or
+    (as in Horovod) a list of tensors. Names key the broadcasts, so the order of named `params`
+    does not need to match across ranks; unnamed tensors are matched by position, as Horovod does.
     """
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, list) or hasattr(params, "__iter__"):
-        items = list(params)
-        if any(not isinstance(item, tuple) or len(item) != 2 for item in items):
-            raise ValueError("broadcast_parameters expects a state_dict or (name, tensor) pairs")
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+        if any(len(item) != 2 for item in items):
+            raise ValueError("broadcast_parameters expects a state_dict, (name, tensor) pairs or "
+                             "a list of tensors")
     else:
         raise ValueError("invalid params of type: %s" % type(params))
     base = "broadcast_parameters" if prefix is None else prefix
     handles = [mpi_ops.broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p,
-                                        root_rank, name="%s.%s" % (base, name))
-               for name, p in items if p is not None]
+                                        root_rank,
+                                        name="%s.%s" % (base, name if name is not None else i))
+               for i, (name, p) in enumerate(items) if p is not None]
     for handle in handles:
         synchronize(handle)
 
@@ -64,14 +67,21 @@ def _join_tensors(obj, tensors):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank, prefix=None):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, prefix=None):
     """Makes every rank's optimizer state (hyper-parameters, moments, step counts) root_rank's.
 
     Ranks whose state is still empty (no step taken yet) receive it too: the state's structure is
     broadcast as a small pickled skeleton, then its tensors are broadcast in place, without pickling.
+    As in Horovod, a rank whose state is empty first gives every trainable parameter without a
+    gradient a zero one (sparse for SparseAdam, and for SGD on `model`'s sparse embeddings), so code
+    that reads or broadcasts `p.grad` afterwards finds a tensor; parameters that do not require a
+    gradient keep `grad is None`. Unlike Horovod, no dummy optimizer step is taken: parameters are
+    not touched and the state is exactly root_rank's.
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state:
+        _give_missing_grads(optimizer, model)
     base = "broadcast_optimizer_state" if prefix is None else prefix
     local_tensors = []
     skeleton = _split_tensors(optimizer.state_dict(), local_tensors)
@@ -89,6 +99,23 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix=None):
     for handle in handles:
         synchronize(handle)
     optimizer.load_state_dict(_join_tensors(skeleton, tensors))
+
+
+def _give_missing_grads(optimizer, model):
+    sparse_ids = set()
+    if model is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding) and m.sparse:
+                sparse_ids.update(id(p) for p in m.parameters())
+    sparse_optimizer = isinstance(optimizer, torch.optim.SparseAdam)
+    sgd = isinstance(optimizer, torch.optim.SGD)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                grad = torch.zeros_like(p)
+                if p.dim() and (sparse_optimizer or (sgd and id(p) in sparse_ids)):
+                    grad = grad.to_sparse(1)  # by rows, as an embedding's gradient
+                p.grad = grad
 
 
 def _collect_slots(obj, slots):
@@ -112,8 +139,9 @@ def _from_bytes(data):
     return torch.load(io.BytesIO(data.tobytes()), weights_only=False)
 
 
-def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns root_rank's `obj` on every rank (pickled; peers are authenticated by the engine)."""
+    check_process_set(process_set)
     base = "broadcast_object" if name is None else name
     payload = _to_bytes(obj) if rank() == root_rank else np.zeros(0, dtype=np.uint8)
     length = torch.tensor([payload.size], dtype=torch.int64)
@@ -125,8 +153,9 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     return _from_bytes(data.numpy())
 
 
-def allgather_object(obj, name=None, process_set=None):
+def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every rank's `obj`, in rank order."""
+    check_process_set(process_set)
     base = "allgather_object" if name is None else name
     payload = torch.from_numpy(_to_bytes(obj).copy())
     lengths = synchronize(mpi_ops.allgather_async(

@@ -188,6 +188,10 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Starts one allgather per tensor; the handle's result is the list of gathered tensors."""
+    check_process_set(process_set)
+    tensors = list(tensors)
+    for t in tensors:  # all checked before any is submitted, so a refusal leaves nothing in flight
+        _buffers.check_supported(t, "grouped_allgather")
     return CompositeHandle([allgather_async(t, _member_name(name, i), process_set)
                             for i, t in enumerate(tensors)])
 
@@ -252,13 +256,22 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return Handle(engine_handle, finish, keepalive=(tensor, host_in))
 
 
+def check_scatterable(tensor, what):
+    """Raises (TypeError, or ValueError for a 0-d tensor, as Horovod) unless `tensor` can be
+    reducescattered."""
+    _buffers.check_supported(tensor, what)
+    if tensor.dim() == 0:
+        raise ValueError("%s does not support scalar inputs: a 0-d tensor has no dimension 0 to "
+                         "scatter" % what)
+
+
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts reducing `tensor` over all ranks; rank r receives block r of dim 0 (lower ranks get
     the extra rows when dim 0 does not divide evenly)."""
     check_process_set(process_set)
     op = resolve_op(op, None)
-    _buffers.check_supported(tensor, "reducescatter")
+    check_scatterable(tensor, "reducescatter")
     if _buffers.needs_widening([tensor]):
         inner = reducescatter_async(tensor.detach().float(), name, op, process_set,
                                     prescale_factor, postscale_factor)
@@ -276,6 +289,12 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
+    """Starts one reducescatter per tensor; the handle's result is the list of this rank's blocks.
+    Every tensor is checked before any is submitted (a 0-d one raises ValueError, as in Horovod)."""
+    check_process_set(process_set)
+    tensors = list(tensors)
+    for t in tensors:
+        check_scatterable(t, "grouped_reducescatter")
     return CompositeHandle([
         reducescatter_async(t, _member_name(name, i), op, process_set, prescale_factor,
                             postscale_factor)

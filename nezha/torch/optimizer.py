@@ -13,7 +13,8 @@ from contextlib import contextmanager
 import torch
 
 from nezha.torch import mpi_ops
-from nezha.torch.basics import Adasum, Average, resolve_op, size
+from nezha.torch.basics import (Adasum, Average, check_process_set, global_process_set,
+                                resolve_op, size)
 from nezha.torch.compression import Compression
 from nezha.torch.functions import broadcast_object
 from nezha.torch.handles import synchronize
@@ -64,19 +65,20 @@ class _DistributedOptimizerMixin:
         for p in bucket:
             if p.grad is None:  # unused on this rank; another rank may have used it
                 p.grad = torch.zeros_like(p)
-            elif p.grad.is_sparse and self.sparse_as_dense:
-                p.grad = p.grad.to_dense()
         if self.op == Average:
             # Horovod's split of the average: the engine folds 1/size into the postscale.
             prescale = 1.0 / self.gradient_predivide_factor
             postscale = self.gradient_predivide_factor
         else:
             prescale = postscale = 1.0
-        if len(bucket) == 1 and bucket[0].grad.is_sparse:
+        if len(bucket) == 1 and bucket[0].grad.is_sparse and not self.sparse_as_dense:
             self._handles[bucket] = (mpi_ops.sparse_allreduce_async(
                 bucket[0].grad, self._parameter_names[bucket[0]], self.op), None)
             return
-        compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in bucket])
+        # sparse_as_dense: a dense copy is reduced; synchronize() hands the result back as a
+        # sparse gradient (optimizers such as SparseAdam accept nothing else), as Horovod does.
+        grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in bucket]
+        compressed, ctxs = zip(*[self._compression.compress(g) for g in grads])
         name = self._parameter_names[bucket[0]]
         if len(bucket) == 1:
             handle = mpi_ops.allreduce_async_(compressed[0], name=name, op=self.op,
@@ -103,7 +105,9 @@ class _DistributedOptimizerMixin:
                     results = results if isinstance(results, list) else [results]
                     for p, result, ctx in zip(bucket, results, ctxs):
                         reduced = self._compression.decompress(result, ctx)
-                        if reduced is not p.grad:
+                        if p.grad.is_sparse:  # reduced as dense (sparse_as_dense)
+                            p.grad = reduced.to_sparse(p.grad.sparse_dim()).coalesce()
+                        elif reduced is not p.grad:
                             p.grad.copy_(reduced)
                 for p in bucket:
                     self._passes_left[p] = self.backward_passes_per_step
@@ -209,7 +213,8 @@ def _form_buckets(trainable, groups, names):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         groups=None, sparse_as_dense=False, num_groups=0, process_set=None):
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
     """Wraps `optimizer` so that `step()` applies gradients averaged (or summed) over all ranks.
 
     The result is an instance of a subclass of `optimizer`'s class that shares its state and
@@ -222,9 +227,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("gradient_predivide_factor is supported only with op == Average")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be >= 1")
-    if process_set is not None:
-        from nezha.torch.basics import check_process_set
-        check_process_set(process_set)
+    check_process_set(process_set)
     if num_groups and groups is None:
         groups = num_groups
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizerMixin, optimizer.__class__), {})

@@ -56,7 +56,9 @@ def main():
     assert_close(x.grad, expected, "alltoall grad")
     report("alltoall grad")
 
-    for op, scale in [(hvd.Sum, 1.0), (hvd.Average, 1.0 / n)]:
+    # Horovod's definition (not the derivative): the allgathered gradient times size for Sum, the
+    # allgathered gradient itself for Average.
+    for op, scale in [(hvd.Sum, float(n)), (hvd.Average, 1.0)]:
         x = leaf(r, (2 * n, 3), 11)
         (hvd.reducescatter(x, op=op) * weights(r, (2, 3), 12)).sum().backward()
         expected = torch.cat([weights(d, (2, 3), 12) for d in range(n)]) * scale

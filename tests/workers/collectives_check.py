@@ -15,7 +15,7 @@ import nezha
 nezha.init()
 RANK, SIZE = nezha.rank(), nezha.size()
 SIZES = [0, 1, 7, (1 << 20) // 4 + 1]  # elements: empty, one, odd, >= 1 MiB + 1 of float32
-DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, ml_dtypes.bfloat16, np.float32,
+DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, ml_dtypes.bfloat16, np.float32,
           np.float64, np.bool_]
 OPS = {"Sum": nezha.Sum, "Average": nezha.Average, "Min": nezha.Min, "Max": nezha.Max,
        "Product": nezha.Product}
@@ -121,7 +121,7 @@ for n, got in zip((3, 0, 1000), outs):
     assert_close(got, ref, np.dtype(np.float32), f"group.{n}")
 
 # allgather: dim 0 differs per rank (rank 0 contributes no rows)
-for dtype in (np.float32, np.int64, np.uint8):
+for dtype in (np.float32, np.int64, np.uint8, np.int16):
     for row_shape in ((), (3,), (2, 5)):
         rows = [r % 3 for r in range(SIZE)]
         parts = [np.full((rows[r],) + row_shape, r + 1, dtype=dtype) for r in range(SIZE)]

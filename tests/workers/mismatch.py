@@ -48,6 +48,11 @@ if RANK == 1:
 else:
     expect_error(lambda: nezha.allreduce(np.ones(3, np.float32), name="kind"), "kind", "operation")
 
+# A grouped allreduce of 2 tensors on rank 0 and 3 elsewhere: the member only the larger groups
+# have fails too (else those ranks wait for it forever), within the same 5 s.
+expect_error(lambda: nezha.grouped_allreduce([np.ones(2, np.float32)] * (2 if RANK == 0 else 3),
+                                             name="grp"), "grp", "group")
+
 # Still usable, with the response cache warm (the same name twice).
 for step in range(3):
     out = nezha.allreduce(np.full(4, RANK + step, np.float32), op=nezha.Sum, name="after")

@@ -12,7 +12,8 @@ namespace nezha::collectives {
 // bool: Sum/Max = logical or, Min/Product = logical and.
 void reduce_into(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
 
-// buf[i] *= factor. Integers are scaled in double and rounded toward zero; no-op for factor == 1.
+// buf[i] *= factor, as Horovod scales: float32/float64 in their own type (the factor rounded to it),
+// float16/bfloat16 in float32, integers in double rounded toward zero; no-op for factor == 1.
 // Throws InvalidArgument for bool with factor != 1.
 void scale(void* buf, size_t count, DataType dtype, double factor);
 

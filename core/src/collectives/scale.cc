@@ -1,5 +1,6 @@
 // scale(): multiply every element by a factor (the engine's prescale/postscale, e.g. 1/size for
-// Average).
+// Average), with Horovod's arithmetic per dtype (its CPU ScaleBuffer): float32 and float64 in their
+// own type, float16 and bfloat16 in float32, integers in double and truncated toward zero.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,11 +14,12 @@
 namespace nezha::collectives {
 namespace {
 
-// float32 is scaled in double so the product is rounded once (a factor like 1/3 is not rounded to
-// float first).
+// Horovod's rule, so scaled results match it bit for bit: a tensor is multiplied in its own type,
+// the factor first rounded to that type (float32 x float(factor), float64 x factor).
 template <typename T>
 void scale_floating(T* __restrict buf, size_t n, double factor) {
-  for (size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
+  const T f = static_cast<T>(factor);
+  for (size_t i = 0; i < n; ++i) buf[i] *= f;
 }
 
 void scale_via_float(uint16_t* buf, size_t n, double factor, const HalfArrayConverters& cvt) {
@@ -65,6 +67,7 @@ void scale(void* buf, size_t count, DataType dtype, double factor) {
   switch (dtype) {
     case DataType::kUInt8: return scale_integer(static_cast<uint8_t*>(buf), count, factor);
     case DataType::kInt8: return scale_integer(static_cast<int8_t*>(buf), count, factor);
+    case DataType::kInt16: return scale_integer(static_cast<int16_t*>(buf), count, factor);
     case DataType::kInt32: return scale_integer(static_cast<int32_t*>(buf), count, factor);
     case DataType::kInt64: return scale_integer(static_cast<int64_t*>(buf), count, factor);
     case DataType::kFloat32: return scale_floating(static_cast<float*>(buf), count, factor);

@@ -19,8 +19,9 @@ enum class DataType : uint8_t {
   kFloat32 = 6,
   kFloat64 = 7,
   kBool = 8,
+  kInt16 = 9,  // appended: the values above are on the wire
 };
-constexpr int kNumDataTypes = 9;
+constexpr int kNumDataTypes = 10;
 
 enum class ReduceOp : uint8_t {
   kSum = 0,

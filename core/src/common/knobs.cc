@@ -12,7 +12,7 @@ const std::vector<KnobSpec>& knob_table() {
       {"NEZHA_FUSION_THRESHOLD", "67108864", "Largest fused allreduce buffer, in bytes (0 disables fusion)."},
       {"NEZHA_CYCLE_TIME_MS", "1", "How long the coordinator holds ready tensors while others are partially submitted, to fuse them."},
       {"NEZHA_TIMEOUT_S", "30", "Longest wait for a peer before an operation fails with NezhaError."},
-      {"NEZHA_STALL_CHECK_S", "60", "Warn when some ranks submitted a tensor and others did not for this long (0 disables)."},
+      {"NEZHA_STALL_CHECK_S", "60", "Warn on every rank when some ranks submitted a tensor and others did not for this long, naming both (0 disables)."},
       {"NEZHA_STALL_SHUTDOWN_S", "0", "Fail stalled tensors with NezhaError after this long (0 disables)."},
       {"NEZHA_LOG_LEVEL", "warning", "trace, debug, info, warning or error."},
       {"NEZHA_TIMELINE", "", "Write a Chrome-trace timeline (negotiation per tensor, shares per rail) to this file."},

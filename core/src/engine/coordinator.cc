@@ -67,6 +67,22 @@ void Coordinator::submit(int rank, std::vector<Request> requests, Clock::time_po
       add_join(rank);
       continue;
     }
+    if (!req.group.empty() && failed_groups_.count(req.group)) {
+      FailedGroup& g = failed_groups_[req.group];
+      if (g.owed[rank] > 0 && !pending_.count(req.name)) {
+        --g.owed[rank];
+        Response r;
+        r.kind = Response::Kind::kError;
+        r.type = req.type;
+        r.names = {req.name};
+        r.cache_ids = {-1};
+        r.error = g.error;
+        failed_.push_back(std::move(r));
+        if (std::all_of(g.owed.begin(), g.owed.end(), [](int32_t n) { return n <= 0; }))
+          failed_groups_.erase(req.group);
+        continue;
+      }
+    }
     Pending& p = pending_[req.name];
     if (p.by_rank.empty()) {
       p.by_rank.resize(opt_.size);
@@ -196,6 +212,8 @@ Response Coordinator::build(const std::string& name, Pending& p) {
     for (const auto& r : p.by_rank)
       if (r) { resp.type = r->type; break; }
     resp.cache_ids = {-1};
+    for (const auto& r : p.by_rank)
+      if (r && !r->group.empty()) fail_group(r->group, resp.error);
     return resp;
   }
   const Request* first = nullptr;
@@ -289,7 +307,58 @@ std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
   return out;
 }
 
+void Coordinator::fail_group(const std::string& group, const std::string& error) {
+  if (failed_groups_.count(group)) return;
+  // Members seen so far, per rank: those pending and those ready (promoted together with the one
+  // that failed, so none of them has been executed yet).
+  std::vector<int32_t> seen(opt_.size, 0), expected(opt_.size, 0);
+  auto count = [&](const Pending& p) {
+    for (int r = 0; r < opt_.size; ++r)
+      if (p.by_rank[r] && p.by_rank[r]->group == group) {
+        ++seen[r];
+        expected[r] = p.by_rank[r]->group_size;
+      }
+  };
+  for (const auto& [name, p] : pending_) count(p);
+  for (const auto& [name, p] : ready_) count(p);
+  std::string why = error + " (so every member of group '" + group + "' fails)";
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    bool member = std::any_of(it->second.by_rank.begin(), it->second.by_rank.end(),
+                              [&](const auto& q) { return q && q->group == group; });
+    if (!member) {
+      ++it;
+      continue;
+    }
+    Response r;
+    r.kind = Response::Kind::kError;
+    for (const auto& q : it->second.by_rank)
+      if (q) { r.type = q->type; break; }
+    r.names = {it->first};
+    r.cache_ids = {-1};
+    r.error = why;
+    failed_.push_back(std::move(r));
+    it = pending_.erase(it);
+  }
+  FailedGroup g;
+  g.error = why;
+  g.owed.resize(opt_.size);
+  bool owed = false;
+  for (int r = 0; r < opt_.size; ++r) {
+    g.owed[r] = std::max(0, expected[r] - seen[r]);
+    owed = owed || g.owed[r] > 0;
+  }
+  if (owed) failed_groups_[group] = std::move(g);
+}
+
 std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
+  std::vector<Response> built = take_ready_built(now);  // may fail more group members
+  std::vector<Response> out = std::move(failed_);
+  failed_.clear();
+  out.insert(out.end(), std::make_move_iterator(built.begin()), std::make_move_iterator(built.end()));
+  return out;
+}
+
+std::vector<Response> Coordinator::take_ready_built(Clock::time_point now) {
   std::vector<Response> out;
   bool all_joined = std::all_of(joined_.begin(), joined_.end(), [](bool b) { return b; });
   if (!ready_.empty()) {
@@ -340,6 +409,7 @@ std::vector<Response> Coordinator::take_inline_ready() {
 std::optional<Clock::time_point> Coordinator::next_wakeup(Clock::time_point now) const {
   std::optional<Clock::time_point> t;
   auto earlier = [&](Clock::time_point c) { if (!t || c < *t) t = c; };
+  if (!failed_.empty()) earlier(now);
   if (oldest_ready_)
     earlier(*oldest_ready_ + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(opt_.cycle_time_s)));
@@ -376,6 +446,12 @@ std::string Coordinator::missing_ranks(const Pending& p) const {
          " of " + std::to_string(any ? any->group_size : 0) + " members ready";
 }
 
+std::vector<std::string> Coordinator::take_notices() {
+  std::vector<std::string> out = std::move(notices_);
+  notices_.clear();
+  return out;
+}
+
 std::vector<Response> Coordinator::check_stalls(Clock::time_point now) {
   std::vector<Response> failed;
   for (auto it = pending_.begin(); it != pending_.end();) {
@@ -383,8 +459,13 @@ std::vector<Response> Coordinator::check_stalls(Clock::time_point now) {
     double age = std::chrono::duration<double>(now - p.first_seen).count();
     if (opt_.stall_check_s > 0 && age >= opt_.stall_check_s && !p.stall_warned) {
       p.stall_warned = true;
-      NZ_LOG(Warning) << "stall: tensor '" << name << "' was submitted by some ranks "
-                      << static_cast<int>(age) << " s ago but " << missing_ranks(p);
+      std::vector<int> by;
+      for (int r = 0; r < opt_.size; ++r)
+        if (p.by_rank[r]) by.push_back(r);
+      std::string notice = "stall: tensor '" + name + "' was submitted by " + ranks_str(by) + " " +
+                           std::to_string(static_cast<int>(age)) + " s ago but " + missing_ranks(p);
+      NZ_LOG(Warning) << notice;
+      notices_.push_back(std::move(notice));
     }
     if (opt_.stall_shutdown_s > 0 && age >= opt_.stall_shutdown_s) {
       Response r;

@@ -57,7 +57,12 @@ class Coordinator {
   // stall_shutdown_s returns error responses for tensors stalled that long.
   std::vector<Response> check_stalls(Clock::time_point now);
 
-  bool has_pending() const { return !pending_.empty() || !ready_.empty(); }
+  // The stall warnings check_stalls logged since the last call, for the engine to send to every
+  // other rank: a rank blocked on a tensor learns which ranks it waits for, and a rank that never
+  // submitted it learns that others wait for it.
+  std::vector<std::string> take_notices();
+
+  bool has_pending() const { return !pending_.empty() || !ready_.empty() || !failed_.empty(); }
 
  private:
   struct Pending {
@@ -75,9 +80,14 @@ class Coordinator {
   Response build(const std::string& name, Pending& p);
   void remember(const std::string& name, const Pending& p, Response& r);
   std::vector<Response> fuse(std::vector<Response> in) const;
+  std::vector<Response> take_ready_built(Clock::time_point now);
   // While the others are held for fusion: the ready tensors whose response carries a result.
   std::vector<Response> take_inline_ready();
   std::string missing_ranks(const Pending& p) const;
+  // A grouped tensor failed validation: its group's other members fail too, those pending now and
+  // those each rank still owes by its own group_size (else a rank whose group was larger waits for
+  // them forever).
+  void fail_group(const std::string& group, const std::string& error);
 
   CoordinatorOptions opt_;
   std::map<std::string, Pending> pending_;
@@ -87,6 +97,13 @@ class Coordinator {
   int last_joined_ = -1;
   std::unordered_map<std::string, int32_t> cache_index_;
   std::vector<std::vector<Request>> cache_;  // [id][rank]
+  std::vector<std::string> notices_;
+  struct FailedGroup {
+    std::vector<int32_t> owed;  // per rank: members not yet seen
+    std::string error;
+  };
+  std::map<std::string, FailedGroup> failed_groups_;
+  std::vector<Response> failed_;  // errors decided outside take_ready, sent with its next batch
 };
 
 }  // namespace nezha::engine

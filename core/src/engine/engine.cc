@@ -380,6 +380,15 @@ void Engine::check_liveness(Clock::time_point now) {
   }
 }
 
+void Engine::send_notices(std::vector<std::string> notices) {
+  // Out of band: a notice is logged on arrival, never executed, so it needs no place in the order.
+  if (notices.empty() || config_.size < 2) return;
+  ResponseList list;
+  list.notices = std::move(notices);
+  std::string bytes = encode(list);
+  for (int peer = 1; peer < config_.size; ++peer) control_->send(peer, bytes);
+}
+
 void Engine::broadcast_fatal(const std::string& reason) {
   // Best effort: tell the surviving workers why before closing, so every rank names the culprit.
   ResponseList list;
@@ -574,6 +583,8 @@ void Engine::on_control_message(int peer, const std::string& payload) {
     if (peer != 0)
       throw ProtocolError("rank " + std::to_string(peer) + " sent a response list; only rank 0 does");
     ResponseList list = decode_response_list(payload);
+    for (const auto& n : list.notices) NZ_LOG(Warning) << rank_prefix(config_.rank) << n;
+    if (list.is_notice_only()) return;
     if (!list.fatal.empty()) {
       fail_everything(list.fatal);
       finished_ = true;
@@ -600,6 +611,7 @@ void Engine::loop() {
       if (config_.rank == 0) {
         dispatch(coordinator_->take_ready(now));
         dispatch(coordinator_->check_stalls(now));
+        send_notices(coordinator_->take_notices());
         if (std::all_of(peer_shutdown_.begin(), peer_shutdown_.end(), [](bool b) { return b; })) {
           ResponseList bye;
           bye.shutdown = true;

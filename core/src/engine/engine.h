@@ -187,6 +187,7 @@ class Engine {
   Clock::time_point last_sent_;                // last control message this rank sent
   void send_heartbeats(Clock::time_point now);
   void check_liveness(Clock::time_point now);
+  void send_notices(std::vector<std::string> notices);  // rank 0: stall warnings to every rank
   void broadcast_fatal(const std::string& reason);
   bool shutdown_sent_ = false;
   std::atomic<bool> finished_{false};

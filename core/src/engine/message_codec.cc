@@ -236,6 +236,8 @@ std::string encode(const ResponseList& list) {
   put_rail_events(w, list.rail_events);
   w.put_vector<uint64_t>(list.watermark);
   w.put<uint64_t>(list.round);
+  w.put<uint32_t>(static_cast<uint32_t>(list.notices.size()));
+  for (const auto& n : list.notices) w.put_string(n);
   return w.take();
 }
 
@@ -308,6 +310,8 @@ ResponseList decode_response_list(const std::string& bytes) {
   list.rail_events = get_rail_events(rd);
   list.watermark = rd.get_vector<uint64_t>();
   list.round = rd.get<uint64_t>();
+  uint32_t nn = rd.get_count(kMaxItems, "notices");
+  for (uint32_t i = 0; i < nn; ++i) list.notices.push_back(rd.get_string());
   rd.expect_end();
   return list;
 }

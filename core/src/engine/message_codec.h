@@ -65,6 +65,14 @@ struct ResponseList {
   // The last cache round rank 0 had started when it sent this list: every rank executes the list
   // after that round's operations and before the next round's (cache_rounds.h).
   uint64_t round = 0;
+  // Rank 0's stall warnings, logged by every rank on arrival. A list carrying only these is not
+  // executed and does not take part in the ordering above (is_notice_only).
+  std::vector<std::string> notices;
+
+  bool is_notice_only() const {
+    return !notices.empty() && responses.empty() && !shutdown && fatal.empty() &&
+           estimates.empty() && rail_events.empty() && watermark.empty();
+  }
 };
 
 // One rank's vector in a cache round (cache_rounds.h), sent to every other rank.

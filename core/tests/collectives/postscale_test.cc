@@ -59,7 +59,7 @@ TEST(Postscale, EqualsReducingThenScalingOnEveryRankForEveryAlgorithm) {
   } cases[] = {{DataType::kFloat32, ReduceOp::kAverage, 1.0 / 3}, {DataType::kFloat32, ReduceOp::kSum, 2.5},
                {DataType::kFloat64, ReduceOp::kAverage, 1.0 / 3}, {DataType::kFloat16, ReduceOp::kAverage, 0.25},
                {DataType::kBFloat16, ReduceOp::kMax, 1.0 / 3},    {DataType::kInt32, ReduceOp::kAverage, 1.0 / 3},
-               {DataType::kUInt8, ReduceOp::kSum, 0.5}};
+               {DataType::kUInt8, ReduceOp::kSum, 0.5},         {DataType::kInt16, ReduceOp::kAverage, 1.0 / 3}};
   const size_t counts[] = {1, 3, 1000, 4099};  // fewer elements than ranks; many segments
   for (Algorithm algo : {Algorithm::kRingPipelined, Algorithm::kRingLockStep, Algorithm::kLogStep})
     for (int size : {1, 2, 3, 4})

@@ -31,7 +31,8 @@ TEST_P(ReducescatterTest, RankRGetsTheReductionOfBlockR) {
   const std::pair<DataType, ReduceOp> cases[] = {{DataType::kFloat32, ReduceOp::kSum},
                                                  {DataType::kInt32, ReduceOp::kMax},
                                                  {DataType::kFloat16, ReduceOp::kSum},
-                                                 {DataType::kInt64, ReduceOp::kProduct}};
+                                                 {DataType::kInt64, ReduceOp::kProduct},
+                                                 {DataType::kInt16, ReduceOp::kSum}};
   for (const auto& counts : {same, uneven}) {
     for (const auto& [dtype, op] : cases) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + reduce_op_name(op));

@@ -13,13 +13,21 @@
 namespace nezha::collectives {
 namespace {
 
-TEST(Scale, Float32IsScaledWithOneRounding) {
-  std::vector<float> v = {1.0f, 3.0f, -7.5f, 1e-30f, 0.1f};
+// Horovod multiplies a float32 tensor by float(factor) in float32; rounding the product of the
+// doubles once instead differs in the last bit for some inputs (checked below, so the test would
+// notice a return to double arithmetic).
+TEST(Scale, Float32IsScaledInFloat32LikeHorovod) {
+  std::vector<float> v;
+  for (int i = 1; i <= 2000; ++i) v.push_back(static_cast<float>(i) * 0.37f - 300.0f);
   const std::vector<float> in = v;
-  scale(v.data(), v.size(), DataType::kFloat32, 1.0 / 3.0);
+  const double factor = 0.1915194503788923;  // numpy.random.seed(1234); numpy.random.uniform()
+  scale(v.data(), v.size(), DataType::kFloat32, factor);
+  int differs_from_double = 0;
   for (size_t i = 0; i < v.size(); ++i) {
-    EXPECT_EQ(v[i], static_cast<float>(static_cast<double>(in[i]) / 3.0)) << i;
+    ASSERT_EQ(v[i], in[i] * static_cast<float>(factor)) << i;
+    differs_from_double += v[i] != static_cast<float>(static_cast<double>(in[i]) * factor);
   }
+  EXPECT_GT(differs_from_double, 0);
 }
 
 TEST(Scale, Float64) {
@@ -32,6 +40,10 @@ TEST(Scale, IntegersRoundTowardZeroAndSaturate) {
   std::vector<int32_t> i32 = {7, -7, 1, -1, 2000000000, std::numeric_limits<int32_t>::min()};
   scale(i32.data(), i32.size(), DataType::kInt32, 0.5);
   EXPECT_EQ(i32, (std::vector<int32_t>{3, -3, 0, 0, 1000000000, -1073741824}));
+
+  std::vector<int16_t> i16 = {7, -7, 30000, -30000};
+  scale(i16.data(), i16.size(), DataType::kInt16, 1.5);
+  EXPECT_EQ(i16, (std::vector<int16_t>{10, -10, 32767, -32768}));
 
   std::vector<int8_t> i8 = {100, -100, 5};
   scale(i8.data(), i8.size(), DataType::kInt8, 2.0);
