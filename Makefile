@@ -49,9 +49,6 @@ SAN_CMAKE = PATH=$(abspath $(VENV))/bin:$$PATH cmake -S . -G Ninja -DCMAKE_BUILD
 export ASAN_OPTIONS ?= detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
-# Tests that are about wall-clock limits (failover within 100 ms, watchdogs) measure the sanitizer,
-# not the code, at TSan's 5-15x slowdown: that tier runs the rest.
-TSAN_SKIP := StallWatchdog|FailsOverWithin|Timing|Throughput
 
 # One ASan build serves both tiers: the C++ tests and the sanitized Python module.
 build/asan/.built: $(CORE_SOURCES) | system-deps $(VENV)/.deps-stamp
@@ -71,7 +68,7 @@ test-asan: build/asan/.built
 	cd build/asan && ctest --output-on-failure -j2
 
 test-tsan: build/tsan/.built
-	cd build/tsan && ctest --output-on-failure -j2 -E '$(TSAN_SKIP)'
+	cd build/tsan && ctest --output-on-failure -j2
 
 test-py-asan: build/asan/.built | setup
 	bash scripts/asan_python.sh build/asan $(PY) -m pytest -q -p no:cacheprovider \

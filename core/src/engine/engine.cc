@@ -386,7 +386,8 @@ void Engine::send_notices(std::vector<std::string> notices) {
   ResponseList list;
   list.notices = std::move(notices);
   std::string bytes = encode(list);
-  for (int peer = 1; peer < config_.size; ++peer) control_->send(peer, bytes);
+  for (int peer = 1; peer < config_.size; ++peer)
+    if (!peer_shutdown_[peer]) control_->send(peer, bytes);
 }
 
 void Engine::broadcast_fatal(const std::string& reason) {
