@@ -2,8 +2,8 @@
 import ml_dtypes
 import numpy as np
 
-DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, ml_dtypes.bfloat16, np.float32,
-          np.float64, np.bool_]
+DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, ml_dtypes.bfloat16,
+          np.float32, np.float64, np.bool_]
 
 
 def make_input(rank, n, dtype, op_name, salt=0):
