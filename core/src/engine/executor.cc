@@ -168,7 +168,11 @@ void Executor::run_share(ShareRecord& rec) {
   const size_t esize = dtype_size(job.resp.dtype);
   const size_t bytes = rec.share.count * esize;
   uint8_t* target = job.data + rec.share.offset * esize;
-  if (job.finished && !rec.into_scratch) return;  // failed for good (fail_all)
+  if (job.finished && !rec.into_scratch) return;
+  if (fatal_) {  // fail_all: the job cannot go on; skipped, counted as failed
+    if (!rec.into_scratch) fail_part(job, fatal_error(job.resp));
+    return;
+  }
   record_started(rec, target, bytes);
   const uint8_t* range = target;
   BufferPool::Buffer scratch;
@@ -199,16 +203,28 @@ void Executor::run_share(ShareRecord& rec) {
     std::string what = "allreduce of " + names_str(job.resp) + " failed on rail '" +
                        rail->properties().name + "': " + e.what();
     if (record_lost(rec, what)) return;
-    {
-      std::lock_guard<std::mutex> lock(job.mu);
-      if (job.error.empty()) job.error = what;
-    }
-    if (!rec.into_scratch) part_done(job);
+    if (rec.into_scratch) return;
+    std::string fatal = fatal_error(job.resp);  // the cause, rather than the rail's abort
+    fail_part(job, fatal.empty() ? what : fatal);
   }
 }
 
 void Executor::part_done(AllreduceJob& job) {
   if (--job.parts_left == 0 && !job.finished.exchange(true)) finish_allreduce(job);
+}
+
+void Executor::fail_part(AllreduceJob& job, const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    if (job.error.empty()) job.error = what;
+  }
+  part_done(job);
+}
+
+std::string Executor::fatal_error(const Response& resp) const {
+  if (!fatal_) return {};
+  std::lock_guard<std::mutex> lock(ledger_mu_);
+  return std::string(op_type_name(resp.type)) + " of " + names_str(resp) + ": " + fatal_reason_;
 }
 
 void Executor::finish_allreduce(AllreduceJob& job) {

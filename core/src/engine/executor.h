@@ -104,8 +104,10 @@ class Executor {
   void redo(int rail, uint64_t first, int target);
   // Drops kept copies of shares every rank has completed (watermark per rail).
   void trim(const std::vector<uint64_t>& watermark);
-  // The job cannot go on: completes every unfinished allreduce with `reason`; later failures are
-  // plain errors (any thread).
+  // The job cannot go on: every unfinished operation fails with `reason`; later failures are plain
+  // errors (any thread). An operation completes only once no rail touches its buffers any more: one
+  // waiting for a redo at once, a queued share when its worker skips it, a running one when it has
+  // failed (the engine aborts the rails next).
   void fail_all(const std::string& reason);
 
  private:
@@ -119,6 +121,10 @@ class Executor {
                   const void* input, void* output, OpResult& res);
   static size_t single_input_bytes(const SingleJob& job);
   void part_done(AllreduceJob& job);
+  // One share of `job` failed for good: the job's first error is `what`; counts as done.
+  void fail_part(AllreduceJob& job, const std::string& what);
+  // With fail_all called: "<op> of <names>: <reason>", else "".
+  std::string fatal_error(const Response& resp) const;
   collectives::CollectiveOptions options(uint64_t seq, double timeout_s) const;
   // A zeroed float32 allreduce of `bytes` on the rail, timed and reported to the observer as
   // `label`; on the rail's worker (calibration, probes).
@@ -151,6 +157,7 @@ class Executor {
   mutable std::mutex ledger_mu_;
   std::vector<std::deque<std::shared_ptr<ShareRecord>>> ledger_;  // per rail, in seq order
   std::atomic<bool> fatal_{false};
+  std::string fatal_reason_;  // guarded by ledger_mu_; set once, with fatal_
   std::unique_ptr<RailWatchdog> watchdog_;
   std::vector<std::unique_ptr<RailWorker>> workers_;  // last: destroyed first
 };

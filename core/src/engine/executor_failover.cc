@@ -152,27 +152,27 @@ void Executor::trim(const std::vector<uint64_t>& watermark) {
 }
 
 void Executor::fail_all(const std::string& reason) {
-  fatal_ = true;
-  std::vector<std::shared_ptr<ShareRecord>> records;
+  std::vector<std::shared_ptr<ShareRecord>> lost;
   {
     std::lock_guard<std::mutex> lock(ledger_mu_);
+    if (!fatal_) fatal_reason_ = reason;
+    fatal_ = true;
     for (auto& q : ledger_) {
-      records.insert(records.end(), q.begin(), q.end());
+      for (auto& rec : q)
+        if (rec->state == ShareRecord::State::kLost && !rec->into_scratch) lost.push_back(rec);
       q.clear();
     }
   }
-  for (auto& rec : records) {
+  // Queued and running shares complete their operations from their workers (run_share and
+  // run_single_record see fatal_), when no rail touches the buffers any more. A lost share waits
+  // for a redo that will not come now, and nothing touches it: fail it here.
+  for (auto& rec : lost) {
     if (rec->single) {
       SingleJob& job = *rec->single;
-      if (!job.finished.exchange(true))
-        job.entry.handle->complete(std::string(op_type_name(job.resp.type)) + " of '" +
-                                   job.entry.req.name + "': " + reason);
-      continue;
+      if (!job.finished.exchange(true)) job.entry.handle->complete(fatal_error(job.resp));
+    } else {
+      fail_part(*rec->job, fatal_error(rec->job->resp));
     }
-    AllreduceJob& job = *rec->job;
-    if (job.finished.exchange(true)) continue;
-    for (auto& e : job.entries)
-      if (e.handle) e.handle->complete("allreduce of '" + e.req.name + "': " + reason);
   }
 }
 

@@ -40,6 +40,10 @@ void Executor::run_single_record(ShareRecord& rec) {
   const Response& resp = job.resp;
   const int r = rec.share.rail;
   if (job.finished && !rec.into_scratch) return;
+  if (fatal_) {  // fail_all: the job cannot go on; skipped
+    if (!rec.into_scratch && !job.finished.exchange(true)) e.handle->complete(fatal_error(resp));
+    return;
+  }
   const size_t in_bytes = single_input_bytes(job);
   record_started(rec, e.input, in_bytes);
   const void* input = rec.is_redo && in_bytes > 0 ? rec.original.data() : e.input;
@@ -68,8 +72,10 @@ void Executor::run_single_record(ShareRecord& rec) {
     std::string msg = what +
                       " failed on rail '" + rails_[r]->properties().name + "': " + ex.what();
     if (record_lost(rec, msg)) return;
-    NZ_LOG(Error) << msg;
-    if (!rec.into_scratch && !job.finished.exchange(true)) e.handle->complete(msg);
+    std::string fatal = fatal_error(resp);  // the cause, rather than the rail's abort
+    if (fatal.empty()) NZ_LOG(Error) << msg;
+    if (!rec.into_scratch && !job.finished.exchange(true))
+      e.handle->complete(fatal.empty() ? msg : fatal);
   }
 }
 
