@@ -8,11 +8,12 @@ from . import _core
 from ._core import NezhaError
 from .basics import (NotInitializedError, cross_rank, cross_size, init, is_initialized, local_rank,
                      local_size, rail_stats, rank, shutdown, size)
-from .handle import Handle
+from .handle import Handle, poll, synchronize
+from .objects import allgather_object, broadcast_object
 from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_async,
                   allreduce, allreduce_async, alltoall, alltoall_async, barrier, broadcast,
-                  broadcast_async, grouped_allreduce, grouped_allreduce_async, join, poll,
-                  reducescatter, reducescatter_async, synchronize)
+                  broadcast_async, grouped_allreduce, grouped_allreduce_async, join,
+                  reducescatter, reducescatter_async)
 
 DataType = _core.DataType
 
@@ -25,4 +26,5 @@ __all__ = [
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
     "allgather", "allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
+    "broadcast_object", "allgather_object",
 ]

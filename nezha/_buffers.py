@@ -14,6 +14,13 @@ from . import _core
 
 DataType = _core.DataType
 
+# ml_dtypes is a declared dependency, yet `import nezha` works without it (no numpy bfloat16).
+try:
+    import ml_dtypes
+    BFLOAT16: Optional[np.dtype] = np.dtype(ml_dtypes.bfloat16)
+except ImportError:
+    BFLOAT16 = None
+
 
 def as_array(x: Any, what: str = "tensor") -> Tuple[np.ndarray, Optional[DataType]]:
     """Returns (numpy view of x, dtype override or None). Raises TypeError/ValueError on bad input.
@@ -57,6 +64,5 @@ def numpy_dtype_for(dtype: DataType) -> np.dtype:
 def present(result: np.ndarray, override: Optional[DataType]) -> np.ndarray:
     """Views an engine result in the user's dtype (bfloat16 results come back as uint16 storage)."""
     if override is not None and override == DataType.bfloat16 and result.dtype == np.uint16:
-        import ml_dtypes
-        return result.view(ml_dtypes.bfloat16)
+        return result.view(BFLOAT16)
     return result

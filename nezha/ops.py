@@ -212,13 +212,3 @@ def join(timeout_s: Optional[float] = None) -> int:
     allreduces with zeros. Returns the rank that joined last."""
     h = _engine().submit(OpType.join, "join")
     return Handle([h], lambda: h.last_joined_rank, ["join"]).wait(timeout_s)
-
-
-def poll(handle: Handle) -> bool:
-    """True once the operation behind ``handle`` has finished."""
-    return handle.poll()
-
-
-def synchronize(handle: Handle, timeout_s: Optional[float] = None) -> Any:
-    """Waits for ``handle`` and returns its result (raises NezhaError if it failed)."""
-    return handle.wait(timeout_s)

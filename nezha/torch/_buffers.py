@@ -17,21 +17,16 @@ exact, and reductions are done on a float32 copy and rounded back (see `REDUCES_
 import numpy as np
 import torch
 
-try:
-    import ml_dtypes
-    _BF16_NUMPY = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # optional dependency
-    _BF16_NUMPY = None
+import nezha
+from nezha._buffers import BFLOAT16
 
 # True when bf16 tensors can be reduced by the engine's own bf16 kernels.
-REDUCES_BFLOAT16 = _BF16_NUMPY is not None
+REDUCES_BFLOAT16 = BFLOAT16 is not None
 
-# Element types the engine reduces natively and numpy can describe.
-_NUMPY_TYPES = {
-    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.float16, torch.float32, torch.float64, torch.bool,
-}
-ENGINE_TYPES = frozenset(_NUMPY_TYPES | {torch.bfloat16})
+# The torch dtypes named like the engine's own DataType values (never listed by hand); numpy
+# describes every one of them but bfloat16.
+ENGINE_TYPES = frozenset(getattr(torch, name) for name in nezha.DataType.__members__)
+_NUMPY_TYPES = ENGINE_TYPES - {torch.bfloat16}
 
 
 class UnsupportedTensorError(TypeError, ValueError):
@@ -64,8 +59,8 @@ def engine_array(host):
     host = host.detach()
     if host.dtype in _NUMPY_TYPES:
         return host.numpy()
-    if _BF16_NUMPY is not None:
-        return host.view(torch.int16).numpy().view(_BF16_NUMPY)
+    if BFLOAT16 is not None:
+        return host.view(torch.int16).numpy().view(BFLOAT16)
     return host.view(torch.float16).numpy()
 
 
@@ -81,11 +76,7 @@ def widen_bfloat16(tensors):
 
 
 def tensor_from_engine(result, dtype):
-    """Wraps an array the engine returned as a CPU tensor of `dtype`, without copying."""
-    if isinstance(result, torch.Tensor):
-        return result
-    if not isinstance(result, np.ndarray):
-        return torch.from_dlpack(result)
+    """Wraps a numpy array the engine returned as a CPU tensor of `dtype`, without copying."""
     if dtype in _NUMPY_TYPES:
         return torch.from_numpy(result)
     # bfloat16 arrives as a 2-byte numpy dtype (ml_dtypes.bfloat16 or raw uint16): same bits.

@@ -18,11 +18,13 @@ Backward ops are named after the forward op (`<name>.grad`) when it was named.
 
 import torch
 
+from nezha.basics import rank, size
+from nezha.compression import compress_all, decompress_all
+from nezha.handle import synchronize
+from nezha.horovod_api import Average, Max, Min, Product, Sum, resolve_op
+from nezha.process_sets import check_process_set, global_process_set
 from nezha.torch import mpi_ops
-from nezha.torch.basics import (Average, Max, Min, Product, Sum, check_process_set,
-                                global_process_set, rank, resolve_op, size)
 from nezha.torch.compression import Compression
-from nezha.torch.handles import synchronize
 
 
 def _grad_name(name, suffix="grad"):
@@ -106,9 +108,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """Reduces a list of tensors as one operation; returns a list of new tensors."""
     check_process_set(process_set)
     op = resolve_op(op, average)
-    compressed, cctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    compressed, cctxs = compress_all(compression, tensors)
     reduced = _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, *compressed)
-    return [compression.decompress(r, c) for r, c in zip(reduced, cctxs)]
+    return decompress_all(compression, reduced, cctxs)
 
 
 class _Allgather(torch.autograd.Function):
@@ -246,6 +248,6 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     for t in tensors:
         mpi_ops.check_scatterable(t, "grouped_reducescatter")
     op = resolve_op(op, None)
-    compressed, cctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    compressed, cctxs = compress_all(compression, tensors)
     reduced = _GroupedReducescatter.apply(op, name, prescale_factor, postscale_factor, *compressed)
-    return [compression.decompress(r, c) for r, c in zip(reduced, cctxs)]
+    return decompress_all(compression, reduced, cctxs)

@@ -1,52 +1,30 @@
-"""Gradient compression applied around allreduce (Horovod's `Compression.none/fp16`, plus bf16)."""
+"""Gradient compression applied around allreduce (Horovod's `Compression.none/fp16`, plus bf16):
+nezha.compression's compressors with torch's dtype hooks."""
 
 import torch
 
+from nezha.compression import CastCompressor, Compressor, NoneCompressor
 
-class Compressor:
-    """compress(tensor) -> (tensor_to_send, ctx); decompress(received, ctx) -> tensor."""
 
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
+class _TorchCastCompressor(CastCompressor):
+    """Casts torch tensors (`tensor.dtype` serves as `dtype_of`, as for numpy)."""
 
     @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
+    def is_floating(tensor):
+        return tensor.dtype.is_floating_point
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+    def cast(tensor, dtype):
+        return tensor.type(dtype)
 
 
-class _CastCompressor(Compressor):
-    """Sends floating-point tensors as `wire_dtype` and casts results back; other dtypes pass."""
-
-    wire_dtype = None
-
-    @classmethod
-    def compress(cls, tensor):
-        if tensor.dtype.is_floating_point and tensor.dtype != cls.wire_dtype:
-            return tensor.type(cls.wire_dtype), tensor.dtype
-        return tensor, None
-
-    @classmethod
-    def decompress(cls, tensor, ctx):
-        return tensor if ctx is None else tensor.type(ctx)
-
-
-class FP16Compressor(_CastCompressor):
+class FP16Compressor(_TorchCastCompressor):
     wire_dtype = torch.float16
 
 
-class BF16Compressor(_CastCompressor):
-    """Like fp16 with float32's exponent range: no overflow of large gradients, fewer mantissa bits."""
+class BF16Compressor(_TorchCastCompressor):
+    """Like fp16 with float32's exponent range: no overflow of large gradients, fewer mantissa
+    bits."""
 
     wire_dtype = torch.bfloat16
 
@@ -55,3 +33,6 @@ class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+
+
+__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor", "Compression"]

@@ -1,86 +1,21 @@
-"""Horovod's elastic API (`hvd.elastic`) on the fixed set of ranks nezharun starts.
-
-Scripts written for elastic Horovod (`@hvd.elastic.run`, `hvd.elastic.TorchState`, `ElasticSampler`)
-run unchanged. What they get is what Horovod gives a job launched without elastic options: the state
-is synchronized from rank 0 when the training function starts, `commit()` keeps a copy, `restore()`
-goes back to it, and `ElasticSampler` shards what is left of an epoch. What they do not get is a
-change of workers: nezharun has no elastic mode, so `check_host_updates()` never finds one, and a
-failed collective (a lost rank, a timeout) restores the last commit and is raised instead of being
-retried with the ranks that remain.
-"""
+"""Horovod's elastic API (`hvd.elastic`) for torch: nezha.elastic's state and sampler, plus what
+touches torch. Ranks are never added or replaced (see nezha.elastic)."""
 
 import copy
-import functools
-import math
-import random
 
 import torch
 
-from nezha.torch.basics import HorovodInternalError, rank, size
+import nezha.elastic
+from nezha.elastic import run
 from nezha.torch.functions import (
-    allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
+    broadcast_object, broadcast_optimizer_state, broadcast_parameters)
 
 
-class ObjectState:
-    """Named values kept in sync across ranks (`state.epoch`, `state.batch`, ...)."""
+class ObjectState(nezha.elastic.ObjectState):
+    """Named values kept in sync across ranks (`state.epoch`, `state.batch`, ...); values travel
+    with torch.save, so tensors among them keep their storage sharing."""
 
-    def __init__(self, **kwargs):
-        self._names = list(kwargs)
-        self._reset_callbacks = []
-        for name, value in kwargs.items():
-            setattr(self, name, value)
-        self._saved = {}
-        self.save()
-
-    def save(self):
-        """Keeps a copy of every value, for `restore()`."""
-        self._saved = {name: self._snapshot(getattr(self, name)) for name in self._names}
-
-    def restore(self):
-        """Puts back the values of the last `save()`/`commit()`."""
-        for name, saved in self._saved.items():
-            self._put_back(name, saved)
-
-    def commit(self):
-        """Saves the state (a point to come back to) and checks for new workers (never any here)."""
-        self.save()
-        self.check_host_updates()
-
-    def check_host_updates(self):
-        """The set of ranks never changes under nezharun: nothing to do."""
-
-    def sync(self):
-        """Every rank takes rank 0's values; samplers merge what every rank has processed."""
-        samplers = {name: getattr(self, name) for name in self._names
-                    if isinstance(getattr(self, name), ElasticSampler)}
-        others = [name for name in self._names if name not in samplers]
-        values = broadcast_object({name: self._snapshot(getattr(self, name)) for name in others},
-                                  root_rank=0, name="elastic.state")
-        for name, value in values.items():
-            self._put_back(name, value)
-        for name, sampler in samplers.items():
-            sampler.sync(name)
-
-    def register_reset_callbacks(self, callbacks):
-        """Callbacks Horovod runs after the workers change; they never change here, so never run."""
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self):
-        for callback in self._reset_callbacks:
-            callback()
-
-    @staticmethod
-    def _snapshot(value):
-        if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
-            return copy.deepcopy(value.state_dict())
-        return copy.deepcopy(value)
-
-    def _put_back(self, name, saved):
-        current = getattr(self, name)
-        if hasattr(current, "state_dict") and hasattr(current, "load_state_dict"):
-            current.load_state_dict(copy.deepcopy(saved))
-        else:
-            setattr(self, name, copy.deepcopy(saved))
+    _broadcast_object = staticmethod(broadcast_object)
 
 
 class TorchState(ObjectState):
@@ -93,7 +28,8 @@ class TorchState(ObjectState):
         super().__init__(**kwargs)
 
     def save(self):
-        self._saved_model = copy.deepcopy(self.model.state_dict()) if self.model is not None else None
+        self._saved_model = (copy.deepcopy(self.model.state_dict())
+                             if self.model is not None else None)
         self._saved_optimizer = (copy.deepcopy(self.optimizer.state_dict())
                                  if self.optimizer is not None else None)
         super().save()
@@ -113,85 +49,8 @@ class TorchState(ObjectState):
         super().sync()
 
 
-def run(func):
-    """Horovod's `@hvd.elastic.run`: `func(state, ...)` starts from rank 0's state. A failed
-    collective restores the last commit and is raised (Horovod would retry with the ranks left;
-    nezharun cannot add or drop ranks)."""
-
-    @functools.wraps(func)
-    def wrapper(state, *args, **kwargs):
-        state.sync()
-        try:
-            return func(state, *args, **kwargs)
-        except HorovodInternalError:
-            state.restore()
-            raise
-
-    return wrapper
-
-
-class ElasticSampler(torch.utils.data.Sampler):
-    """Shards a dataset over the ranks, skipping what was already processed this epoch.
-
-    `record_batch(i, batch_size)` (or `record_indices`) marks this rank's samples as done; a
-    `TorchState` holding the sampler merges every rank's marks on `sync()`, and the rest of the epoch
-    is sharded again. Each epoch's order is a permutation seeded by `seed + epoch` (the same on every
-    rank); shards are padded by repeating samples so every rank gets as many.
-    """
-
-    def __init__(self, dataset, shuffle=True, seed=0):
-        self.dataset = dataset
-        self.shuffle = shuffle
-        self.seed = seed
-        self.epoch = 0
-        self.processed_indices = set()
-        self.indices = []
-        self.reset()
-
-    def set_epoch(self, epoch):
-        """Starts epoch `epoch` afresh (nothing processed yet)."""
-        self.epoch = epoch
-        self.processed_indices = set()
-        self.reset()
-
-    def record_batch(self, batch_idx, batch_size):
-        """Marks batch `batch_idx` of this rank's current shard as processed."""
-        self.record_indices(self.indices[batch_idx * batch_size:(batch_idx + 1) * batch_size])
-
-    def record_indices(self, indices):
-        self.processed_indices.update(int(i) for i in indices)
-
-    def reset(self):
-        """Re-shards what is left of the epoch over the current ranks."""
-        order = list(range(len(self.dataset)))
-        if self.shuffle:
-            random.Random(self.seed + self.epoch).shuffle(order)
-        remaining = [i for i in order if i not in self.processed_indices]
-        replicas = size()
-        self.num_samples = math.ceil(len(remaining) / replicas) if remaining else 0
-        total = self.num_samples * replicas
-        padded = (remaining * math.ceil(total / len(remaining)))[:total] if remaining else []
-        self.indices = padded[rank():total:replicas]
-
-    def sync(self, name="sampler"):
-        """Every rank learns what every rank processed, then re-shards the rest."""
-        marks = allgather_object(sorted(self.processed_indices), name="elastic.%s" % name)
-        self.processed_indices = set().union(*map(set, marks))
-        self.reset()
-
-    def state_dict(self):
-        return {"epoch": self.epoch, "processed_indices": sorted(self.processed_indices)}
-
-    def load_state_dict(self, state):
-        self.epoch = state["epoch"]
-        self.processed_indices = set(state["processed_indices"])
-        self.reset()
-
-    def __iter__(self):
-        return iter(list(self.indices))
-
-    def __len__(self):
-        return self.num_samples
+class ElasticSampler(nezha.elastic.ElasticSampler, torch.utils.data.Sampler):
+    """nezha.elastic.ElasticSampler as a `torch.utils.data.Sampler` (a DataLoader's `sampler=`)."""
 
 
 __all__ = ["ElasticSampler", "ObjectState", "TorchState", "run"]

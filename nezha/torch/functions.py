@@ -3,12 +3,13 @@
 import io
 import pickle
 
-import numpy as np
 import torch
 
+from nezha import objects
+from nezha.basics import rank
+from nezha.handle import synchronize
+from nezha.process_sets import global_process_set
 from nezha.torch import mpi_ops
-from nezha.torch.basics import check_process_set, global_process_set, rank, size
-from nezha.torch.handles import synchronize
 
 
 def broadcast_parameters(params, root_rank, prefix=None):
@@ -129,41 +130,23 @@ def _collect_slots(obj, slots):
             _collect_slots(v, slots)
 
 
-def _to_bytes(obj):
+def _torch_dumps(obj):
     buffer = io.BytesIO()
     torch.save(obj, buffer, pickle_protocol=pickle.HIGHEST_PROTOCOL)
-    return np.frombuffer(buffer.getvalue(), dtype=np.uint8)
+    return buffer.getvalue()
 
 
-def _from_bytes(data):
-    return torch.load(io.BytesIO(data.tobytes()), weights_only=False)
+def _torch_loads(data):
+    return torch.load(io.BytesIO(data), weights_only=False)
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns root_rank's `obj` on every rank (pickled; peers are authenticated by the engine)."""
-    check_process_set(process_set)
-    base = "broadcast_object" if name is None else name
-    payload = _to_bytes(obj) if rank() == root_rank else np.zeros(0, dtype=np.uint8)
-    length = torch.tensor([payload.size], dtype=torch.int64)
-    mpi_ops.broadcast_(length, root_rank, name=base + ".length")
-    if rank() != root_rank:
-        payload = np.zeros(int(length[0]), dtype=np.uint8)
-    data = torch.from_numpy(payload.copy() if not payload.flags.writeable else payload)
-    mpi_ops.broadcast_(data, root_rank, name=base + ".data")
-    return _from_bytes(data.numpy())
+    """Returns root_rank's `obj` on every rank (nezha.broadcast_object, serialized by torch.save)."""
+    return objects.broadcast_object(obj, root_rank, name, process_set, dumps=_torch_dumps,
+                                    loads=_torch_loads)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every rank's `obj`, in rank order."""
-    check_process_set(process_set)
-    base = "allgather_object" if name is None else name
-    payload = torch.from_numpy(_to_bytes(obj).copy())
-    lengths = synchronize(mpi_ops.allgather_async(
-        torch.tensor([payload.numel()], dtype=torch.int64), name=base + ".length"))
-    data = synchronize(mpi_ops.allgather_async(payload, name=base + ".data")).numpy()
-    objects, offset = [], 0
-    for n in lengths.tolist():
-        objects.append(_from_bytes(data[offset:offset + n]))
-        offset += n
-    assert len(objects) == size()
-    return objects
+    """Returns the list of every rank's `obj`, in rank order (serialized by torch.save)."""
+    return objects.allgather_object(obj, name, process_set, dumps=_torch_dumps,
+                                    loads=_torch_loads)

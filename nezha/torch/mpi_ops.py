@@ -1,8 +1,9 @@
 """Asynchronous and in-place collectives on torch tensors (Horovod's `*_async`, `*_` names).
 
-Thin: each function stages tensors (see _buffers), calls the matching `nezha.*_async`, and returns a
-Handle whose `finish` step delivers the result into torch tensors. Names are prefixed with the op
-(`allreduce.<name>`) as Horovod does, so one name may serve an allreduce and a broadcast.
+Thin: each function stages tensors (see _buffers), calls the matching `nezha.*_async`, and returns
+its Handle extended (`then`) by a step that delivers the result into torch tensors. Names are
+prefixed with the op (`allreduce.<name>`) as Horovod does, so one name may serve an allreduce and a
+broadcast.
 The differentiable synchronous forms live in autograd_ops.
 """
 
@@ -10,10 +11,10 @@ import numpy as np
 import torch
 
 import nezha
-
+from nezha.handle import Handle, synchronize
+from nezha.horovod_api import Average, resolve_op
+from nezha.process_sets import check_process_set, global_process_set
 from nezha.torch import _buffers
-from nezha.torch.basics import Average, check_process_set, global_process_set, resolve_op
-from nezha.torch.handles import CompositeHandle, Handle, synchronize
 
 
 def _op_name(kind, name):
@@ -75,7 +76,7 @@ def _reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor,
         results = _deliver(hosts_out, tensors, targets)
         return results if grouped else results[0]
 
-    return Handle(engine_handle, finish, keepalive=(tensors, hosts_in, hosts_out))
+    return engine_handle.then(finish)
 
 
 def _widened_reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor, grouped):
@@ -92,38 +93,30 @@ def _widened_reduce_async(tensors, targets, name, op, prescale_factor, postscale
             narrowed = list(targets)
         return narrowed if grouped else narrowed[0]
 
-    return Handle(inner, finish, keepalive=(tensors,))
-
-
-class _SparseAllreduce:
-    """A sparse tensor's reduction: every rank's indices and values are allgathered (their counts
-    differ per rank) and summed by coalescing. Called (or `wait()`ed) for the result, as Horovod's."""
-
-    def __init__(self, tensor, name, op):
-        grad = tensor.detach().coalesce()
-        self._shape, self._average = grad.shape, op == Average
-        self._indices = allgather_async(grad.indices().t().contiguous(), name=name + ".indices")
-        self._values = allgather_async(grad.values().contiguous(), name=name + ".values")
-
-    def wait(self):
-        indices = synchronize(self._indices).t()
-        values = synchronize(self._values)
-        if self._average:
-            values = values / nezha.size()
-        return torch.sparse_coo_tensor(indices, values, self._shape).coalesce()
-
-    __call__ = wait
+    return inner.then(finish)
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
-    """Horovod's sparse reduction: returns a callable that waits and returns the reduced sparse tensor."""
+    """Horovod's sparse reduction: every rank's indices and values are allgathered (their counts
+    differ per rank) and summed by coalescing. Returns a handle that is also a function to call
+    for the reduced sparse tensor, as Horovod's."""
     check_process_set(process_set)
     if not tensor.is_sparse:
         raise TypeError("sparse_allreduce_async expects a sparse tensor; use allreduce_async")
     op = resolve_op(op, None)
     if op not in (Average, nezha.Sum):
         raise ValueError("sparse_allreduce_async supports Sum and Average, got %s" % (op,))
-    return _SparseAllreduce(tensor, name, op)
+    grad = tensor.detach().coalesce()
+
+    def combine(gathered):
+        indices, values = gathered
+        if op == Average:
+            values = values / nezha.size()
+        return torch.sparse_coo_tensor(indices.t(), values, grad.shape).coalesce()
+
+    return Handle.gather([allgather_async(grad.indices().t().contiguous(), name=name + ".indices"),
+                          allgather_async(grad.values().contiguous(), name=name + ".values")],
+                         combine)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -183,7 +176,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     def finish(result):
         return _buffers.to_device_of(_buffers.tensor_from_engine(result, tensor.dtype), tensor)
 
-    return Handle(engine_handle, finish, keepalive=(tensor, host_in))
+    return engine_handle.then(finish)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -192,8 +185,8 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     tensors = list(tensors)
     for t in tensors:  # all checked before any is submitted, so a refusal leaves nothing in flight
         _buffers.check_supported(t, "grouped_allgather")
-    return CompositeHandle([allgather_async(t, _member_name(name, i), process_set)
-                            for i, t in enumerate(tensors)])
+    return Handle.gather([allgather_async(t, _member_name(name, i), process_set)
+                          for i, t in enumerate(tensors)])
 
 
 def _broadcast_async(tensor, target, root_rank, name):
@@ -208,7 +201,7 @@ def _broadcast_async(tensor, target, root_rank, name):
     def finish(_):
         return _deliver([host_out], [tensor], targets)[0]
 
-    return Handle(engine_handle, finish, keepalive=(tensor, host_in, host_out))
+    return engine_handle.then(finish)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
@@ -253,7 +246,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         received = torch.from_numpy(np.asarray(received).astype(np.int32, copy=False))
         return output, received
 
-    return Handle(engine_handle, finish, keepalive=(tensor, host_in))
+    return engine_handle.then(finish)
 
 
 def check_scatterable(tensor, what):
@@ -275,7 +268,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     if _buffers.needs_widening([tensor]):
         inner = reducescatter_async(tensor.detach().float(), name, op, process_set,
                                     prescale_factor, postscale_factor)
-        return Handle(inner, lambda result: result.to(tensor.dtype), keepalive=(tensor,))
+        return inner.then(lambda result: result.to(tensor.dtype))
     (host_in,) = _buffers.stage_in([tensor])
     engine_handle = nezha.reducescatter_async(
         _buffers.engine_array(host_in), op=op, name=_op_name("reducescatter", name),
@@ -284,7 +277,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     def finish(result):
         return _buffers.to_device_of(_buffers.tensor_from_engine(result, tensor.dtype), tensor)
 
-    return Handle(engine_handle, finish, keepalive=(tensor, host_in))
+    return engine_handle.then(finish)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
@@ -295,7 +288,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     tensors = list(tensors)
     for t in tensors:
         check_scatterable(t, "grouped_reducescatter")
-    return CompositeHandle([
+    return Handle.gather([
         reducescatter_async(t, _member_name(name, i), op, process_set, prescale_factor,
                             postscale_factor)
         for i, t in enumerate(tensors)])
@@ -305,9 +298,3 @@ def join(device=-1):
     """Marks this rank as out of data; returns the rank that joined last (Horovod semantics).
     `device` is accepted for compatibility: Nezha's zero tensors for joined ranks live on the host."""
     return int(nezha.join())
-
-
-def barrier(process_set=global_process_set):
-    """Returns when every rank has called barrier()."""
-    check_process_set(process_set)
-    nezha.barrier()

@@ -9,9 +9,10 @@ averaged by DistributedOptimizer like any other gradient.
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from nezha.basics import size
+from nezha.handle import synchronize
+from nezha.ops import Sum
 from nezha.torch import mpi_ops
-from nezha.torch.basics import Sum, size
-from nezha.torch.handles import synchronize
 
 
 class SyncBatchNorm(_BatchNorm):
