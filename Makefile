@@ -72,7 +72,8 @@ test-tsan: build/tsan/.built
 
 test-py-asan: build/asan/.built | setup
 	bash scripts/asan_python.sh build/asan $(PY) -m pytest -q -p no:cacheprovider \
-	    tests/test_lifetime.py tests/test_api_errors.py tests/test_mismatch.py
+	    tests/test_lifetime.py tests/test_api_errors.py tests/test_mismatch.py \
+	    tests/test_multirail_testbed.py::test_dropped_handles_survive_a_rail_cut
 
 test-sanitizers: $(SANITIZERS)
 
