@@ -220,8 +220,6 @@ PYBIND11_MODULE(_core, m) {
   }, "A valid encoded request list, as a seed for mutation.");
   testing.def("deferred_release_count", &bindings::deferred_release_count,
               "Operations' buffer views the engine let go of off the GIL, not yet released.");
-  testing.def("release_deferred", &bindings::release_deferred,
-              "Releases those views now (as the next submission would).");
   testing.def("sample_response_list", [] {
     engine::ResponseList list;
     engine::Response r;
