@@ -1,0 +1,123 @@
+#include "transport/shm/shm_address.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "common/error.h"
+
+namespace nezha::transport::shm {
+
+namespace {
+
+constexpr const char* kAddressMagic = "nezha-shm-address/1";
+
+std::string read_first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string from_hex(const std::string& hex, const std::string& who) {
+  if (hex.size() % 2 != 0) throw InvalidArgument(who + ": malformed shm address (odd hex length)");
+  std::string out;
+  out.reserve(hex.size() / 2);
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    unsigned v = 0;
+    if (std::sscanf(hex.c_str() + i, "%2x", &v) != 1)
+      throw InvalidArgument(who + ": malformed shm address (bad hex)");
+    out.push_back(static_cast<char>(v));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string to_hex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(digits[c >> 4]);
+    out.push_back(digits[c & 15]);
+  }
+  return out;
+}
+
+uint64_t process_start_time(int32_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t close = stat.rfind(')');  // the command name may contain spaces and parentheses
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  // Fields after the name start at 3 (state); starttime is field 22.
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    if (i == 22) return std::stoull(field);
+  }
+  return 0;
+}
+
+ShmAddress local_identity(const std::string& host_id) {
+  ShmAddress a;
+  a.host_id = host_id;
+  a.boot_id = read_first_line("/proc/sys/kernel/random/boot_id");
+  struct stat st {};
+  if (::stat("/proc/self/ns/net", &st) == 0) a.netns_inode = static_cast<uint64_t>(st.st_ino);
+  a.pid = static_cast<int32_t>(::getpid());
+  a.start_time = process_start_time(a.pid);
+  return a;
+}
+
+std::string encode_address(const ShmAddress& a) {
+  std::ostringstream out;
+  out << kAddressMagic << "\nhost=" << to_hex(a.host_id) << "\nboot=" << a.boot_id
+      << "\nnetns=" << a.netns_inode << "\npid=" << a.pid << "\nstart=" << a.start_time
+      << "\nnonce=" << a.nonce_hex << "\nsocket=" << a.socket_name << "\n";
+  return out.str();
+}
+
+ShmAddress decode_address(const std::string& bytes, const std::string& who) {
+  std::istringstream in(bytes);
+  std::string line;
+  if (!std::getline(in, line) || line != kAddressMagic)
+    throw InvalidArgument(who + ": not a shm rail address");
+  ShmAddress a;
+  int seen = 0;
+  try {
+    while (std::getline(in, line)) {
+      const size_t eq = line.find('=');
+      if (eq == std::string::npos) continue;
+      const std::string key = line.substr(0, eq), value = line.substr(eq + 1);
+      if (key == "host") a.host_id = from_hex(value, who);
+      else if (key == "boot") a.boot_id = value;
+      else if (key == "netns") a.netns_inode = std::stoull(value);
+      else if (key == "pid") a.pid = static_cast<int32_t>(std::stol(value));
+      else if (key == "start") a.start_time = std::stoull(value);
+      else if (key == "nonce") a.nonce_hex = value;
+      else if (key == "socket") a.socket_name = value;
+      else continue;
+      ++seen;
+    }
+  } catch (const std::logic_error&) {  // stoull/stol on garbage
+    throw InvalidArgument(who + ": malformed shm address");
+  }
+  if (seen != 7 || a.pid <= 0 || a.nonce_hex.size() != 32 || a.socket_name.empty())
+    throw InvalidArgument(who + ": incomplete shm address");
+  return a;
+}
+
+std::string same_host_mismatch(const ShmAddress& a, const ShmAddress& b) {
+  if (a.host_id != b.host_id) return "host entry '" + a.host_id + "' vs '" + b.host_id + "'";
+  if (a.boot_id != b.boot_id) return "boot id " + a.boot_id + " vs " + b.boot_id;
+  if (a.netns_inode != b.netns_inode)
+    return "network namespace " + std::to_string(a.netns_inode) + " vs " + std::to_string(b.netns_inode);
+  return "";
+}
+
+}  // namespace nezha::transport::shm

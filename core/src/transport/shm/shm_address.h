@@ -1,0 +1,39 @@
+// What a shm rail publishes as its local_address(), and the same-host rule (rail_contract.md).
+//
+// Two ranks may share memory only if their addresses carry the same launcher host entry, the same
+// boot id (/proc/sys/kernel/random/boot_id) and the same network namespace (inode of
+// /proc/self/ns/net): the network-namespace testbed's "hosts" share /dev/shm and a kernel, but not
+// a namespace, so they never share memory. The address also says how to fetch the rank's segment
+// (an abstract unix socket name, per network namespace) and how to recognise it (creator pid, its
+// start time, a random nonce), so a segment from another job or process is refused.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace nezha::transport::shm {
+
+struct ShmAddress {
+  std::string host_id;        // launcher host entry (may be empty: single-host jobs)
+  std::string boot_id;
+  uint64_t netns_inode = 0;
+  int32_t pid = 0;
+  uint64_t start_time = 0;    // clock ticks after boot (/proc/<pid>/stat field 22): pid reuse check
+  std::string nonce_hex;      // 32 hex digits, random per rail instance
+  std::string socket_name;    // abstract unix socket (without the leading NUL)
+};
+
+// This process's identity (host_id as given); nonce and socket name left empty.
+ShmAddress local_identity(const std::string& host_id);
+uint64_t process_start_time(int32_t pid);  // 0 if the process is gone
+
+std::string encode_address(const ShmAddress& a);
+// Throws InvalidArgument naming `who` if bytes are not a shm rail address.
+ShmAddress decode_address(const std::string& bytes, const std::string& who);
+
+// Empty if a and b are on the same host; else which part differs (for error messages).
+std::string same_host_mismatch(const ShmAddress& a, const ShmAddress& b);
+
+std::string to_hex(const std::string& bytes);
+
+}  // namespace nezha::transport::shm

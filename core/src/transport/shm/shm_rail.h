@@ -1,0 +1,121 @@
+// ShmRail: a Rail between the ranks of one host through shared memory (reach: this host only).
+//
+// Layout. Each rank owns one segment holding its inbound rings, one per local sender
+// (shm_segment.h); a rank sends by copying into its ring in the receiver's segment and receives by
+// copying out of the rings in its own. Receiver-owned segments give every rank one doorbell to
+// sleep on for everything it may wait for (data in, or space freed in a ring it fills), so
+// sendrecv waits on both directions at once and a ring of ranks always progresses.
+//
+// Connecting. The rail's local_address() carries the same-host identity (launcher host entry, boot
+// id, network namespace inode) plus pid, process start time, a random nonce and an abstract unix
+// socket name derived from the job secret and the nonce (shm_address.h). connect() treats the ranks
+// whose identity differs as unreachable (reaches() false, data calls to them throw InvalidArgument),
+// creates its segment as a sealed memfd and swaps fds with every local peer over the abstract sockets
+// (shm_handoff.h). Segments never have a name in /dev/shm, so nothing can be left behind, even when
+// every rank is SIGKILLed: the kernel frees a memfd with its last mapping.
+//
+// Waiting (shm_ring.h). A blocked call spins for spin_us, then sleeps on its doorbell futex in slices
+// of liveness_slice_ms; after each slice it checks, through pidfds, that the peers it waits for are
+// alive, so a killed peer is named within a slice and a frozen one at the deadline (TimeoutError
+// naming peer and rail). abort() rings this rank's doorbell and every peer's, so every waiter wakes at
+// once; peers see this rank's segment marked closed and fail with PeerError.
+//
+// Threads. As rail.h: one data thread; abort(), counters(), properties() from any thread. mu_ keeps
+// abort() off the mappings while connect/reset/close change them.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "transport/rail.h"
+#include "transport/shm/shm_address.h"
+#include "transport/shm/shm_handoff.h"
+#include "transport/shm/shm_ring.h"
+#include "transport/shm/shm_segment.h"
+
+namespace nezha::transport {
+
+struct ShmRailConfig {
+  std::string name = "shm";
+  std::string secret;              // job secret: job tag in the segment header, socket name
+  std::string host_id;             // launcher host entry (placement); may be empty
+  size_t ring_bytes = 4 << 20;     // per ordered pair of local ranks (see benchmarks/RESULTS.md)
+  size_t chunk_bytes = 256 << 10;  // largest copy before head/tail is published
+  double spin_us = 20;             // busy-wait before sleeping on the futex
+  double liveness_slice_ms = 50;   // futex sleep slice; peers' pidfds are checked after each
+};
+
+class ShmRail : public Rail {
+ public:
+  ShmRail(ShmRailConfig config, int rank, int size);
+  ~ShmRail() override;
+  ShmRail(const ShmRail&) = delete;
+  ShmRail& operator=(const ShmRail&) = delete;
+
+  std::string local_address() const;
+  void connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline);
+  void reset();
+  void close();
+  bool reaches(int peer) const;
+
+  const RailProperties& properties() const override { return properties_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void send(int peer, uint64_t tag, const void* data, size_t bytes, const Deadline& deadline) override;
+  void recv(int peer, uint64_t tag, void* data, size_t bytes, const Deadline& deadline) override;
+  void sendrecv_tags(int send_peer, const void* send_data, size_t send_bytes, uint64_t send_tag,
+                     int recv_peer, void* recv_data, size_t recv_bytes, uint64_t recv_tag,
+                     const Deadline& deadline) override;
+  // A whole message (payload + its 16-byte header) fits in an empty ring.
+  size_t send_buffer_bytes() const override;
+  RailCounters counters() const override;
+  void abort(const std::string& reason) override;
+
+ private:
+  struct Link {  // this rank's view of one peer
+    bool local = false;
+    std::string unreachable_why;  // for non-local peers
+    shm::Segment segment;         // the peer's segment (holds the ring this rank fills)
+    shm::RingEnd out;             // producer end, in the peer's segment
+    shm::RingEnd in;              // consumer end, in this rank's segment
+    int pidfd = -1;               // -1: same process (threads) or pidfd unsupported
+    int32_t pid = 0;
+    std::string closed_reason;    // non-empty once this pair failed (until reset)
+  };
+  struct Outgoing;
+  struct Incoming;
+
+  void transfer(Outgoing* out, Incoming* in, const Deadline& deadline);
+  bool step_send(Outgoing& out);
+  bool step_recv(Incoming& in);
+  void check_blocked_peer(int peer, const char* verb, uint64_t tag, bool check_process);
+  Link& usable_link(int peer, const char* verb);
+  enum class FailKind { kProtocol, kTimeout, kPeer };
+  // Closes the pair on both ends (the peer sees PeerError) and throws the matching error.
+  [[noreturn]] void fail_pair(int peer, const std::string& what, FailKind kind);
+  void throw_if_aborted() const;
+  std::string where(const char* verb, int peer) const;
+  void drop_links();
+
+  ShmRailConfig config_;
+  RailProperties properties_;
+  const int rank_;
+  const int size_;
+  shm::ShmAddress address_;
+  std::string nonce_;    // raw 16 bytes
+  std::string job_tag_;  // raw 16 bytes
+  shm::HandoffListener listener_;
+  shm::Segment own_;     // this rank's inbound segment
+  std::vector<Link> links_;
+  std::vector<uint64_t> start_times_;  // peers' process start times (pid reuse check)
+  bool connected_ = false;
+  std::atomic<bool> aborted_{false};
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+  mutable std::mutex mu_;  // abort() vs connect/reset/close touching the mappings; abort_reason_
+  std::string abort_reason_;
+};
+
+}  // namespace nezha::transport

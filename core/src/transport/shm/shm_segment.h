@@ -1,0 +1,93 @@
+// One rank's inbound segment: a header, then one single-producer/single-consumer byte ring per
+// local sender (slot = the sender's index among this host's ranks). The owner is the only consumer
+// of every ring in it; each peer is the only producer of its ring. The header's doorbell is the one
+// futex word the owner sleeps on: a peer that fills one of its rings, or frees space in a ring the
+// owner produces into (in the peer's own segment), rings it.
+//
+// The segment is a sealed memfd (no name in /dev/shm, so nothing can be left there, whatever kills
+// the job; the kernel frees it with the last mapping). Peers receive the fd over an abstract unix
+// socket (shm_handoff.h) and verify the header before using it: magic, version, job tag (from the
+// job secret), the creator's nonce, pid and start time from its address, the layout and the size.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace nezha::transport::shm {
+
+constexpr uint64_t kSegmentMagic = 0x6e657a68615f7368ULL;  // "nezha_sh"
+constexpr uint32_t kSegmentVersion = 1;
+
+struct SegmentIdentity {
+  std::string job_tag;   // 16 bytes derived from the job secret
+  std::string nonce;     // 16 random bytes of the owning rail instance
+  int32_t creator_pid = 0;
+  uint64_t creator_start_time = 0;
+  int32_t owner_rank = 0;
+  uint32_t slots = 0;     // local ranks (rings), including the owner's unused slot
+  uint64_t ring_bytes = 0;
+};
+
+struct alignas(64) RingControl {
+  std::atomic<uint64_t> head{0};  // bytes ever written (producer only)
+  char pad0[56];
+  std::atomic<uint64_t> tail{0};  // bytes ever consumed (consumer only)
+  char pad1[56];
+  std::atomic<uint32_t> broken{0};  // set by either end after an error on this pair
+  char pad2[60];
+};
+
+struct alignas(64) SegmentHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t slots;
+  char job_tag[16];
+  char nonce[16];
+  int32_t creator_pid;
+  int32_t owner_rank;
+  uint64_t creator_start_time;
+  uint64_t ring_bytes;
+  uint64_t segment_bytes;
+  alignas(64) std::atomic<uint32_t> doorbell;  // futex word the owner sleeps on
+  std::atomic<uint32_t> sleeping;              // 1 while the owner may be in futex_wait
+  std::atomic<uint32_t> closed;                // owner closed/reset/aborted the rail
+};
+
+size_t segment_bytes_for(uint32_t slots, uint64_t ring_bytes);
+
+// A mapping of one segment (own or a peer's). Move-only; unmaps on destruction.
+class Segment {
+ public:
+  Segment() = default;
+  Segment(Segment&& o) noexcept { *this = std::move(o); }
+  Segment& operator=(Segment&& o) noexcept;
+  ~Segment() { unmap(); }
+
+  // Creates a sealed memfd holding a fresh segment; fd() stays open until release_fd().
+  static Segment create(const SegmentIdentity& id);
+  // Maps a peer's segment from fd (takes ownership of fd, closes it) and checks it is exactly
+  // `expected`. Throws ProtocolError saying which field differs (a stale or foreign segment).
+  static Segment attach(int fd, const SegmentIdentity& expected, const std::string& who);
+
+  bool valid() const { return base_ != nullptr; }
+  int fd() const { return fd_; }
+  void release_fd();
+  void unmap();
+
+  SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(base_); }
+  RingControl* ring(uint32_t slot) const;
+  uint8_t* ring_data(uint32_t slot) const;
+  uint64_t ring_bytes() const { return header()->ring_bytes; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t bytes_ = 0;
+  int fd_ = -1;
+};
+
+// Why a mapped header does not match `expected` (empty if it does). Separate for the tests.
+std::string header_mismatch(const SegmentHeader& h, size_t mapped_bytes, const SegmentIdentity& expected);
+
+}  // namespace nezha::transport::shm
