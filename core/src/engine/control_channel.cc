@@ -60,7 +60,7 @@ ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, cons
 
 std::vector<std::string> ControlChannel::listen_addresses() const {
   std::vector<std::string> out;
-  for (const auto& p : paths_) out.push_back(p->listen_address());
+  for (const auto& p : paths_) out.push_back(p->local_address());
   return out;
 }
 
@@ -69,7 +69,7 @@ void ControlChannel::connect_all(const std::vector<std::vector<std::string>>& ad
   if (addrs.size() != paths_.size())
     throw InvalidArgument("control channel: " + std::to_string(addrs.size()) + " address columns for " +
                           std::to_string(paths_.size()) + " paths");
-  for (size_t i = 0; i < paths_.size(); ++i) paths_[i]->connect_all(addrs[i], deadline);
+  for (size_t i = 0; i < paths_.size(); ++i) paths_[i]->connect(addrs[i], deadline);
 }
 
 int ControlChannel::pick_path(const PeerState& p, bool after_current, bool any_path) const {

@@ -115,7 +115,7 @@ Engine::~Engine() {
 std::vector<std::string> Engine::listen_addresses() const {
   // [control path per rail..., data rail...]
   std::vector<std::string> out = control_->listen_addresses();
-  for (const auto& r : rails_) out.push_back(r->listen_address());
+  for (const auto& r : rails_) out.push_back(r->local_address());
   return out;
 }
 
@@ -138,7 +138,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   std::vector<std::vector<std::string>> control_columns;
   for (size_t i = 0; i < rails_.size(); ++i) control_columns.push_back(column(i));
   control_->connect_all(control_columns, deadline);
-  for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect_all(column(rails_.size() + i), deadline);
+  for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect(column(rails_.size() + i), deadline);
   addrs_by_rank_ = addrs_by_rank;
   const bool failover = failover_needed();
 
@@ -690,7 +690,7 @@ std::vector<RailStat> Engine::rail_stats() const {
     const auto& props = rails_[i]->properties();
     s.name = props.name;
     s.local_addr = props.local_addr;
-    s.protocol = props.protocol;
+    s.protocol = props.kind;
     s.state = multirail::rail_state_name(rail_state_[i]);
     auto c = rails_[i]->counters();
     s.bytes_sent = c.bytes_sent;

@@ -171,7 +171,7 @@ void Engine::apply_rail_event(const RailEvent& e) {
       for (const auto& addrs : addrs_by_rank_) column.push_back(addrs[rails_.size() + r]);
       executor_->post_probe(
           r, kProbeBytes,
-          [this, r, column] { rails_[r]->connect_all(column, Deadline::after_seconds(kProbeConnectS)); },
+          [this, r, column] { rails_[r]->connect(column, Deadline::after_seconds(kProbeConnectS)); },
           [this, r](const std::string& error) {
             report_rail_event({RailEventKind::kProbeResult, r, -1, error.empty() ? 1u : 0u, error});
           });

@@ -1,6 +1,7 @@
 // Rail: one network plane joining this rank to every other rank of the job.
 //
-// What it is for. The engine stripes every collective across all rails a job has; each rail runs its
+// What it is for. The engine stripes every collective across all rails a job has (a kHost rail, such
+// as shared memory, joins only the ranks of one host: see RailReach); each rail runs its
 // share of the work on its own worker thread, over its own connections, so rails never wait on each
 // other. Collective algorithms (core/src/collectives/) are written against this interface only.
 //
@@ -17,7 +18,10 @@
 //  * Data moves straight from/to the caller's buffers where the transport allows (no staging copy).
 //
 // Threads. Data calls (send, recv, sendrecv) are made by one thread at a time: the rail's worker.
-// properties(), counters() and abort() are thread-safe and may be called from any thread.
+// properties(), counters(), reaches() and abort() are thread-safe and may be called from any thread.
+//
+// Kinds. A transport is a folder under core/src/transport/ plus one line in rail_kinds.cc; the
+// engine builds rails with make_rail() (rail_factory.h) and never names a concrete transport.
 //
 // Failures. After a PeerError or ProtocolError on a peer, that peer's connection on this rail is
 // closed; later calls to that peer throw PeerError at once. abort() poisons the whole rail: every
@@ -28,18 +32,27 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/deadline.h"
 
 namespace nezha::transport {
 
+// Which ranks a rail connects. kJob: every rank of the job. kHost: only the ranks on this rank's host
+// (shared memory); the others are unreachable on it (reaches() says which).
+enum class RailReach { kJob, kHost };
+
 // What the scheduler may read about a rail. It never asks "what type are you": capabilities only.
 struct RailProperties {
-  std::string name;          // as the user named it: an interface ("eth1") or a subnet ("10.50.0.0/24")
-  std::string local_addr;    // IP address this rail's sockets are bound to
-  std::string protocol;      // "tcp", "mptcp", ... (informational, shown in rail_stats())
-  double nominal_gbps = 0;   // link speed if the transport knows it, else 0
-  bool in_network_reduce = false;  // true only for aggregation rails
+  std::string name;          // as the user named it: "eth1", "10.50.0.0/24", "shm"
+  std::string kind;          // "tcp", "mptcp", "shm" (later "agg", "ofi"); shown in rail_stats()
+  std::string local_addr;    // human-readable, for rail_stats(): "10.0.0.1", "shm:<host>"
+  RailReach reach = RailReach::kJob;
+  double latency_us_prior = 0;   // priors the cost model starts from before any measurement (0 = unknown)
+  double gbps_prior = 0;         // link speed if the transport knows it (0 = unknown)
+  size_t max_share_bytes = 0;    // largest share one operation may give this rail; 0 = no limit
+  bool needs_registered_memory = false;  // data calls need buffers registered with the rail (RDMA)
+  bool in_network_reduce = false;        // true only for aggregation rails
 };
 
 struct RailCounters {
@@ -52,8 +65,27 @@ class Rail {
   virtual ~Rail() = default;
 
   virtual const RailProperties& properties() const = 0;
-  virtual int rank() const = 0;
+  virtual int rank() const = 0;  // in the job's rank space, always (also for kHost rails)
   virtual int size() const = 0;
+
+  // Lifecycle.
+  // local_address(): opaque bytes the peers need to reach this rank on this rail; exchanged through
+  //   the rendezvous as they are (they may contain any byte, NUL included).
+  // connect(): forms the rail from every rank's local_address() (index = rank). A kHost rail connects
+  //   only to the ranks whose address says "same host" and treats the others as unreachable. Throws
+  //   NezhaError naming the ranks still missing when the deadline passes.
+  // reset(): drops every connection and clears abort(), so that a later connect() re-forms the rail
+  //   (failover re-admission; every rank resets before any rank connects).
+  // close(): idempotent, also run by the destructor.
+  // reset/close/connect must not race a data call (abort() is the way to stop one).
+  virtual std::string local_address() const = 0;
+  virtual void connect(const std::vector<std::string>& addresses_by_rank,
+                       const Deadline& deadline) = 0;
+  virtual void reset() = 0;
+  virtual void close() = 0;
+  // After connect(): true if data calls to peer can work on this rail (false for itself, for a rank
+  // a kHost rail does not reach, and for a peer whose connection was closed by an error).
+  virtual bool reaches(int peer) const = 0;
 
   virtual void send(int peer, uint64_t tag, const void* data, size_t bytes,
                     const Deadline& deadline) = 0;

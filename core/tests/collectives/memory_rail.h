@@ -10,6 +10,11 @@
 //  * abort() poisons one rank's rail: its pending and future data calls throw NezhaError, and its
 //    peers see PeerError, as a closed socket would show them.
 // Sends are buffered without limit, so send never blocks and sendrecv is send-then-receive.
+// Lifecycle (rail.h): a world's rails start connected, so collective tests need no connect().
+// local_address() holds a NUL and a non-ASCII byte on purpose, and connect() checks every peer's
+// address byte for byte, so a rendezvous that mangles opaque addresses fails loudly. reset() drops
+// this rank's links and queued messages and clears its abort; connect() re-opens them and waits
+// (until the deadline) for every peer to have connected too.
 #pragma once
 
 #include <atomic>
@@ -18,6 +23,7 @@
 #include <limits>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +31,7 @@
 
 #include "common/error.h"
 #include "transport/rail.h"
+#include "transport/rail_factory.h"
 
 namespace nezha::testing {
 
@@ -34,7 +41,9 @@ class MemoryWorld {
       : size_(size),
         mailboxes_(static_cast<size_t>(size) * size),
         closed_(static_cast<size_t>(size) * size),
-        aborted_(static_cast<size_t>(size)) {
+        aborted_(static_cast<size_t>(size)),
+        connected_(static_cast<size_t>(size)) {
+    for (auto& c : connected_) c = true;
     for (int r = 0; r < size; ++r) rails_.push_back(std::make_unique<RankRail>(*this, r, rail_name));
   }
 
@@ -68,18 +77,74 @@ class MemoryWorld {
     std::deque<Message> queue;
   };
 
+  // What rank's local_address() is: opaque bytes, NUL and 0xff included.
+  static std::string address_of(int rank) {
+    return std::string("mem\0\xff", 5) + std::to_string(rank);
+  }
+
   class RankRail : public transport::Rail {
    public:
     RankRail(MemoryWorld& world, int rank, const std::string& name)
         : world_(world), rank_(rank) {
       props_.name = name;
       props_.local_addr = "memory";
-      props_.protocol = "memory";
+      props_.kind = "memory";
     }
 
     const transport::RailProperties& properties() const override { return props_; }
     int rank() const override { return rank_; }
     int size() const override { return world_.size_; }
+
+    std::string local_address() const override { return address_of(rank_); }
+
+    void connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
+      const int n = world_.size_;
+      if (static_cast<int>(addresses.size()) != n)
+        throw InvalidArgument("rail " + props_.name + ": connect() got " +
+                              std::to_string(addresses.size()) + " addresses for " +
+                              std::to_string(n) + " ranks");
+      for (int p = 0; p < n; ++p)
+        if (addresses[p] != address_of(p))
+          throw ProtocolError("rail " + props_.name + ", rank " + std::to_string(rank_) +
+                              ": rank " + std::to_string(p) + "'s address arrived altered (" +
+                              std::to_string(addresses[p].size()) + " bytes)");
+      for (int p = 0; p < n; ++p) world_.closed_[world_.link(rank_, p)] = false;
+      world_.connected_[rank_] = true;
+      world_.wake_all();
+      std::unique_lock<std::mutex> lock(world_.connect_mu_);
+      auto all = [&] {
+        for (int p = 0; p < n; ++p)
+          if (!world_.connected_[p]) return false;
+        return true;
+      };
+      while (!all()) {
+        if (world_.connect_cv_.wait_until(lock, deadline.at()) == std::cv_status::timeout && !all()) {
+          std::string missing;
+          for (int p = 0; p < n; ++p)
+            if (!world_.connected_[p]) missing += " " + std::to_string(p);
+          throw NezhaError("rail " + props_.name + ", rank " + std::to_string(rank_) +
+                           ": connect() timed out; ranks not connected:" + missing);
+        }
+      }
+    }
+
+    void reset() override {
+      world_.connected_[rank_] = false;
+      for (int p = 0; p < world_.size_; ++p) {
+        if (p == rank_) continue;
+        world_.close(rank_, p);
+        world_.drain(rank_, p);
+        world_.drain(p, rank_);
+      }
+      world_.aborted_[rank_] = false;
+    }
+
+    void close() override { abort("rail closed"); }
+
+    bool reaches(int peer) const override {
+      return peer >= 0 && peer < world_.size_ && peer != rank_ && world_.connected_[rank_] &&
+             !world_.aborted_[rank_] && !world_.aborted_[peer] && !world_.is_closed(rank_, peer);
+    }
 
     void send(int peer, uint64_t tag, const void* data, size_t bytes,
               const Deadline& deadline) override {
@@ -184,7 +249,14 @@ class MemoryWorld {
 
   Mailbox& mailbox(int src, int dst) { return mailboxes_[static_cast<size_t>(src) * size_ + dst]; }
 
-  bool is_closed(int a, int b) const { return closed_[static_cast<size_t>(a) * size_ + b]; }
+  size_t link(int a, int b) const { return static_cast<size_t>(a) * size_ + b; }
+  bool is_closed(int a, int b) const { return closed_[link(a, b)]; }
+
+  void drain(int src, int dst) {
+    Mailbox& box = mailbox(src, dst);
+    std::lock_guard<std::mutex> lock(box.mu);
+    box.queue.clear();
+  }
 
   // A connection is one link between two ranks: closing it is seen from both ends.
   void close(int a, int b) {
@@ -195,6 +267,8 @@ class MemoryWorld {
 
   // Lock-then-notify so a waiter cannot miss the flag change between its check and its sleep.
   void wake_all() {
+    { std::lock_guard<std::mutex> lock(connect_mu_); }
+    connect_cv_.notify_all();
     for (auto& box : mailboxes_) {
       { std::lock_guard<std::mutex> lock(box.mu); }
       box.cv.notify_all();
@@ -205,7 +279,77 @@ class MemoryWorld {
   std::vector<Mailbox> mailboxes_;
   std::vector<std::atomic<bool>> closed_;
   std::vector<std::atomic<bool>> aborted_;
+  std::vector<std::atomic<bool>> connected_;  // false between reset() and connect()
+  std::mutex connect_mu_;
+  std::condition_variable connect_cv_;
   std::vector<std::unique_ptr<RankRail>> rails_;
 };
+
+}  // namespace nezha::testing
+
+namespace nezha::testing {
+
+// The "memory" rail kind for the factory (register_memory_rail_kind()): spec "memory;world=NAME"
+// makes rank ctx.rank's rail of the MemoryWorld called NAME, created by the first rank that asks for
+// it (with ctx.size ranks) and kept alive while any of its rails is. The rail forwards every call
+// to the world's rail for that rank, so engines built from specs share one world.
+class MemoryWorldRail : public transport::Rail {
+ public:
+  MemoryWorldRail(std::shared_ptr<MemoryWorld> world, int rank) : world_(std::move(world)), rail_(world_->rail(rank)) {}
+  ~MemoryWorldRail() override { rail_.close(); }
+  const transport::RailProperties& properties() const override { return rail_.properties(); }
+  int rank() const override { return rail_.rank(); }
+  int size() const override { return rail_.size(); }
+  std::string local_address() const override { return rail_.local_address(); }
+  void connect(const std::vector<std::string>& a, const Deadline& d) override { rail_.connect(a, d); }
+  void reset() override { rail_.reset(); }
+  void close() override { rail_.close(); }
+  bool reaches(int peer) const override { return rail_.reaches(peer); }
+  void send(int peer, uint64_t tag, const void* data, size_t bytes, const Deadline& d) override {
+    rail_.send(peer, tag, data, bytes, d);
+  }
+  void recv(int peer, uint64_t tag, void* data, size_t bytes, const Deadline& d) override {
+    rail_.recv(peer, tag, data, bytes, d);
+  }
+  void sendrecv_tags(int sp, const void* sd, size_t sb, uint64_t st, int rp, void* rd, size_t rb,
+                     uint64_t rt, const Deadline& d) override {
+    rail_.sendrecv_tags(sp, sd, sb, st, rp, rd, rb, rt, d);
+  }
+  size_t send_buffer_bytes() const override { return rail_.send_buffer_bytes(); }
+  transport::RailCounters counters() const override { return rail_.counters(); }
+  void abort(const std::string& reason) override { rail_.abort(reason); }
+
+ private:
+  std::shared_ptr<MemoryWorld> world_;
+  transport::Rail& rail_;
+};
+
+inline std::unique_ptr<transport::Rail> make_memory_rail(const transport::RailSpec& spec,
+                                                         const transport::RailContext& ctx) {
+  transport::reject_unknown_options(spec, {"world"});
+  auto it = spec.options.find("world");
+  if (it == spec.options.end()) throw InvalidArgument("rail '" + spec.name + "': kind memory needs world=NAME");
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<MemoryWorld>> worlds;
+  std::shared_ptr<MemoryWorld> world;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    world = worlds[it->second].lock();
+    if (!world) {
+      world = std::make_shared<MemoryWorld>(ctx.size, spec.name);
+      worlds[it->second] = world;
+    }
+  }
+  if (world->size() != ctx.size)
+    throw InvalidArgument("memory world " + it->second + " has " + std::to_string(world->size()) +
+                          " ranks, not " + std::to_string(ctx.size));
+  return std::make_unique<MemoryWorldRail>(world, ctx.rank);
+}
+
+// Registers kind "memory" once per process (the one registration line a transport needs).
+inline void register_memory_rail_kind() {
+  static std::once_flag once;
+  std::call_once(once, [] { transport::register_rail_kind("memory", &make_memory_rail); });
+}
 
 }  // namespace nezha::testing

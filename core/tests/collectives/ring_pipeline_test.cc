@@ -103,13 +103,13 @@ std::vector<std::vector<float>> allreduce_over_tcp(const std::vector<std::vector
   std::vector<std::string> addrs;
   for (int r = 0; r < size; ++r) {
     rails.push_back(std::make_unique<transport::TcpRail>(config, r, size));
-    addrs.push_back(rails.back()->listen_address());
+    addrs.push_back(rails.back()->local_address());
   }
   auto bufs = inputs;
   const Deadline connect = Deadline::after_seconds(10);
   run_ranks(size, [&](transport::Rail& mem) {
     auto& rail = *rails[static_cast<size_t>(mem.rank())];
-    rail.connect_all(addrs, connect);
+    rail.connect(addrs, connect);
     auto& b = bufs[static_cast<size_t>(rail.rank())];
     allreduce_ring(rail, b.data(), b.size(), DataType::kFloat32, ReduceOp::kSum,
                    test_options(/*seq=*/6, segment_bytes));

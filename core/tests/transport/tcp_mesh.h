@@ -46,10 +46,10 @@ inline std::vector<std::unique_ptr<TcpRail>> make_mesh(int n, TcpRailConfig conf
   std::vector<std::string> addrs;
   for (int r = 0; r < n; ++r) {
     rails.push_back(std::make_unique<TcpRail>(config, r, n));
-    addrs.push_back(rails.back()->listen_address());
+    addrs.push_back(rails.back()->local_address());
   }
   const Deadline deadline = Deadline::after_seconds(timeout_s);
-  run_ranks(n, [&](int r) { rails[r]->connect_all(addrs, deadline); });
+  run_ranks(n, [&](int r) { rails[r]->connect(addrs, deadline); });
   return rails;
 }
 

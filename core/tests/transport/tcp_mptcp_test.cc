@@ -40,7 +40,7 @@ TEST(TcpMptcp, MeshExchangesOverMptcp) {
   TcpRailConfig config = loopback_config();
   config.mptcp = true;
   auto rails = make_mesh(3, config);
-  EXPECT_EQ(rails[0]->properties().protocol, "mptcp");
+  EXPECT_EQ(rails[0]->properties().kind, "mptcp");
   const std::vector<size_t> sizes = {0, 1, (size_t{8} << 20) + 5};
   run_ranks(3, [&](int me) {
     const int right = (me + 1) % 3, left = (me + 2) % 3;

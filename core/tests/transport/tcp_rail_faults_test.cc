@@ -118,7 +118,7 @@ std::vector<tcp::Fd> stranger_round(const std::vector<std::unique_ptr<TcpRail>>&
   std::vector<tcp::Fd> silent;
   const int n = static_cast<int>(rails.size());
   for (int r = 0; r < n; ++r) {
-    const std::string addr = rails[r]->listen_address();
+    const std::string addr = rails[r]->local_address();
     tcp::Fd garbage = dial(addr);
     const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
     EXPECT_EQ(::write(garbage.get(), junk, sizeof junk), static_cast<ssize_t>(sizeof junk));
@@ -165,13 +165,13 @@ TEST(TcpRailFaults, SilentStrangerDoesNotDelayConnectAll) {
   std::vector<std::string> addrs;
   for (int r = 0; r < 3; ++r) {
     rails.push_back(std::make_unique<TcpRail>(config, r, 3));
-    addrs.push_back(rails.back()->listen_address());
+    addrs.push_back(rails.back()->local_address());
   }
   // Strangers get to rank 0 and 1 first; handshakes run concurrently, so ranks 1 and 2 are not
   // queued behind them for the 5 s handshake timeout.
   tcp::Fd s0 = dial(addrs[0]), s1 = dial(addrs[1]);
   const auto start = Clock::now();
-  run_ranks(3, [&](int r) { rails[r]->connect_all(addrs, Deadline::after_seconds(10)); });
+  run_ranks(3, [&](int r) { rails[r]->connect(addrs, Deadline::after_seconds(10)); });
   EXPECT_LT(seconds_since(start), 2.0);
 }
 
@@ -179,7 +179,7 @@ TEST(TcpRailFaults, SilentStrangerIsDisconnectedAfterTheHandshakeTimeout) {
   TcpRailConfig config = loopback_config();
   config.handshake_timeout_s = 0.2;
   TcpRail rail(config, 0, 2);
-  tcp::Fd stranger = dial(rail.listen_address());
+  tcp::Fd stranger = dial(rail.local_address());
   const timeval limit{5, 0};  // the test itself must not hang if the rail never hangs up
   ASSERT_EQ(setsockopt(stranger.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit), 0);
   const auto start = Clock::now();
@@ -194,11 +194,11 @@ TEST(TcpRailFaults, SilentStrangerIsDisconnectedAfterTheHandshakeTimeout) {
 TEST(TcpRailFaults, WrongSecretFailsConnectAllNamingTheRanks) {
   TcpRailConfig good = loopback_config("right"), bad = loopback_config("wrong");
   TcpRail r0(good, 0, 2), r1(bad, 1, 2);
-  const std::vector<std::string> addrs = {r0.listen_address(), r1.listen_address()};
+  const std::vector<std::string> addrs = {r0.local_address(), r1.local_address()};
   std::string err0, err1;
   run_ranks(2, [&](int r) {
     try {
-      (r == 0 ? r0 : r1).connect_all(addrs, Deadline::after_seconds(1.0));
+      (r == 0 ? r0 : r1).connect(addrs, Deadline::after_seconds(1.0));
     } catch (const NezhaError& e) {
       (r == 0 ? err0 : err1) = e.what();
     }
@@ -217,8 +217,8 @@ TEST(TcpRailFaults, ConnectAllTimesOutNamingMissingRanks) {
   TcpRail rail(loopback_config(), 1, 3);
   const auto start = Clock::now();
   try {
-    rail.connect_all({dead, rail.listen_address(), "127.0.0.1:9"}, Deadline::after_seconds(0.5));
-    FAIL() << "connect_all succeeded without peers";
+    rail.connect({dead, rail.local_address(), "127.0.0.1:9"}, Deadline::after_seconds(0.5));
+    FAIL() << "connect succeeded without peers";
   } catch (const NezhaError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("rank 0 at " + dead), std::string::npos) << what;

@@ -54,13 +54,19 @@ struct TcpRail::Incoming {
 };
 
 TcpRail::TcpRail(TcpRailConfig config, int rank, int size)
-    : config_(std::move(config)), rank_(rank), size_(size), peers_(size > 0 ? size : 0) {
+    : config_(std::move(config)),
+      rank_(rank),
+      size_(size),
+      peers_(size > 0 ? size : 0),
+      reachable_(new std::atomic<bool>[size > 0 ? size : 0]()) {
   if (size <= 0 || rank < 0 || rank >= size)
     throw InvalidArgument("TcpRail: rank " + std::to_string(rank) + " is outside a job of " +
                           std::to_string(size) + " ranks");
   properties_.name = config_.name;
   properties_.local_addr = config_.local_addr;
-  properties_.protocol = config_.mptcp ? "mptcp" : "tcp";
+  properties_.kind = config_.mptcp ? "mptcp" : "tcp";
+  properties_.reach = RailReach::kJob;
+  properties_.max_share_bytes = config_.max_share_bytes;
 
   abort_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!abort_fd_.valid()) throw NezhaError("rail " + config_.name + ": eventfd() failed: " + tcp::errno_text(errno));
@@ -92,14 +98,19 @@ TcpRail::TcpRail(TcpRailConfig config, int rank, int size)
 
 TcpRail::~TcpRail() { close(); }
 
-std::string TcpRail::listen_address() const { return listen_address_; }
+std::string TcpRail::local_address() const { return listen_address_; }
+
+bool TcpRail::reaches(int peer) const {
+  return peer >= 0 && peer < size_ && peer != rank_ && !aborted_.load(std::memory_order_acquire) &&
+         reachable_[peer].load(std::memory_order_acquire);
+}
 
 std::string TcpRail::rank_name(int peer) const { return "rank " + std::to_string(peer); }
 
 void TcpRail::admit(int peer, Fd fd, const std::string& remote) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!admitting_ || peer < rank_ || peers_[peer].fd.valid()) {
-    // Outside connect_all() (initial or after reset()) the running connection wins.
+    // Outside connect() (initial or after reset()) the running connection wins.
     NZ_LOG(Warning) << "rail " << config_.name << ": dropped authenticated connection from rank "
                     << peer << " at " << remote << ": "
                     << (peer < rank_ ? "lower ranks are dialed by this rank, not accepted"
@@ -107,6 +118,7 @@ void TcpRail::admit(int peer, Fd fd, const std::string& remote) {
     return;
   }
   peers_[peer].fd = std::move(fd);
+  reachable_[peer].store(true, std::memory_order_release);
   admitted_.notify_all();
 }
 
@@ -172,13 +184,14 @@ void TcpRail::connect_to(int peer, const std::string& endpoint, const Deadline& 
     }
     std::lock_guard<std::mutex> lock(mu_);
     peers_[peer].fd = std::move(fd);
+    reachable_[peer].store(true, std::memory_order_release);
     return;
   }
 }
 
-void TcpRail::connect_all(const std::vector<std::string>& listen_addrs_by_rank, const Deadline& deadline) {
+void TcpRail::connect(const std::vector<std::string>& listen_addrs_by_rank, const Deadline& deadline) {
   if (static_cast<int>(listen_addrs_by_rank.size()) != size_)
-    throw InvalidArgument("rail " + config_.name + ": connect_all() got " +
+    throw InvalidArgument("rail " + config_.name + ": connect() got " +
                           std::to_string(listen_addrs_by_rank.size()) + " addresses for " +
                           std::to_string(size_) + " ranks");
   std::vector<std::string> failures;  // "rank P: why"
@@ -256,7 +269,7 @@ int TcpRail::live_fd(int peer, const char* what) {
   Peer& p = peers_[peer];
   if (!p.fd.valid())
     throw PeerError(peer, "rail " + config_.name + ": no connection to " + rank_name(peer) + ": " +
-                              (p.closed_reason.empty() ? "connect_all() has not connected it"
+                              (p.closed_reason.empty() ? "connect() has not connected it"
                                                        : "closed after an earlier error: " + p.closed_reason));
   return p.fd.get();
 }
@@ -264,6 +277,7 @@ int TcpRail::live_fd(int peer, const char* what) {
 void TcpRail::close_peer(int peer, const std::string& why) {
   Peer& p = peers_[peer];
   if (p.closed_reason.empty()) p.closed_reason = why;
+  reachable_[peer].store(false, std::memory_order_release);
   p.fd.reset();
   p.control_rx.reset();
   NZ_LOG(Debug) << why;
@@ -440,6 +454,7 @@ void TcpRail::append_poll_fds(std::vector<pollfd>& fds) const {
 
 void TcpRail::reset() {
   std::lock_guard<std::mutex> lock(mu_);
+  for (int peer = 0; peer < size_; ++peer) reachable_[peer].store(false, std::memory_order_release);
   for (Peer& p : peers_) {
     p.fd.reset();
     p.closed_reason.clear();
@@ -458,6 +473,7 @@ void TcpRail::reset() {
 void TcpRail::close() {
   abort("rail closed");
   if (acceptor_) acceptor_->stop();
+  for (int peer = 0; peer < size_; ++peer) reachable_[peer].store(false, std::memory_order_release);
   for (Peer& p : peers_) p.fd.reset();
 }
 

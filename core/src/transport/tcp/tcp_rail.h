@@ -2,7 +2,7 @@
 // the rail's traffic leaves on its own NIC.
 //
 // Connections. The constructor binds and listens on local_addr:0 and starts the accept thread
-// (tcp/acceptor.h). connect_all() dials every lower rank and waits for every higher rank; every
+// (tcp/acceptor.h). connect() dials every lower rank and waits for every higher rank; every
 // connection is authenticated (auth.h) before it carries a byte of data. The listener stays open for
 // the life of the rail: strangers and failed handshakes are logged and dropped there, so they never
 // disturb a running job.
@@ -21,7 +21,7 @@
 //
 // Failures. A reset, EOF, protocol violation or timeout closes that peer's connection; later calls
 // to the peer throw PeerError at once, naming the first failure. abort() poisons the whole rail
-// until reset(); connections are accepted only during connect_all().
+// until reset(); connections are accepted only during connect().
 #pragma once
 
 #include <atomic>
@@ -35,6 +35,7 @@
 
 #include "transport/auth.h"
 #include "transport/rail.h"
+#include "transport/rail_factory.h"
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/frame_stream.h"
 #include "transport/tcp/socket.h"
@@ -49,6 +50,7 @@ struct TcpRailConfig {
   size_t socket_buffer_bytes = 4 << 20;
   std::string secret;        // job secret for the HMAC handshake
   double handshake_timeout_s = 5.0;  // longest a single handshake may take (either side)
+  size_t max_share_bytes = 0;        // RailProperties::max_share_bytes (0: no limit)
 };
 
 class TcpRail : public Rail {
@@ -58,12 +60,13 @@ class TcpRail : public Rail {
   TcpRail(const TcpRail&) = delete;
   TcpRail& operator=(const TcpRail&) = delete;
 
-  std::string listen_address() const;  // "ip:port"
+  std::string local_address() const override;  // "ip:port" of the listener
 
   // Full mesh: connect to every lower rank, accept every higher rank (authenticated). Strangers and
   // failed handshakes are dropped and logged, and accepting continues. Throws NezhaError naming the
   // ranks still missing (and why) when the deadline passes.
-  void connect_all(const std::vector<std::string>& listen_addrs_by_rank, const Deadline& deadline);
+  void connect(const std::vector<std::string>& listen_addrs_by_rank, const Deadline& deadline) override;
+  bool reaches(int peer) const override;
 
   const RailProperties& properties() const override { return properties_; }
   int rank() const override { return rank_; }
@@ -97,12 +100,12 @@ class TcpRail : public Rail {
   void append_poll_fds(std::vector<struct pollfd>& fds) const;
 
   // Idempotent; also run by the destructor. Must not race a data call (use abort() for that).
-  void close();
+  void close() override;
 
   // Re-admission after a failure: drops every connection and clears an abort, so that the next
-  // connect_all() builds a fresh mesh on the same listener (every rank must reset before any rank
+  // connect() builds a fresh mesh on the same listener (every rank must reset before any rank
   // dials). Must not race a data call.
-  void reset();
+  void reset() override;
 
  private:
   struct Peer {
@@ -131,6 +134,7 @@ class TcpRail : public Rail {
   int size_;
   std::string listen_address_;
   std::vector<Peer> peers_;
+  std::unique_ptr<std::atomic<bool>[]> reachable_;  // per peer: connected and not closed (reaches())
   tcp::Fd abort_fd_;  // eventfd, readable once abort() was called; in every poll set
   std::atomic<bool> aborted_{false};
   std::atomic<uint64_t> bytes_sent_{0};
@@ -140,9 +144,12 @@ class TcpRail : public Rail {
 
   mutable std::mutex mu_;  // guards the fields below, and peers_[*].fd while admitting_
   std::condition_variable admitted_;
-  bool admitting_ = true;  // true until connect_all() returns
+  bool admitting_ = true;  // true until connect() returns
   std::string abort_reason_;
   std::unique_ptr<tcp::Acceptor> acceptor_;
 };
+
+// The factory's maker for kinds "tcp" and "mptcp" (rail_kinds.cc): binds spec.local_addr.
+std::unique_ptr<Rail> make_tcp_rail(const RailSpec& spec, const RailContext& ctx);
 
 }  // namespace nezha::transport

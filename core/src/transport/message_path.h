@@ -1,0 +1,44 @@
+// MessagePath: the small interface the engine's control channel (engine/control_channel.h) needs
+// from a transport: whole variable-length messages to and from any peer, and file descriptors to
+// wait on beside the engine's own. TcpRail implements it (kControl frames); the control channel
+// never names a concrete transport.
+//
+// Promises: a message is delivered whole, once, in order per (sender, receiver); a lost or
+// duplicated one is a ProtocolError. send_message() returns once the message is handed over whole.
+// Threads: one thread makes the data calls (the engine loop); abort() from any thread.
+#pragma once
+
+#include <optional>
+#include <poll.h>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+
+namespace nezha::transport {
+
+class MessagePath {
+ public:
+  virtual ~MessagePath() = default;
+
+  struct Message {
+    int peer;
+    std::string payload;
+  };
+
+  // Lifecycle, as Rail's (rail.h): opaque address bytes, a full mesh from every rank's address.
+  virtual std::string local_address() const = 0;
+  virtual void connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) = 0;
+  virtual void close() = 0;
+  virtual void abort(const std::string& reason) = 0;
+
+  virtual void send_message(int peer, const std::string& payload, const Deadline& deadline) = 0;
+  // Waits until one whole message has arrived from any peer (returns it), or wake_fd (may be -1)
+  // becomes readable (std::nullopt, wake_fd not read), or the deadline passes (std::nullopt).
+  virtual std::optional<Message> recv_message_any(int wake_fd, const Deadline& deadline) = 0;
+  // For waiting on several paths at once: appends every fd whose readiness means progress (POLLIN);
+  // when any is readable, recv_message_any(-1, an expired deadline) makes progress without blocking.
+  virtual void append_poll_fds(std::vector<struct pollfd>& fds) const = 0;
+};
+
+}  // namespace nezha::transport

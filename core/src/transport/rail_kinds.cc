@@ -1,0 +1,20 @@
+// The table of rail kinds make_rail() knows. Adding a transport: put it in a folder under
+// core/src/transport/ with a maker `std::unique_ptr<Rail> make_<kind>_rail(const RailSpec&,
+// const RailContext&)`, include its header here and add one line to kBuiltinRailKinds.
+#include "transport/rail_kinds.h"
+
+#include "transport/tcp/tcp_rail.h"
+// #include "transport/shm/shm_rail.h"
+
+namespace nezha::transport {
+
+const std::vector<RailKind>& builtin_rail_kinds() {
+  static const std::vector<RailKind> kBuiltinRailKinds = {
+      {"tcp", &make_tcp_rail},
+      {"mptcp", &make_tcp_rail},
+      // {"shm", &make_shm_rail},
+  };
+  return kBuiltinRailKinds;
+}
+
+}  // namespace nezha::transport
