@@ -4,7 +4,7 @@
 #include "transport/rail_kinds.h"
 
 #include "transport/tcp/tcp_rail.h"
-// #include "transport/shm/shm_rail.h"
+#include "transport/shm/shm_rail.h"
 
 namespace nezha::transport {
 
@@ -12,7 +12,7 @@ const std::vector<RailKind>& builtin_rail_kinds() {
   static const std::vector<RailKind> kBuiltinRailKinds = {
       {"tcp", &make_tcp_rail},
       {"mptcp", &make_tcp_rail},
-      // {"shm", &make_shm_rail},
+      {"shm", &make_shm_rail},
   };
   return kBuiltinRailKinds;
 }

@@ -1,7 +1,10 @@
 // Runs one function per rank on its own thread over a fresh MemoryWorld (Gloo's base_test style:
-// ranks as threads, no globals in the core).
+// ranks as threads, no globals in the core), or, with NEZHA_TEST_RAIL=shm in the environment (the
+// "shm." copy of this binary's tests in CMakeLists.txt), over a fresh mesh of ShmRails with small
+// rings, so every algorithm test also runs over shared memory.
 #pragma once
 
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -13,6 +16,7 @@
 
 #include "collectives/collectives.h"
 #include "memory_rail.h"
+#include "transport/shm_mesh.h"
 
 namespace nezha::testing {
 
@@ -22,9 +26,37 @@ inline Deadline test_deadline() { return Deadline::after_seconds(20); }
 
 // Returns the exception each rank threw (null where it returned normally).
 // send_buffer_bytes: what the rails claim they buffer (0 makes the algorithms run unpipelined).
+inline bool harness_uses_shm() {
+  const char* kind = std::getenv("NEZHA_TEST_RAIL");
+  return kind != nullptr && std::string(kind) == "shm";
+}
+
+// The shm variant: a ring that holds a 64 KiB segment, so pipelined and lock-step paths both run
+// (send_buffer_bytes cannot be claimed here; the ring size decides it).
+inline std::vector<std::exception_ptr> run_ranks_collect_shm(
+    int size, const std::function<void(transport::Rail&)>& body) {
+  transport::ShmRailConfig config = transport::testing::small_ring_config("collectives");
+  config.ring_bytes = 96 << 10;
+  auto rails = transport::testing::make_shm_mesh(size, config);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(*rails[r]);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
 inline std::vector<std::exception_ptr> run_ranks_collect(
     int size, const std::function<void(transport::Rail&)>& body,
     size_t send_buffer_bytes = std::numeric_limits<size_t>::max()) {
+  if (harness_uses_shm()) return run_ranks_collect_shm(size, body);
   MemoryWorld world(size);
   world.set_send_buffer_bytes(send_buffer_bytes);
   std::vector<std::exception_ptr> errors(static_cast<size_t>(size));

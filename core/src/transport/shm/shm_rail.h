@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "transport/rail.h"
+#include "transport/rail_factory.h"
 #include "transport/shm/shm_address.h"
 #include "transport/shm/shm_handoff.h"
 #include "transport/shm/shm_ring.h"
@@ -45,6 +46,7 @@ struct ShmRailConfig {
   size_t chunk_bytes = 256 << 10;  // largest copy before head/tail is published
   double spin_us = 20;             // busy-wait before sleeping on the futex
   double liveness_slice_ms = 50;   // futex sleep slice; peers' pidfds are checked after each
+  size_t max_share_bytes = 0;      // RailProperties::max_share_bytes (0: no limit)
 };
 
 class ShmRail : public Rail {
@@ -54,11 +56,11 @@ class ShmRail : public Rail {
   ShmRail(const ShmRail&) = delete;
   ShmRail& operator=(const ShmRail&) = delete;
 
-  std::string local_address() const;
-  void connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline);
-  void reset();
-  void close();
-  bool reaches(int peer) const;
+  std::string local_address() const override;
+  void connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) override;
+  void reset() override;
+  void close() override;
+  bool reaches(int peer) const override;
 
   const RailProperties& properties() const override { return properties_; }
   int rank() const override { return rank_; }
@@ -90,7 +92,9 @@ class ShmRail : public Rail {
   void transfer(Outgoing* out, Incoming* in, const Deadline& deadline);
   bool step_send(Outgoing& out);
   bool step_recv(Incoming& in);
-  void check_blocked_peer(int peer, const char* verb, uint64_t tag, bool check_process);
+  // Throws PeerError if the peer of a blocked call closed the pair, its rail, or exited (the last
+  // only when check_process), unless the ring lets the call go on (needed bytes readable/free).
+  void check_blocked_peer(int peer, bool sending, uint64_t needed, uint64_t tag, bool check_process);
   Link& usable_link(int peer, const char* verb);
   enum class FailKind { kProtocol, kTimeout, kPeer };
   // Closes the pair on both ends (the peer sees PeerError) and throws the matching error.
@@ -114,8 +118,14 @@ class ShmRail : public Rail {
   std::atomic<bool> aborted_{false};
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
-  mutable std::mutex mu_;  // abort() vs connect/reset/close touching the mappings; abort_reason_
+  // abort() and reaches() vs connect/reset/close touching the mappings; abort_reason_; writes of
+  // Link::closed_reason (the data thread reads it without the lock: it is the only writer).
+  mutable std::mutex mu_;
   std::string abort_reason_;
 };
+
+// The factory's entry for kind "shm" (rail_kinds.cc). Options: ring_bytes, chunk_bytes, spin_us,
+// max_share_bytes.
+std::unique_ptr<Rail> make_shm_rail(const RailSpec& spec, const RailContext& ctx);
 
 }  // namespace nezha::transport
