@@ -1,0 +1,53 @@
+"""The shared-memory rail under real jobs on this machine (NEZHA_RAILS=shm): every op x dtype
+against numpy over shm with 3 and 4 ranks, the data really on shm, a rank SIGKILLed mid-operation
+named on every other rank within NEZHA_TIMEOUT_S, and nothing left in /dev/shm after a killed job."""
+import os
+import re
+import signal
+
+import pytest
+
+from conftest import launch_direct
+
+SHM = {"NEZHA_RAILS": "shm"}
+TIMEOUT_S = 4
+
+
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_every_op_and_dtype_over_shm_matches_numpy(job, ranks):
+    result = job(ranks, "collectives_check.py", env=SHM, timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(ranks):
+        assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
+
+
+def test_the_data_goes_over_shm(job):
+    result = job(3, "shm_traffic.py", env=SHM, timeout=120)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(3):
+        assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
+
+
+def test_killed_rank_is_named_on_every_other_rank():
+    victim, survivors = 1, [0, 2]
+    results = launch_direct(3, "dead_peer.py", "kill", str(victim),
+                            env={**SHM, "NEZHA_TIMEOUT_S": str(TIMEOUT_S)}, timeout=TIMEOUT_S + 20,
+                            wait_for=survivors)
+    for rank in survivors:
+        res = results[rank]
+        assert res.returncode == 3, res.output[-2000:]
+        line = next(l for l in res.output.splitlines() if l.startswith("RAISED"))
+        assert float(re.search(r"after (\S+)s", line).group(1)) < TIMEOUT_S, line
+        assert f"rank {victim}" in line, line
+    assert results[victim].returncode == -signal.SIGKILL
+
+
+def test_nothing_left_in_dev_shm_after_a_killed_job(job):
+    before = set(os.listdir("/dev/shm"))
+    result = job(3, "dead_peer.py", "kill", "2", env={**SHM, "NEZHA_TIMEOUT_S": str(TIMEOUT_S)},
+                 timeout=90)
+    assert result.returncode == 128 + signal.SIGKILL, result.output[-2000:]
+    # Segments are memfds (core/tests/transport/shm_rail_process_test.cc checks the mappings);
+    # no file of ours may appear, whatever other processes on the machine do meanwhile.
+    left = [n for n in set(os.listdir("/dev/shm")) - before if "nezha" in n]
+    assert not left, left
