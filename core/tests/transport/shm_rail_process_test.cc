@@ -18,6 +18,7 @@
 
 #include "common/error.h"
 #include "shm_mesh.h"
+#include "shm_process_job.h"
 #include "tcp_mesh.h"
 
 namespace nezha::transport {
@@ -25,100 +26,10 @@ namespace {
 
 using testing::first_mismatch;
 using testing::pattern;
+using testing::ProcessJob;
 using testing::small_ring_config;
 
-// Each child: creates its rail, reports its address, receives everyone's, connects, runs body,
-// and reports one line ("ok" or the error) before exiting. Rank r's pipe pair is in fds.
-struct Child {
-  pid_t pid = -1;
-  int to_child = -1, from_child = -1;
-};
-
-void write_all(int fd, const std::string& s) {
-  const uint32_t n = static_cast<uint32_t>(s.size());
-  if (::write(fd, &n, 4) != 4 || ::write(fd, s.data(), n) != static_cast<ssize_t>(n)) _exit(90);
-}
-bool read_all(int fd, std::string* s) {
-  uint32_t n = 0;
-  if (::read(fd, &n, 4) != 4) return false;
-  s->resize(n);
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t k = ::read(fd, s->data() + got, n - got);
-    if (k <= 0) return false;
-    got += static_cast<size_t>(k);
-  }
-  return true;
-}
-
-class ProcessJob {
- public:
-  // body(rail) runs in each child; its result line is what it returns, or the exception text.
-  ProcessJob(int n, const std::function<std::string(ShmRail&)>& body) : n_(n), children_(n) {
-    for (int r = 0; r < n; ++r) {
-      int down[2], up[2];
-      EXPECT_EQ(::pipe(down), 0);
-      EXPECT_EQ(::pipe(up), 0);
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        ::close(down[1]);
-        ::close(up[0]);
-        std::string line;
-        try {
-          ShmRail rail(small_ring_config("process-job"), r, n);
-          write_all(up[1], rail.local_address());
-          std::vector<std::string> addrs(n);
-          for (auto& a : addrs)
-            if (!read_all(down[0], &a)) _exit(91);
-          rail.connect(addrs, Deadline::after_seconds(10));
-          write_all(up[1], "connected");
-          line = body(rail);
-        } catch (const std::exception& e) {
-          line = std::string("error: ") + e.what();
-        }
-        write_all(up[1], line);
-        _exit(0);
-      }
-      ::close(down[0]);
-      ::close(up[1]);
-      children_[r] = {pid, down[1], up[0]};
-    }
-    std::vector<std::string> addrs(n);
-    for (int r = 0; r < n; ++r) EXPECT_TRUE(read_all(children_[r].from_child, &addrs[r]));
-    for (int r = 0; r < n; ++r)
-      for (const auto& a : addrs) write_all(children_[r].to_child, a);
-    for (int r = 0; r < n; ++r) {
-      std::string line;
-      EXPECT_TRUE(read_all(children_[r].from_child, &line));
-      EXPECT_EQ(line, "connected") << "rank " << r;
-    }
-  }
-  ~ProcessJob() {
-    for (auto& c : children_) {
-      if (c.pid > 0) {
-        ::kill(c.pid, SIGKILL);
-        ::waitpid(c.pid, nullptr, 0);
-      }
-      ::close(c.to_child);
-      ::close(c.from_child);
-    }
-  }
-  pid_t pid(int r) const { return children_[r].pid; }
-  std::string result(int r) {
-    std::string line;
-    if (!read_all(children_[r].from_child, &line)) return "(no result: the process died)";
-    return line;
-  }
-  void kill(int r, int sig) { ::kill(children_[r].pid, sig); }
-  void reap(int r) {
-    ::waitpid(children_[r].pid, nullptr, 0);
-    children_[r].pid = -1;
-  }
-
- private:
-  int n_;
-  std::vector<Child> children_;
-};
+ShmRailConfig process_config() { return small_ring_config("process-job"); }
 
 std::set<std::string> dev_shm_entries() {
   std::set<std::string> names;
@@ -146,7 +57,7 @@ TEST(ShmRailProcesses, SendrecvRingOfFourProcesses) {
       if (first_mismatch(in, prev, round) != -1) return "wrong bytes from rank " + std::to_string(prev);
     }
     return "ok";
-  });
+  }, process_config());
   for (int r = 0; r < n; ++r) EXPECT_EQ(job.result(r), "ok") << "rank " << r;
 }
 
@@ -167,7 +78,7 @@ TEST(ShmRailProcesses, KilledPeerIsNamedWellUnderASecond) {
       const double s = std::chrono::duration<double>(Clock::now() - t).count();
       return std::string(s < 1.0 ? "fast: " : "slow: ") + e.what();
     }
-  });
+  }, process_config());
   ::usleep(200 * 1000);
   job.kill(0, SIGKILL);
   for (int r : {1, 2}) {
@@ -193,7 +104,7 @@ TEST(ShmRailProcesses, FrozenPeerIsATimeoutAtTheDeadline) {
       const double s = std::chrono::duration<double>(Clock::now() - t).count();
       return std::string(s >= 0.95 && s < 3 ? "at deadline: " : "off: ") + e.what();
     }
-  });
+  }, process_config());
   job.kill(0, SIGSTOP);
   const std::string line = job.result(1);
   EXPECT_EQ(line.rfind("at deadline: ", 0), 0u) << line;
@@ -208,7 +119,7 @@ TEST(ShmRailProcesses, SegmentsAreMemfdsAndNothingIsLeftInDevShmAfterSigkill) {
     ProcessJob job(3, [](ShmRail&) -> std::string {
       ::pause();
       return "";
-    });
+    }, process_config());
     for (int r = 0; r < 3; ++r) {
       // Each rank maps its own segment and its two peers': all anonymous memfds.
       const std::string maps = read_file("/proc/" + std::to_string(job.pid(r)) + "/maps");
