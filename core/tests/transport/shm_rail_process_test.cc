@@ -47,6 +47,10 @@ std::string read_file(const std::string& path) {
 
 TEST(ShmRailProcesses, SendrecvRingOfFourProcesses) {
   const int n = 4;
+  for (bool direct : {true, false}) {  // process_vm_readv from the sender, or through the ring
+  SCOPED_TRACE(direct ? "direct" : "streamed");
+  ShmRailConfig config = process_config();
+  config.direct = direct;
   ProcessJob job(n, [n](ShmRail& rail) -> std::string {
     const int r = rail.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
     const size_t bytes = (3 << 20) + 11;
@@ -57,8 +61,9 @@ TEST(ShmRailProcesses, SendrecvRingOfFourProcesses) {
       if (first_mismatch(in, prev, round) != -1) return "wrong bytes from rank " + std::to_string(prev);
     }
     return "ok";
-  }, process_config());
+  }, config);
   for (int r = 0; r < n; ++r) EXPECT_EQ(job.result(r), "ok") << "rank " << r;
+  }
 }
 
 TEST(ShmRailProcesses, KilledPeerIsNamedWellUnderASecond) {

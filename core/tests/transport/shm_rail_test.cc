@@ -36,9 +36,13 @@ std::string what_of(const std::function<void()>& fn) {
 }
 
 TEST(ShmRail, PointToPointSizesAcrossRingAndChunkBoundaries) {
-  auto rails = make_shm_mesh(2);
+  for (bool direct : {true, false}) {  // messages larger than the ring: read directly or streamed
+  SCOPED_TRACE(direct ? "direct" : "streamed");
+  ShmRailConfig config = small_ring_config();
+  config.direct = direct;
+  auto rails = make_shm_mesh(2, config);
   const size_t ring = 64 << 10;
-  const std::vector<size_t> sizes{0, 1, 15, 16, 17, 4095, 16 << 10, (16 << 10) + 3, ring - 16, ring - 15,
+  const std::vector<size_t> sizes{0, 1, 15, 16, 17, 4095, 16 << 10, (16 << 10) + 3, ring - 32, ring - 31,
                                   ring, ring + 1, 3 * ring + 7, (1 << 20) + 13};
   run_shm_ranks(2, [&](int r) {
     const Deadline d = Deadline::after_seconds(20);
@@ -54,6 +58,7 @@ TEST(ShmRail, PointToPointSizesAcrossRingAndChunkBoundaries) {
     }
   });
   EXPECT_EQ(rails[0]->counters().bytes_sent, rails[1]->counters().bytes_received);
+  }
 }
 
 TEST(ShmRail, SixtyFourMiBThroughTheDefaultRing) {
@@ -69,7 +74,7 @@ TEST(ShmRail, SixtyFourMiBThroughTheDefaultRing) {
     else rails[1]->recv(0, 9, got.data(), bytes, d);
   });
   EXPECT_EQ(first_mismatch(got, 0, 9), -1);
-  EXPECT_EQ(rails[0]->send_buffer_bytes(), (size_t{4} << 20) - 16);
+  EXPECT_EQ(rails[0]->send_buffer_bytes(), (size_t{4} << 20) - 32);
 }
 
 TEST(ShmRail, TagOrSizeMismatchIsProtocolErrorAndClosesThePair) {
@@ -104,9 +109,11 @@ TEST(ShmRail, TagOrSizeMismatchIsProtocolErrorAndClosesThePair) {
 }
 
 TEST(ShmRail, SendrecvRingsLargerThanTheRingNeverDeadlock) {
-  for (int n : {2, 3, 4}) {
-    SCOPED_TRACE("ranks " + std::to_string(n));
-    auto rails = make_shm_mesh(n);
+  for (int n : {2, 3, 4}) for (bool direct : {true, false}) {
+    SCOPED_TRACE("ranks " + std::to_string(n) + (direct ? " direct" : " streamed"));
+    ShmRailConfig config = small_ring_config();
+    config.direct = direct;
+    auto rails = make_shm_mesh(n, config);
     const size_t bytes = (1 << 20) + 77;  // 16 rings' worth: both directions must progress together
     run_shm_ranks(n, [&](int r) {
       const Deadline d = Deadline::after_seconds(30);

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,37 +50,18 @@ std::string hostname() {
   return buf;
 }
 
-bool process_exited(int pidfd, int32_t pid, uint64_t start_time) {
-  if (pidfd >= 0) {
-    pollfd p{pidfd, POLLIN, 0};
-    return ::poll(&p, 1, 0) > 0;
-  }
-  if (pid == ::getpid()) return false;
-  return shm::process_start_time(pid) != start_time;  // gone, or the pid was reused
+
+// True if this process may read `pid`'s memory (process_vm_readv: same user and ptrace rules);
+// `segment_base` is where pid mapped a segment, whose first word is its magic.
+bool can_read_memory_of(int32_t pid, uint64_t segment_base) {
+  if (pid == ::getpid()) return true;
+  uint64_t word = 0;
+  iovec local{&word, sizeof word};
+  iovec remote{reinterpret_cast<void*>(segment_base), sizeof word};
+  return ::process_vm_readv(pid, &local, 1, &remote, 1, 0) == sizeof word && word == shm::kSegmentMagic;
 }
 
 }  // namespace
-
-struct ShmRail::Outgoing {
-  int peer;
-  MessageHeader header;
-  const uint8_t* data;
-  bool header_sent = false;
-  size_t sent = 0;
-  bool done() const { return header_sent && sent == header.bytes; }
-  uint64_t room_needed() const { return header_sent ? 1 : sizeof(MessageHeader); }
-};
-
-struct ShmRail::Incoming {
-  int peer;
-  uint64_t tag;
-  uint8_t* data;
-  size_t bytes;
-  bool header_seen = false;
-  size_t received = 0;
-  bool done() const { return header_seen && received == bytes; }
-  uint64_t bytes_needed() const { return header_seen ? 1 : sizeof(MessageHeader); }
-};
 
 ShmRail::ShmRail(ShmRailConfig config, int rank, int size)
     : config_(std::move(config)), rank_(rank), size_(size) {
@@ -175,6 +157,8 @@ void ShmRail::connect(const std::vector<std::string>& addresses_by_rank, const D
     l.out = {l.segment.ring(my_slot), l.segment.ring_data(my_slot), config_.ring_bytes, 0};
     l.in = {own.ring(slot_of(r)), own.ring_data(slot_of(r)), config_.ring_bytes, 0};
     l.pid = addrs[r].pid;
+    // Direct (single-copy) messages from r need this rank to read r's memory: probe it once.
+    l.in.control->direct_ok.store(can_read_memory_of(l.pid, l.segment.header()->creator_base) ? 1 : 0);
     if (l.pid != address_.pid) {
       l.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, l.pid, 0));
       // The pid may have been reused since the address was made: the start time must still match.
@@ -268,167 +252,8 @@ void ShmRail::fail_pair(int peer, const std::string& what, FailKind kind) {
   throw PeerError(peer, what);
 }
 
-bool ShmRail::step_send(Outgoing& out) {
-  Link& l = links_[out.peer];
-  shm::RingEnd& ring = l.out;
-  bool progressed = false;
-  while (!out.done()) {
-    uint64_t free = ring.free_bytes();
-    uint64_t at = ring.own;
-    if (!out.header_sent) {
-      if (free < sizeof(MessageHeader)) break;
-      ring.copy_in(at, reinterpret_cast<const uint8_t*>(&out.header), sizeof(MessageHeader));
-      at += sizeof(MessageHeader);
-      free -= sizeof(MessageHeader);
-      out.header_sent = true;
-    }
-    const uint64_t n = std::min<uint64_t>({free, out.header.bytes - out.sent, config_.chunk_bytes});
-    if (n > 0) {
-      ring.copy_in(at, out.data + out.sent, n);
-      at += n;
-      out.sent += n;
-    }
-    if (at == ring.own) break;
-    ring.publish_head(at);
-    shm::ring_doorbell_if_sleeping(l.segment.header());
-    progressed = true;
-  }
-  return progressed;
-}
-
-bool ShmRail::step_recv(Incoming& in) {
-  Link& l = links_[in.peer];
-  shm::RingEnd& ring = l.in;
-  bool progressed = false;
-  while (!in.done()) {
-    uint64_t readable = ring.readable_bytes();
-    uint64_t at = ring.own;
-    if (!in.header_seen) {
-      if (readable < sizeof(MessageHeader)) break;
-      MessageHeader h;
-      ring.copy_out(at, reinterpret_cast<uint8_t*>(&h), sizeof h);
-      if (h.tag != in.tag || h.bytes != in.bytes)
-        fail_pair(in.peer,
-                  where("recv from", in.peer) + ": expected tag " + std::to_string(in.tag) + " with " +
-                      std::to_string(in.bytes) + " bytes, got tag " + std::to_string(h.tag) + " with " +
-                      std::to_string(h.bytes) + " bytes",
-                  FailKind::kProtocol);
-      at += sizeof h;
-      readable -= sizeof h;
-      in.header_seen = true;
-    }
-    const uint64_t n = std::min<uint64_t>({readable, in.bytes - in.received, config_.chunk_bytes});
-    if (n > 0) {
-      ring.copy_out(at, in.data + in.received, n);
-      at += n;
-      in.received += n;
-    }
-    if (at == ring.own) break;
-    ring.publish_tail(at);
-    shm::ring_doorbell_if_sleeping(l.segment.header());
-    progressed = true;
-  }
-  return progressed;
-}
-
-void ShmRail::check_blocked_peer(int peer, bool sending, uint64_t needed, uint64_t tag, bool check_process) {
-  Link& l = links_[peer];
-  const char* verb = sending ? "send to" : "recv from";
-  // The peer publishes its last bytes before it closes or exits: once one of the signs below is
-  // seen, a fresh look at the ring tells whether there is still something to do.
-  const auto can_progress = [&] {
-    return sending ? l.out.free_bytes() >= needed : l.in.readable_bytes() >= needed;
-  };
-  const std::string what = where(verb, peer) + " (tag " + std::to_string(tag) + ")";
-  if ((l.out.control->broken.load() || l.in.control->broken.load()) && !can_progress())
-    fail_pair(peer, what + ": rank " + std::to_string(peer) + " closed this pair after an error", FailKind::kPeer);
-  if (l.segment.header()->closed.load() && !can_progress())
-    fail_pair(peer, what + ": rank " + std::to_string(peer) + " closed or aborted its shm rail", FailKind::kPeer);
-  if (check_process && process_exited(l.pidfd, l.pid, start_times_[peer]) && !can_progress())
-    fail_pair(peer, what + ": rank " + std::to_string(peer) + " (pid " + std::to_string(l.pid) + ") exited",
-              FailKind::kPeer);
-}
-
-void ShmRail::transfer(Outgoing* out, Incoming* in, const Deadline& deadline) {
-  using std::chrono::microseconds;
-  const auto spin = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(config_.spin_us));
-  const long slice_us = static_cast<long>(config_.liveness_slice_ms * 1000);
-  shm::SegmentHeader* me = own_.header();
-  auto spin_until = Clock::now() + spin;
-  for (;;) {
-    bool progressed = false;
-    if (out && !out->done()) progressed |= step_send(*out);
-    if (in && !in->done()) progressed |= step_recv(*in);
-    const bool send_pending = out && !out->done(), recv_pending = in && !in->done();
-    if (!send_pending && !recv_pending) return;
-    throw_if_aborted();
-    const auto now = Clock::now();
-    if (progressed) {
-      spin_until = now + spin;
-      continue;
-    }
-    if (now < spin_until) {
-      shm::cpu_relax();
-      continue;
-    }
-    if (send_pending) check_blocked_peer(out->peer, true, out->room_needed(), out->header.tag, false);
-    if (recv_pending) check_blocked_peer(in->peer, false, in->bytes_needed(), in->tag, false);
-    if (deadline.expired()) {
-      const int peer = recv_pending ? in->peer : out->peer;
-      const std::string what =
-          recv_pending ? where("recv from", peer) + ": timed out waiting for tag " + std::to_string(in->tag) +
-                             " (" + std::to_string(in->received) + " of " + std::to_string(in->bytes) + " bytes received)"
-                       : where("send to", peer) + ": timed out: the peer stopped reading (tag " +
-                             std::to_string(out->header.tag) + ", " + std::to_string(out->sent) + " of " +
-                             std::to_string(out->header.bytes) + " bytes sent)";
-      fail_pair(peer, what, FailKind::kTimeout);
-    }
-    me->sleeping.store(1, std::memory_order_seq_cst);
-    const uint32_t bell = me->doorbell.load(std::memory_order_seq_cst);
-    const bool ready = (send_pending && links_[out->peer].out.free_bytes() >= out->room_needed()) ||
-                       (recv_pending && links_[in->peer].in.readable_bytes() >= in->bytes_needed()) ||
-                       aborted_.load();
-    if (!ready) {
-      const long left_us = std::chrono::duration_cast<microseconds>(deadline.at() - Clock::now()).count();
-      shm::futex_wait(&me->doorbell, bell, std::max(1L, std::min(slice_us, left_us)));
-    }
-    me->sleeping.store(0, std::memory_order_seq_cst);
-    if (!ready) {
-      if (send_pending) check_blocked_peer(out->peer, true, out->room_needed(), out->header.tag, true);
-      if (recv_pending) check_blocked_peer(in->peer, false, in->bytes_needed(), in->tag, true);
-    }
-    spin_until = Clock::now() + spin;
-  }
-}
-
-void ShmRail::send(int peer, uint64_t tag, const void* data, size_t bytes, const Deadline& deadline) {
-  usable_link(peer, "send to");
-  Outgoing out{peer, {tag, bytes}, static_cast<const uint8_t*>(data)};
-  transfer(&out, nullptr, deadline);
-  bytes_sent_ += bytes;
-}
-
-void ShmRail::recv(int peer, uint64_t tag, void* data, size_t bytes, const Deadline& deadline) {
-  usable_link(peer, "recv from");
-  Incoming in{peer, tag, static_cast<uint8_t*>(data), bytes};
-  transfer(nullptr, &in, deadline);
-  bytes_received_ += bytes;
-}
-
-void ShmRail::sendrecv_tags(int send_peer, const void* send_data, size_t send_bytes, uint64_t send_tag,
-                            int recv_peer, void* recv_data, size_t recv_bytes, uint64_t recv_tag,
-                            const Deadline& deadline) {
-  usable_link(send_peer, "send to");
-  usable_link(recv_peer, "recv from");
-  Outgoing out{send_peer, {send_tag, send_bytes}, static_cast<const uint8_t*>(send_data)};
-  Incoming in{recv_peer, recv_tag, static_cast<uint8_t*>(recv_data), recv_bytes};
-  transfer(&out, &in, deadline);
-  bytes_sent_ += send_bytes;
-  bytes_received_ += recv_bytes;
-}
-
 std::unique_ptr<Rail> make_shm_rail(const RailSpec& spec, const RailContext& ctx) {
-  reject_unknown_options(spec, {"ring_bytes", "chunk_bytes", "spin_us", "max_share_bytes"});
+  reject_unknown_options(spec, {"ring_bytes", "chunk_bytes", "spin_us", "max_share_bytes", "direct"});
   ShmRailConfig c;
   c.name = spec.name.empty() ? "shm" : spec.name;
   c.secret = ctx.secret;
@@ -437,6 +262,7 @@ std::unique_ptr<Rail> make_shm_rail(const RailSpec& spec, const RailContext& ctx
   c.chunk_bytes = rail_option_bytes(spec, "chunk_bytes", c.chunk_bytes);
   c.spin_us = static_cast<double>(rail_option_bytes(spec, "spin_us", static_cast<size_t>(c.spin_us)));
   c.max_share_bytes = rail_option_bytes(spec, "max_share_bytes", 0);
+  c.direct = rail_option_bytes(spec, "direct", 1) != 0;
   return std::make_unique<ShmRail>(c, ctx.rank, ctx.size);
 }
 

@@ -14,6 +14,11 @@
 // (shm_handoff.h). Segments never have a name in /dev/shm, so nothing can be left behind, even when
 // every rank is SIGKILLed: the kernel frees a memfd with its last mapping.
 //
+// Large messages. A message larger than the ring cannot be buffered anyway, so where the receiver
+// can read the sender's memory (threads of one process; process_vm_readv between processes, probed
+// at connect) only its header goes through the ring and the receiver copies the payload straight
+// from the sender's buffer: one copy instead of two. Elsewhere it streams through the ring.
+//
 // Waiting (shm_ring.h). A blocked call spins for spin_us, then sleeps on its doorbell futex in slices
 // of liveness_slice_ms; after each slice it checks, through pidfds, that the peers it waits for are
 // alive, so a killed peer is named within a slice and a frozen one at the deadline (TimeoutError
@@ -25,6 +30,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -47,6 +53,7 @@ struct ShmRailConfig {
   double spin_us = 20;             // busy-wait before sleeping on the futex
   double liveness_slice_ms = 50;   // futex sleep slice; peers' pidfds are checked after each
   size_t max_share_bytes = 0;      // RailProperties::max_share_bytes (0: no limit)
+  bool direct = true;              // single-copy reads of messages larger than the ring (shm_ring.h)
 };
 
 class ShmRail : public Rail {
@@ -70,7 +77,7 @@ class ShmRail : public Rail {
   void sendrecv_tags(int send_peer, const void* send_data, size_t send_bytes, uint64_t send_tag,
                      int recv_peer, void* recv_data, size_t recv_bytes, uint64_t recv_tag,
                      const Deadline& deadline) override;
-  // A whole message (payload + its 16-byte header) fits in an empty ring.
+  // A whole inline message (payload + its header) fits in an empty ring.
   size_t send_buffer_bytes() const override;
   RailCounters counters() const override;
   void abort(const std::string& reason) override;
@@ -84,17 +91,24 @@ class ShmRail : public Rail {
     shm::RingEnd in;              // consumer end, in this rank's segment
     int pidfd = -1;               // -1: same process (threads) or pidfd unsupported
     int32_t pid = 0;
+    uint64_t direct_sent = 0;     // direct messages sent to this peer (their acks count up to it)
     std::string closed_reason;    // non-empty once this pair failed (until reset)
   };
   struct Outgoing;
   struct Incoming;
 
+  // Data path (shm_transfer.cc).
   void transfer(Outgoing* out, Incoming* in, const Deadline& deadline);
   bool step_send(Outgoing& out);
   bool step_recv(Incoming& in);
+  size_t read_direct(Incoming& in);
+  bool send_done(const Outgoing& out) const;
+  bool send_can_progress(const Outgoing& out) const;
+  bool recv_can_progress(const Incoming& in) const;
   // Throws PeerError if the peer of a blocked call closed the pair, its rail, or exited (the last
-  // only when check_process), unless the ring lets the call go on (needed bytes readable/free).
-  void check_blocked_peer(int peer, bool sending, uint64_t needed, uint64_t tag, bool check_process);
+  // only when check_process), unless can_progress() says the call can still go on.
+  void check_blocked_peer(int peer, bool sending, uint64_t tag, bool check_process,
+                          const std::function<bool()>& can_progress);
   Link& usable_link(int peer, const char* verb);
   enum class FailKind { kProtocol, kTimeout, kPeer };
   // Closes the pair on both ends (the peer sees PeerError) and throws the matching error.
@@ -125,7 +139,7 @@ class ShmRail : public Rail {
 };
 
 // The factory's entry for kind "shm" (rail_kinds.cc). Options: ring_bytes, chunk_bytes, spin_us,
-// max_share_bytes.
+// max_share_bytes, direct (0 turns single-copy reads off).
 std::unique_ptr<Rail> make_shm_rail(const RailSpec& spec, const RailContext& ctx);
 
 }  // namespace nezha::transport

@@ -3,8 +3,8 @@
 //
 // head and tail count bytes ever written / consumed; the producer copies into free space and then
 // publishes head, the consumer copies out and then publishes tail, so each side only ever writes
-// its own counter (single producer, single consumer; no locks). Messages are a 16-byte header
-// {tag, bytes} followed by the payload, streamed through the ring in chunks: a message of any size
+// its own counter (single producer, single consumer; no locks). Messages are a 32-byte header
+// (tag, size, mode) followed by the payload, streamed through the ring in chunks: a message of any size
 // passes through a ring of any size, and the receiver starts copying out while the sender still
 // copies in.
 //
@@ -30,11 +30,19 @@
 
 namespace nezha::transport::shm {
 
+// Inline messages stream their payload through the ring after the header. A direct message (larger
+// than the ring, and only where the receiver showed at connect that it can read the sender's
+// memory: same process, or process_vm_readv allowed) carries only the header; the receiver copies
+// the payload straight from the sender's buffer at `source` (one copy instead of two), then counts
+// it in RingControl::direct_done, which the blocked sender waits for.
+enum class MessageMode : uint64_t { kInline = 0, kDirect = 1 };
 struct MessageHeader {
   uint64_t tag;
   uint64_t bytes;
+  uint64_t source;  // kDirect: the payload's address in the sender's address space
+  MessageMode mode;
 };
-static_assert(sizeof(MessageHeader) == 16, "ring message header is 16 bytes");
+static_assert(sizeof(MessageHeader) == 32, "ring message header is 32 bytes");
 
 // Futex on a word in a MAP_SHARED mapping: not FUTEX_PRIVATE, the waiter may be another process.
 inline void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, long timeout_us) {

@@ -92,6 +92,7 @@ Segment Segment::create(const SegmentIdentity& id) {
   h->creator_start_time = id.creator_start_time;
   h->ring_bytes = id.ring_bytes;
   h->segment_bytes = bytes;
+  h->creator_base = reinterpret_cast<uint64_t>(s.base_);
   h->doorbell.store(0);
   h->sleeping.store(0);
   h->closed.store(0);

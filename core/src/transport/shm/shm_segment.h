@@ -18,7 +18,7 @@
 namespace nezha::transport::shm {
 
 constexpr uint64_t kSegmentMagic = 0x6e657a68615f7368ULL;  // "nezha_sh"
-constexpr uint32_t kSegmentVersion = 1;
+constexpr uint32_t kSegmentVersion = 2;
 
 struct SegmentIdentity {
   std::string job_tag;   // 16 bytes derived from the job secret
@@ -34,9 +34,11 @@ struct alignas(64) RingControl {
   std::atomic<uint64_t> head{0};  // bytes ever written (producer only)
   char pad0[56];
   std::atomic<uint64_t> tail{0};  // bytes ever consumed (consumer only)
-  char pad1[56];
+  std::atomic<uint64_t> direct_done{0};  // direct (single-copy) messages the consumer has read
+  char pad1[48];
   std::atomic<uint32_t> broken{0};  // set by either end after an error on this pair
-  char pad2[60];
+  std::atomic<uint32_t> direct_ok{0};  // the consumer can read the producer's memory (shm_ring.h)
+  char pad2[56];
 };
 
 struct alignas(64) SegmentHeader {
@@ -50,6 +52,7 @@ struct alignas(64) SegmentHeader {
   uint64_t creator_start_time;
   uint64_t ring_bytes;
   uint64_t segment_bytes;
+  uint64_t creator_base;  // where the creator mapped this segment (a peer's probe of direct reads)
   alignas(64) std::atomic<uint32_t> doorbell;  // futex word the owner sleeps on
   std::atomic<uint32_t> sleeping;              // 1 while the owner may be in futex_wait
   std::atomic<uint32_t> closed;                // owner closed/reset/aborted the rail
