@@ -74,7 +74,7 @@ TEST(ShmRail, SixtyFourMiBThroughTheDefaultRing) {
     else rails[1]->recv(0, 9, got.data(), bytes, d);
   });
   EXPECT_EQ(first_mismatch(got, 0, 9), -1);
-  EXPECT_EQ(rails[0]->send_buffer_bytes(), (size_t{4} << 20) - 32);
+  EXPECT_EQ(rails[0]->send_buffer_bytes(), (size_t{1} << 20) - 32);
 }
 
 TEST(ShmRail, TagOrSizeMismatchIsProtocolErrorAndClosesThePair) {

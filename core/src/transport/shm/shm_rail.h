@@ -48,7 +48,7 @@ struct ShmRailConfig {
   std::string name = "shm";
   std::string secret;              // job secret: job tag in the segment header, socket name
   std::string host_id;             // launcher host entry (placement); may be empty
-  size_t ring_bytes = 4 << 20;     // per ordered pair of local ranks (see benchmarks/RESULTS.md)
+  size_t ring_bytes = 1 << 20;     // per ordered pair of local ranks (see benchmarks/RESULTS.md)
   size_t chunk_bytes = 256 << 10;  // largest copy before head/tail is published
   double spin_us = 20;             // busy-wait before sleeping on the futex
   double liveness_slice_ms = 50;   // futex sleep slice; peers' pidfds are checked after each
