@@ -107,7 +107,8 @@ ShmAddress decode_address(const std::string& bytes, const std::string& who) {
   } catch (const std::logic_error&) {  // stoull/stol on garbage
     throw InvalidArgument(who + ": malformed shm address");
   }
-  if (seen != 7 || a.pid <= 0 || a.nonce_hex.size() != 32 || a.socket_name.empty())
+  const bool hex_nonce = a.nonce_hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+  if (seen != 7 || a.pid <= 0 || a.nonce_hex.size() != 32 || !hex_nonce || a.socket_name.empty())
     throw InvalidArgument(who + ": incomplete shm address");
   return a;
 }

@@ -162,8 +162,11 @@ void ShmRail::connect(const std::vector<std::string>& addresses_by_rank, const D
     if (l.pid != address_.pid) {
       l.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, l.pid, 0));
       // The pid may have been reused since the address was made: the start time must still match.
-      if (shm::process_start_time(l.pid) != addrs[r].start_time)
+      if (shm::process_start_time(l.pid) != addrs[r].start_time) {
+        for (Link& opened : links)
+          if (opened.pidfd >= 0) ::close(opened.pidfd);
         throw PeerError(r, where("connect to", r) + ": its process (pid " + std::to_string(l.pid) + ") is gone");
+      }
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
