@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import atexit
+import base64
+import binascii
 import json
+import os
+import socket
 import threading
 from typing import Any, Dict, List, Optional
 
@@ -40,8 +44,9 @@ def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None
 
     The rank layout comes from nezharun (``NEZHA_*``), torchrun (``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT``), Open MPI, MPICH or Slurm; with none of these the process
-    is a job of one. ``rails`` (or ``NEZHA_RAILS``) is a comma list of interface names or subnets,
-    each optionally prefixed ``mptcp:``. ``timeout_s`` overrides ``NEZHA_TIMEOUT_S``. Calling
+    is a job of one. ``rails`` (or ``NEZHA_RAILS``) is a comma list of rails: interface names or
+    subnets, each optionally prefixed with its kind (``tcp:``, ``mptcp:``), or another kind the
+    core knows (``shm``); see nezha/rails.py. ``timeout_s`` overrides ``NEZHA_TIMEOUT_S``. Calling
     init() again while initialized does nothing.
     """
     with _state.lock:
@@ -56,7 +61,14 @@ def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None
         config.cross_rank, config.cross_size = info.cross_rank, info.cross_size
         config.secret = info.secret
         specs = rails_mod.resolve_rails(rails or info.rails, info.rendezvous_addr)
-        config.rails = [_core.RailConfig(s.name, s.local_addr, s.protocol) for s in specs]
+        config.rails = [_core.RailConfig(s.name, s.local_addr, s.kind, dict(s.options))
+                        for s in specs]
+        # The launcher's host entry (placement): a host-local rail (shm) joins only ranks with the
+        # same entry (and boot id and network namespace, which the rail checks itself).
+        config.host_id = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        if any(not s.local_addr for s in specs):
+            # A rail without a network address (shm) still needs the control channel's path.
+            config.control_addr = rails_mod.route_source_address(info.rendezvous_addr)
         engine = _core.Engine(config)
         if info.size == 1:
             engine.connect_and_start([engine.listen_addresses()])
@@ -77,8 +89,8 @@ def _meet_peers(engine: Any, info: environ.WorldInfo, timeout_s: float) -> None:
         # Each init() of a job is a new generation so re-initialising never reads stale addresses.
         generation = client.add(f"nezha/generation/{info.rank}", 1)
         prefix = f"nezha/{generation}"
-        client.set(f"{prefix}/addrs/{info.rank}", json.dumps(engine.listen_addresses()).encode())
-        addrs = [json.loads(client.get(f"{prefix}/addrs/{r}", timeout_s=timeout_s))
+        client.set(f"{prefix}/addrs/{info.rank}", encode_addresses(engine.listen_addresses()))
+        addrs = [decode_addresses(client.get(f"{prefix}/addrs/{r}", timeout_s=timeout_s), r)
                  for r in range(info.size)]
         engine.connect_and_start(addrs)
         client.set(f"{prefix}/connected/{info.rank}", b"")
@@ -86,6 +98,24 @@ def _meet_peers(engine: Any, info: environ.WorldInfo, timeout_s: float) -> None:
             client.wait([f"{prefix}/connected/{r}" for r in range(info.size)], timeout_s=timeout_s)
     finally:
         rv.close()
+
+
+def encode_addresses(addresses: List[bytes]) -> bytes:
+    """A rank's rail addresses for the rendezvous store. Addresses are opaque bytes (a transport
+    may put any byte in them, NUL included), so each travels base64-encoded in a JSON list."""
+    return json.dumps([base64.b64encode(bytes(a)).decode("ascii") for a in addresses]).encode()
+
+
+def decode_addresses(blob: bytes, rank: int) -> List[bytes]:
+    """The inverse of encode_addresses; ValueError names the rank whose entry is malformed."""
+    try:
+        items = json.loads(blob)
+        if not isinstance(items, list):
+            raise ValueError("not a list")
+        return [base64.b64decode(item.encode("ascii"), validate=True) for item in items]
+    except (ValueError, TypeError, AttributeError, binascii.Error) as exc:
+        raise ValueError(f"rank {rank}'s rail addresses in the rendezvous store are malformed: "
+                         f"{exc}") from None
 
 
 def shutdown() -> None:
@@ -141,6 +171,7 @@ def cross_size() -> int:
 
 
 def rail_stats() -> List[Dict[str, Any]]:
-    """Per rail: name, local_addr, protocol, state ('up'/'down'/'probing'), bytes_sent,
-    bytes_received, the cost model's alpha_us and beta_gbps, and share (of bytes scheduled)."""
+    """Per rail: name, local_addr, kind (also under its old key protocol), state
+    ('up'/'down'/'probing'), bytes_sent, bytes_received, the cost model's alpha_us and
+    beta_gbps, and share (of bytes scheduled)."""
     return _engine().rail_stats()

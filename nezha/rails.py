@@ -1,10 +1,18 @@
-"""Turns a rail spec (``NEZHA_RAILS`` / ``nezharun --rails``) into this host's local addresses.
+"""Turns a rail spec (``NEZHA_RAILS`` / ``nezharun --rails``) into this host's rails.
 
-A spec is a comma list; each item is an interface name (``eth1``), an IPv4 subnet
-(``10.50.0.0/24``) or a single IPv4 address (a /32), optionally prefixed with ``mptcp:``. A subnet
-names the same rail on hosts whose NIC names differ, which is why it is the recommended form for
-multi-host jobs. Without a spec there is one rail: the address this host uses to reach the
-rendezvous store.
+A spec is a comma list of items, one rail each::
+
+    [kind:]target[;option=value;...]     or     kind[;option=value;...]
+
+``target`` is an interface name (``eth1``), an IPv4 subnet (``10.50.0.0/24``) or a single IPv4
+address (a /32) for the network kinds ``tcp`` (the default) and ``mptcp``: ``eth1``,
+``tcp:eth1``, ``mptcp:10.0.0.0/24``. A subnet names the same rail on hosts whose NIC names
+differ, which is why it is the recommended form for multi-host jobs. Other kinds the core knows
+(``nezha._core.rail_kinds()``, e.g. ``shm`` once it lands) are named alone (``shm``) or with a
+target the kind interprets (``kind:target``). Options after ``;`` are kind-specific and go to the
+core's rail factory untouched (``tcp:eth1;max_share_bytes=1048576``); an unknown option or kind is
+an error there, naming the rail. Without a spec there is one rail: the address this host uses to
+reach the rendezvous store.
 """
 
 from __future__ import annotations
@@ -16,17 +24,34 @@ from typing import Dict, List, Optional, Tuple
 
 import psutil
 
-PROTOCOLS = ("tcp", "mptcp")
+NETWORK_KINDS = ("tcp", "mptcp")  # rails bound to a local IPv4 address
+PROTOCOLS = NETWORK_KINDS  # the name this tuple had before other kinds existed
 _LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
 @dataclasses.dataclass(frozen=True)
 class RailSpec:
-    """One rail on this host: its name in the spec, the local IPv4 address to bind, the protocol."""
+    """One rail on this host: its name in the spec, the local IPv4 address to bind (empty for a
+    kind that binds none), its kind, and kind-specific options as (key, value) pairs."""
 
     name: str
     local_addr: str
-    protocol: str  # "tcp" or "mptcp"
+    kind: str = "tcp"
+    options: Tuple[Tuple[str, str], ...] = ()
+
+    @property
+    def protocol(self) -> str:
+        """The kind (this field's name before kinds other than tcp/mptcp existed)."""
+        return self.kind
+
+
+def core_rail_kinds() -> Tuple[str, ...]:
+    """Every kind the core's rail factory builds (tcp and mptcp at least)."""
+    try:
+        from nezha import _core
+    except ImportError:  # the launcher may run where the core is not built: network kinds only
+        return NETWORK_KINDS
+    return tuple(_core.rail_kinds())
 
 
 def resolve_rails(spec: Optional[str], rendezvous_addr: str) -> List[RailSpec]:
@@ -34,25 +59,50 @@ def resolve_rails(spec: Optional[str], rendezvous_addr: str) -> List[RailSpec]:
     if spec is None or not spec.strip():
         return [_default_rail(rendezvous_addr)]
     interfaces = _ipv4_interfaces()
+    other_kinds = [k for k in core_rail_kinds() if k not in NETWORK_KINDS]
     rails: List[RailSpec] = []
     for item in spec.split(","):
         item = item.strip()
         if not item:
             raise ValueError(f"rail spec {spec!r} has an empty item")
-        protocol, target = "tcp", item
-        for candidate in PROTOCOLS:
-            if item.lower().startswith(candidate + ":"):
-                protocol, target = candidate, item[len(candidate) + 1:].strip()
-        if not target:
-            raise ValueError(f"rail {item!r}: expected [mptcp:]<interface or IPv4 subnet>")
-        rail = RailSpec(name=target, local_addr=_resolve_item(target, interfaces),
-                        protocol=protocol)
+        head, *option_texts = [part.strip() for part in item.split(";")]
+        options = _parse_options(item, option_texts)
+        kind, target = "tcp", head
+        if ":" in head:
+            prefix, rest = head.split(":", 1)
+            kind, target = prefix.strip().lower(), rest.strip()
+            if kind not in NETWORK_KINDS and kind not in other_kinds:
+                raise ValueError(f"rail {item!r}: unknown rail kind {prefix!r}; known kinds: "
+                                 f"{', '.join(NETWORK_KINDS + tuple(other_kinds))}")
+        elif head.lower() in other_kinds:
+            kind, target = head.lower(), ""
+        if kind in NETWORK_KINDS:
+            if not target:
+                raise ValueError(f"rail {item!r}: expected [tcp:|mptcp:]<interface or IPv4 subnet>")
+            rail = RailSpec(name=target, local_addr=_resolve_item(target, interfaces),
+                            kind=kind, options=options)
+        else:
+            rail = RailSpec(name=target or kind, local_addr=target, kind=kind, options=options)
         for other in rails:
-            if other.local_addr == rail.local_addr:
+            if rail.local_addr and other.local_addr == rail.local_addr:
                 raise ValueError(f"rails {other.name!r} and {rail.name!r} both resolve to local "
                                  f"address {rail.local_addr}; list each rail once")
+            if not rail.local_addr and other.kind == rail.kind and other.name == rail.name:
+                raise ValueError(f"rail {rail.name!r} is listed twice; list each rail once")
         rails.append(rail)
     return rails
+
+
+def _parse_options(item: str, texts: List[str]) -> Tuple[Tuple[str, str], ...]:
+    options: List[Tuple[str, str]] = []
+    for text in texts:
+        key, eq, value = text.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"rail {item!r}: option {text!r} is not key=value")
+        if any(k == key.strip() for k, _ in options):
+            raise ValueError(f"rail {item!r}: option {key.strip()!r} is given twice")
+        options.append((key.strip(), value.strip()))
+    return tuple(options)
 
 
 def _resolve_item(target: str, interfaces: Dict[str, List[ipaddress.IPv4Interface]]) -> str:
@@ -96,7 +146,7 @@ def _default_rail(rendezvous_addr: str) -> RailSpec:
     local = route_source_address(rendezvous_addr)
     name = next((n for n, addrs in _ipv4_interfaces().items()
                  if any(str(a.ip) == local for a in addrs)), local)
-    return RailSpec(name=name, local_addr=local, protocol="tcp")
+    return RailSpec(name=name, local_addr=local, kind="tcp")
 
 
 def route_source_address(remote: str) -> str:

@@ -1,4 +1,5 @@
-"""resolve_rails(): interface names, subnets, the mptcp prefix, defaults and clear errors."""
+"""resolve_rails(): interface names, subnets, kinds and options, defaults and clear errors; the
+rendezvous encoding of opaque rail addresses."""
 
 import ipaddress
 import socket
@@ -6,7 +7,8 @@ import socket
 import psutil
 import pytest
 
-from nezha.rails import RailSpec, resolve_rails, route_source_address
+from nezha import basics
+from nezha.rails import RailSpec, core_rail_kinds, resolve_rails, route_source_address
 
 
 def _non_loopback_ipv4():
@@ -93,3 +95,54 @@ def test_non_loopback_interface_and_its_subnet_agree():
 def test_unresolvable_rendezvous_host():
     with pytest.raises(ValueError, match="cannot resolve"):
         route_source_address("no-such-host.invalid")
+
+
+def test_kind_prefix_and_options():
+    assert resolve_rails("tcp:lo", "127.0.0.1") == [RailSpec("lo", "127.0.0.1", "tcp")]
+    rails = resolve_rails("tcp:127.0.0.1/32;max_share_bytes=1048576; socket_buffer_bytes=65536",
+                          "127.0.0.1")
+    assert rails == [RailSpec("127.0.0.1/32", "127.0.0.1", "tcp",
+                              (("max_share_bytes", "1048576"), ("socket_buffer_bytes", "65536")))]
+    assert rails[0].protocol == "tcp"  # the old field name still reads
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("carrier:lo", "unknown rail kind 'carrier'"),
+    ("lo;nonsense", "is not key=value"),
+    ("lo;a=1;a=2", "given twice"),
+])
+def test_bad_kinds_and_options(spec, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_rails(spec, "127.0.0.1")
+
+
+def test_the_core_lists_its_rail_kinds():
+    kinds = core_rail_kinds()
+    assert "tcp" in kinds and "mptcp" in kinds
+
+
+def test_an_unknown_option_is_refused_by_the_core_naming_the_rail():
+    from nezha import _core
+    config = _core.EngineConfig()
+    config.rails = [_core.RailConfig("lo", "127.0.0.1", "tcp", {"colour": "blue"})]
+    with pytest.raises(_core.NezhaError, match="rail 'lo' \\(kind tcp\\): unknown option 'colour'"):
+        _core.Engine(config)
+
+
+def test_rail_addresses_travel_as_opaque_bytes():
+    addresses = [b"127.0.0.1:4242", b"shm\x00\xff\x01host", b""]
+    blob = basics.encode_addresses(addresses)
+    assert basics.decode_addresses(blob, 3) == addresses
+    with pytest.raises(ValueError, match="rank 3's rail addresses"):
+        basics.decode_addresses(b'["not base64!"]', 3)
+
+
+def test_engine_addresses_are_bytes():
+    from nezha import _core
+    config = _core.EngineConfig()
+    config.rails = [_core.RailConfig("lo", "127.0.0.1")]
+    engine = _core.Engine(config)
+    addresses = engine.listen_addresses()
+    assert len(addresses) == 2 and all(isinstance(a, bytes) for a in addresses)
+    engine.connect_and_start([addresses])  # a job of one
+    engine.shutdown()

@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "engine/message_codec.h"
 #include "transport/frame.h"
+#include "transport/rail_factory.h"
 
 namespace py = pybind11;
 using namespace nezha;
@@ -233,12 +234,18 @@ PYBIND11_MODULE(_core, m) {
   }, "A valid encoded response list, as a seed for mutation.");
 
   py::class_<engine::RailConfig>(m, "RailConfig")
-      .def(py::init([](std::string name, std::string addr, std::string proto) {
-             return engine::RailConfig{name, addr, proto};
-           }), py::arg("name"), py::arg("local_addr"), py::arg("protocol") = "tcp")
+      .def(py::init([](std::string name, std::string addr, std::string kind,
+                       std::map<std::string, std::string> options) {
+             return engine::RailConfig{name, addr, kind, std::move(options)};
+           }), py::arg("name"), py::arg("local_addr"), py::arg("kind") = "tcp",
+           py::arg("options") = std::map<std::string, std::string>{})
       .def_readonly("name", &engine::RailConfig::name)
       .def_readonly("local_addr", &engine::RailConfig::local_addr)
-      .def_readonly("protocol", &engine::RailConfig::protocol);
+      .def_readonly("kind", &engine::RailConfig::kind)
+      .def_readonly("options", &engine::RailConfig::options)
+      .def_property_readonly("protocol", [](const engine::RailConfig& c) { return c.kind; },
+                             "The kind (this field's name before other kinds existed).");
+  m.def("rail_kinds", &transport::known_rail_kinds, "Every rail kind the core's rail factory builds.");
 
   py::class_<EngineConfig>(m, "EngineConfig")
       .def(py::init([] { return EngineConfig::from_knobs(); }), "Defaults from NEZHA_* knobs.")
@@ -248,6 +255,8 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("cross_rank", &EngineConfig::cross_rank)
       .def_readwrite("cross_size", &EngineConfig::cross_size)
       .def_readwrite("rails", &EngineConfig::rails)
+      .def_readwrite("host_id", &EngineConfig::host_id)
+      .def_readwrite("control_addr", &EngineConfig::control_addr)
       .def_property("secret", [](const EngineConfig& c) { return py::bytes(c.secret); },
                     [](EngineConfig& c, py::bytes b) { c.secret = std::string(b); })
       .def_readwrite("fusion_threshold", &EngineConfig::fusion_threshold)
@@ -279,9 +288,21 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Engine>(m, "Engine")
       .def(py::init<EngineConfig>(), py::arg("config"))
-      .def("listen_addresses", &Engine::listen_addresses)
-      .def("connect_and_start", &Engine::connect_and_start, py::arg("addrs_by_rank"),
-           py::call_guard<py::gil_scoped_release>())
+      .def("listen_addresses", [](const Engine& e) {
+             // Opaque bytes (any byte may occur): bytes, never str.
+             py::list out;
+             for (const auto& a : e.listen_addresses()) out.append(py::bytes(a));
+             return out;
+           }, "This rank's addresses, as bytes: [control path per rail..., rail...].")
+      .def("connect_and_start", [](Engine& e, const std::vector<std::vector<py::bytes>>& addrs) {
+             std::vector<std::vector<std::string>> plain;
+             for (const auto& row : addrs) {
+               plain.emplace_back();
+               for (const auto& a : row) plain.back().push_back(std::string(a));
+             }
+             py::gil_scoped_release release;
+             e.connect_and_start(plain);
+           }, py::arg("addrs_by_rank"), "addrs_by_rank[r]: rank r's listen_addresses() (bytes).")
       .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("submit", [](Engine& e, OpType type, const std::string& name, std::optional<py::buffer> input,
                         std::optional<py::buffer> output, std::optional<DataType> dtype, ReduceOp op,
@@ -329,7 +350,7 @@ PYBIND11_MODULE(_core, m) {
         py::list out;
         for (const auto& s : e.rail_stats()) {
           py::dict d;
-          d["name"] = s.name; d["local_addr"] = s.local_addr; d["protocol"] = s.protocol;
+          d["name"] = s.name; d["local_addr"] = s.local_addr; d["kind"] = s.protocol; d["protocol"] = s.protocol;
           d["state"] = s.state; d["bytes_sent"] = s.bytes_sent; d["bytes_received"] = s.bytes_received;
           d["alpha_us"] = s.alpha_us; d["beta_gbps"] = s.beta_gbps; d["share"] = s.share;
           out.append(d);

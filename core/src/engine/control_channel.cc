@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "transport/rail_factory.h"
 
 namespace nezha::engine {
 namespace {
@@ -43,14 +44,18 @@ ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, cons
       peers_(size) {
   if (paths.empty()) throw InvalidArgument("the control channel needs at least one rail");
   for (size_t i = 0; i < paths.size(); ++i) {
-    transport::TcpRailConfig tc;
-    tc.name = "control/" + paths[i].name;
-    tc.local_addr = paths[i].local_addr;
-    tc.rail_index = -1 - static_cast<int>(i);  // control paths never cross-connect with data rails
-    tc.socket_buffer_bytes = socket_buffer_bytes;
-    tc.secret = secret;
-    names_.push_back(tc.name);
-    paths_.push_back(std::make_unique<transport::TcpRail>(tc, rank, size));
+    transport::RailSpec spec;
+    spec.kind = "tcp";
+    spec.name = "control/" + paths[i].name;
+    spec.local_addr = paths[i].local_addr;
+    transport::RailContext ctx;
+    ctx.rank = rank;
+    ctx.size = size;
+    ctx.rail_index = -1 - static_cast<int>(i);  // control paths never cross-connect with data rails
+    ctx.socket_buffer_bytes = socket_buffer_bytes;
+    ctx.secret = secret;
+    names_.push_back(spec.name);
+    paths_.push_back(transport::make_message_path(spec, ctx));
   }
   for (auto& p : peers_) {
     p.broken.assign(paths_.size(), false);
@@ -232,9 +237,9 @@ void ControlChannel::on_envelope(int peer, int path, std::string envelope) {
   }
 }
 
-std::optional<transport::TcpRail::Message> ControlChannel::recv_any(int wake_fd, const Deadline& deadline) {
+std::optional<transport::MessagePath::Message> ControlChannel::recv_any(int wake_fd, const Deadline& deadline) {
   auto pop = [this] {
-    transport::TcpRail::Message m = std::move(ready_.front());
+    transport::MessagePath::Message m = std::move(ready_.front());
     ready_.pop_front();
     return m;
   };
@@ -269,7 +274,7 @@ std::optional<transport::TcpRail::Message> ControlChannel::recv_any(int wake_fd,
       if (fds[k].revents) readable[owner[k]] = true;
     for (size_t i = 0; i < paths_.size(); ++i) {
       while (readable[i]) {
-        std::optional<transport::TcpRail::Message> m;
+        std::optional<transport::MessagePath::Message> m;
         try {
           m = paths_[i]->recv_message_any(-1, Deadline::after_seconds(0));
         } catch (const PeerError& e) {

@@ -1,7 +1,7 @@
 // The negotiation channel between ranks, carried over every rail so that losing one rail (rail 0
 // included) does not cut the job's control.
 //
-// One TcpRail per rail address ("path"), each a full mesh with its own connections. A message to a
+// One message path (transport/message_path.h, TCP today) per rail address ("path"), each a full mesh with its own connections. A message to a
 // peer goes on that peer's current path; the channel numbers messages per peer and keeps them until
 // the peer acknowledges them. Every message carries the count received from the other side; a rank
 // that owes an acknowledgement and sends nothing to that peer within kAckDelay sends a bare one.
@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "common/deadline.h"
-#include "transport/tcp/tcp_rail.h"
+#include "transport/message_path.h"
 
 namespace nezha::engine {
 
@@ -58,7 +58,7 @@ class ControlChannel {
   void send(int peer, const std::string& payload);
   // Next message in order from any peer; std::nullopt when wake_fd is readable or the deadline
   // passes. Runs the timers meanwhile. Throws PeerError when every path to a peer has failed.
-  std::optional<transport::TcpRail::Message> recv_any(int wake_fd, const Deadline& deadline);
+  std::optional<transport::MessagePath::Message> recv_any(int wake_fd, const Deadline& deadline);
 
   // The engine marked the rail down (true) or up again (false): peers on it move elsewhere.
   void avoid_path(int path, bool avoid);
@@ -113,11 +113,11 @@ class ControlChannel {
 
   int rank_, size_;
   std::vector<std::string> names_;
-  std::vector<std::unique_ptr<transport::TcpRail>> paths_;
+  std::vector<std::unique_ptr<transport::MessagePath>> paths_;
   std::vector<bool> avoided_;
   std::vector<bool> black_hole_;
   std::vector<PeerState> peers_;
-  std::deque<transport::TcpRail::Message> ready_;
+  std::deque<transport::MessagePath::Message> ready_;
   std::exception_ptr deferred_error_;  // a peer lost after sending what ready_ still holds
   std::atomic<bool> aborted_{false};
 };

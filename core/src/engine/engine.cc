@@ -13,7 +13,6 @@
 #include "common/logging.h"
 #include "engine/control_inline.h"
 #include "engine/message_codec.h"
-#include "engine/round_plan.h"
 
 namespace nezha::engine {
 namespace {
@@ -58,44 +57,50 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   if (config_.size < 1 || config_.rank < 0 || config_.rank >= config_.size)
     throw InvalidArgument("rank " + std::to_string(config_.rank) + " is out of range for size " +
                           std::to_string(config_.size));
-  if (config_.rails.empty()) config_.rails.push_back({"lo", "127.0.0.1", "tcp"});
-  auto make_rail = [&](const RailConfig& rc, int index) {
-    transport::TcpRailConfig tc;
-    tc.name = rc.name;
-    tc.local_addr = rc.local_addr;
-    tc.rail_index = index;
-    tc.mptcp = rc.protocol == "mptcp";
-    tc.socket_buffer_bytes = config_.socket_buffer_bytes;
-    tc.secret = config_.secret;
-    return std::make_unique<transport::TcpRail>(tc, config_.rank, config_.size);
-  };
-  // The control channel has its own connections on every rail's address: negotiation never queues
-  // behind bulk data, and losing a rail (rail 0 included) does not cut it.
+  if (config_.rails.empty()) config_.rails.push_back({"lo", "127.0.0.1", "tcp", {}});
+  // The control channel has its own connections on every rail's address (or the control address for
+  // a rail without one): negotiation never queues behind bulk data, and losing a rail (rail 0
+  // included) does not cut it.
   std::vector<ControlPathConfig> paths;
-  for (const auto& rc : config_.rails) paths.push_back({rc.name, rc.local_addr});
+  for (const auto& rc : config_.rails)
+    paths.push_back({rc.name, rc.local_addr.empty() ? config_.control_addr : rc.local_addr});
   control_ = std::make_unique<ControlChannel>(paths, config_.secret, config_.rank, config_.size,
                                               config_.socket_buffer_bytes);
-  for (size_t i = 0; i < config_.rails.size(); ++i)
-    rails_.push_back(make_rail(config_.rails[i], static_cast<int>(i)));
+  for (size_t i = 0; i < config_.rails.size(); ++i) {
+    const RailConfig& rc = config_.rails[i];
+    transport::RailSpec spec;
+    spec.kind = rc.kind;
+    spec.name = rc.name;
+    spec.local_addr = rc.local_addr;
+    spec.options = rc.options;
+    transport::RailContext ctx;
+    ctx.rank = config_.rank;
+    ctx.size = config_.size;
+    ctx.rail_index = static_cast<int>(i);
+    ctx.secret = config_.secret;
+    ctx.host_id = config_.host_id;
+    ctx.socket_buffer_bytes = config_.socket_buffer_bytes;
+    rails_.push_back(transport::make_rail(spec, ctx));
+  }
   // Two consecutive samples off the model in the same direction count as a real change of
   // speed (a re-shaped or congested link): shares then follow within two large operations.
   multirail::RailCostModelOptions cost_opt;
   cost_opt.shift_run = 2;
   cost_opt.min_samples = 2;
   cost_opt.jump_ratio = 2.0;  // large payloads only reach this model (SplitRegimeModel)
-  costs_.assign(rails_.size(), multirail::SplitRegimeModel(cost_opt));
-  current_share_.assign(rails_.size(), 0.0);
-  rail_state_.assign(rails_.size(), multirail::RailState::kUp);
+  std::vector<multirail::RailDescription> described;
+  for (const auto& r : rails_) {
+    const auto& p = r->properties();
+    described.push_back({p.name, p.latency_us_prior, p.gbps_prior, p.max_share_bytes});
+  }
+  rail_table_ = std::make_unique<multirail::RailTable>(std::move(described), cost_opt);
   failure_reported_.assign(rails_.size(), false);
-  idle_large_ops_.assign(rails_.size(), 0);
-  round_idle_large_ops_.assign(rails_.size(), 0);
   CacheRoundsOptions ro;
   ro.rank = config_.rank;
   ro.size = config_.size;
   ro.enabled = config_.cache_rounds;
   ro.fusion_threshold = config_.fusion_threshold;
   rounds_ = std::make_unique<CacheRounds>(ro);
-  current_share_[0] = 1.0;
   std::vector<std::string> rail_names;
   for (const auto& r : rails_) rail_names.push_back(r->properties().name);
   timeline_.open(config_.timeline_path, config_.rank, rail_names);
@@ -139,6 +144,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   for (size_t i = 0; i < rails_.size(); ++i) control_columns.push_back(column(i));
   control_->connect_all(control_columns, deadline);
   for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect(column(rails_.size() + i), deadline);
+  refuse_partial_host_rails();
   addrs_by_rank_ = addrs_by_rank;
   const bool failover = failover_needed();
 
@@ -160,9 +166,13 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   }
   std::vector<transport::Rail*> rails;
   for (auto& r : rails_) rails.push_back(r.get());
+  // Rail workers report each share's time to the rail table (the cost models) themselves; the
+  // observer only feeds the timeline.
   executor_ = std::make_unique<Executor>(
-      eo, rails, [this](int rail, size_t bytes, Clock::time_point start, double s,
-                        const std::string& what) { observe_share(rail, bytes, start, s, what); },
+      eo, rails, rail_table_.get(),
+      [this](int rail, size_t bytes, Clock::time_point start, double s, const std::string& what) {
+        timeline_.share_done(rail, what, start, s, bytes);
+      },
       std::move(hooks));
   if (config_.rank == 0) {
     CoordinatorOptions co;
@@ -188,6 +198,22 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   path_switched_at_.assign(config_.size, Clock::time_point{});
   last_sent_ = Clock::now();
   thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::refuse_partial_host_rails() const {
+  for (const auto& rail : rails_) {
+    const auto& props = rail->properties();
+    if (props.reach != transport::RailReach::kHost) continue;
+    std::string unreached;
+    for (int peer = 0; peer < config_.size; ++peer)
+      if (peer != config_.rank && !rail->reaches(peer)) unreached += (unreached.empty() ? "" : ", ") + std::to_string(peer);
+    if (!unreached.empty())
+      throw InvalidArgument(rank_prefix(config_.rank) + "rail '" + props.name + "' (kind " + props.kind +
+                            ") reaches only the ranks of this host, not rank(s) " + unreached +
+                            "; host-local rails are usable only when every rank shares one host "
+                            "(hierarchical allreduce across hosts is not implemented yet): list only "
+                            "network rails for this job");
+  }
 }
 
 void Engine::wake() {
@@ -404,58 +430,31 @@ void Engine::broadcast_fatal(const std::string& reason) {
 }
 
 std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
-  if (rails_.size() == 1 || r.kind != Response::Kind::kExecute) return {};
-  size_t count = 0;
-  for (int64_t c : r.counts) count += static_cast<size_t>(c);
-  std::vector<multirail::RailEstimate> est = current_estimates();
-  multirail::PlanRequest pr;
-  pr.count = r.type == OpType::kAllreduce ? count : 0;
-  pr.elem_size = dtype_size(r.dtype);
-  pr.rails = est;
-  pr.usable = usable_rails();
-  if (r.type == OpType::kAllreduce) {
-    multirail::Plan plan = multirail::plan_split(pr);
-    add_probe_shares(plan, est, pr.usable, count, pr.elem_size);
+  if (r.kind != Response::Kind::kExecute) return {};
+  multirail::OpToPlan op;
+  for (int64_t c : r.counts) op.count += static_cast<size_t>(c);
+  op.elem_size = dtype_size(r.dtype);
+  op.splittable = r.type == OpType::kAllreduce;
+  multirail::Plan plan = rail_table_->plan(op, multirail::PlanSource::kNegotiation, {},
+                                           [this](int rail, size_t bytes) {
+                                             NZ_LOG(Debug) << rank_prefix(config_.rank) << "probing rail '"
+                                                           << rails_[rail]->properties().name << "' with "
+                                                           << bytes << " bytes";
+                                           });
+  if (op.splittable && rails_.size() > 1) {
+    const size_t bytes = op.count * op.elem_size;
     if (plan.striped != last_plan_striped_) {
       NZ_LOG(Debug) << rank_prefix(config_.rank) << (plan.striped ? "cold -> hot" : "hot -> cold")
-                    << " at " << count * pr.elem_size << " bytes: " << plan.why;
+                    << " at " << bytes << " bytes: " << plan.why;
       last_plan_striped_ = plan.striped;
     }
     if (log_level() <= LogLevel::kTrace) {
       std::ostringstream os;
-      for (size_t i = 0; i < est.size(); ++i)
-        os << " [rail " << i << ": alpha " << est[i].alpha_us << " us, beta " << est[i].beta_gbps
-           << " Gbit/s]";
       for (const auto& sh : plan.shares) os << " rail" << sh.rail << "=" << sh.count;
-      NZ_LOG(Trace) << rank_prefix(config_.rank) << "plan " << count * pr.elem_size << " B:" << os.str();
+      NZ_LOG(Trace) << rank_prefix(config_.rank) << "plan " << bytes << " B:" << os.str() << " (" << plan.why << ")";
     }
-    return plan.shares;
   }
-  // Other collectives run whole on the rail the planner would pick for a cold payload.
-  pr.count = 1;
-  multirail::Plan plan = multirail::plan_split(pr);
-  int rail = plan.shares.empty() ? 0 : plan.shares[0].rail;
-  return {multirail::RailShare{rail, 0, count}};
-}
-
-void Engine::add_probe_shares(multirail::Plan& plan,
-                              const std::vector<multirail::RailEstimate>& est,
-                              const std::vector<bool>& usable, size_t count, size_t elem_size) {
-  engine::add_probe_shares(plan, est, count, elem_size, idle_large_ops_, usable,
-                           [this](int rail, size_t bytes) {
-                             NZ_LOG(Debug) << rank_prefix(config_.rank) << "probing rail '"
-                                           << rails_[rail]->properties().name << "' with "
-                                           << bytes << " bytes";
-                           });
-}
-
-void Engine::observe_share(int rail, size_t bytes, Clock::time_point start, double seconds,
-                           const std::string& what) {
-  timeline_.share_done(rail, what, start, seconds, bytes);
-  std::lock_guard<std::mutex> lock(cost_mu_);
-  costs_[rail].observe(bytes, seconds);
-  NZ_LOG(Trace) << rank_prefix(config_.rank) << "rail " << rail << " sample: " << bytes << " B in "
-                << seconds * 1e6 << " us";
+  return plan.shares;
 }
 
 void Engine::calibrate_rails() {
@@ -465,11 +464,11 @@ void Engine::calibrate_rails() {
   // SplitRegimeModel). Every rank runs the same sequence.
   if (rails_.size() < 2 || config_.size < 2) return;
   for (size_t rail = 0; rail < rails_.size(); ++rail)
-    for (size_t bytes : {size_t{4096}, size_t{4096}, size_t{4096}, size_t{1} << 20,
-                         size_t{1} << 20, size_t{2} << 20})
+    for (size_t bytes : multirail::RailTable::calibration_bytes())
       executor_->calibrate(static_cast<int>(rail), bytes);
+  const std::vector<multirail::RailEstimate> estimates = rail_table_->estimates();
   for (size_t rail = 0; rail < rails_.size(); ++rail) {
-    auto est = costs_[rail].estimate();
+    const auto& est = estimates[rail];
     NZ_LOG(Info) << rank_prefix(config_.rank) << "rail '" << rails_[rail]->properties().name
                  << "' calibrated: alpha " << est.alpha_us << " us, beta " << est.beta_gbps
                  << " Gbit/s";
@@ -505,29 +504,14 @@ void Engine::send_in_order(ResponseList list) {
   pump_rounds();
 }
 
-std::vector<multirail::RailEstimate> Engine::current_estimates() const {
-  std::lock_guard<std::mutex> lock(cost_mu_);
-  std::vector<multirail::RailEstimate> est;
-  for (const auto& c : costs_) est.push_back(c.estimate());
-  return est;
-}
+std::vector<multirail::RailEstimate> Engine::current_estimates() const { return rail_table_->estimates(); }
 
 void Engine::execute_locally(const ResponseList& list, bool from_round) {
-  if (!list.estimates.empty()) {
-    std::lock_guard<std::mutex> lock(cost_mu_);
-    shared_estimates_ = list.estimates;
-  }
+  if (!list.estimates.empty()) rail_table_->set_shared_estimates(list.estimates);
   for (const RailEvent& e : list.rail_events) apply_rail_event(e);
   if (!list.watermark.empty() && executor_) executor_->trim(list.watermark);
   for (const Response& resp : list.responses) {
-    if (resp.type == OpType::kAllreduce && !resp.plan.empty()) {
-      size_t total = 0;
-      for (const auto& sh : resp.plan) total += sh.count;
-      std::lock_guard<std::mutex> lock(cost_mu_);
-      std::fill(current_share_.begin(), current_share_.end(), 0.0);
-      for (const auto& sh : resp.plan)
-        if (total) current_share_[sh.rail] += static_cast<double>(sh.count) / total;
-    }
+    if (resp.type == OpType::kAllreduce) rail_table_->record_plan(resp.plan);
     std::vector<TensorEntry> entries;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -684,22 +668,21 @@ EngineStats Engine::stats() const {
 
 std::vector<RailStat> Engine::rail_stats() const {
   std::vector<RailStat> out;
-  std::lock_guard<std::mutex> lock(cost_mu_);
+  const std::vector<multirail::RailStatus> status = rail_table_->status();
   for (size_t i = 0; i < rails_.size(); ++i) {
     RailStat s;
     const auto& props = rails_[i]->properties();
     s.name = props.name;
     s.local_addr = props.local_addr;
     s.protocol = props.kind;
-    s.state = multirail::rail_state_name(rail_state_[i]);
+    s.state = multirail::rail_state_name(status[i].state);
     auto c = rails_[i]->counters();
     s.bytes_sent = c.bytes_sent;
     s.bytes_received = c.bytes_received;
     // Every rank reports the coordinator's model (the one that decides the splits).
-    auto est = i < shared_estimates_.size() ? shared_estimates_[i] : costs_[i].estimate();
-    s.alpha_us = est.alpha_us;
-    s.beta_gbps = est.beta_gbps;
-    s.share = current_share_[i];
+    s.alpha_us = status[i].estimate.alpha_us;
+    s.beta_gbps = status[i].estimate.beta_gbps;
+    s.share = status[i].share;
     out.push_back(s);
   }
   return out;

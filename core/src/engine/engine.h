@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -32,15 +33,18 @@
 #include "engine/request.h"
 #include "engine/timeline.h"
 #include "multirail/cost_model.h"
-#include "multirail/split_regime_model.h"
-#include "transport/tcp/tcp_rail.h"
+#include "multirail/rail_table.h"
+#include "transport/rail.h"
+#include "transport/rail_factory.h"
 
 namespace nezha::engine {
 
+// One rail as the user listed it (nezha/rails.py resolved it); built by transport::make_rail().
 struct RailConfig {
   std::string name;
-  std::string local_addr;
-  std::string protocol = "tcp";  // "tcp" or "mptcp"
+  std::string local_addr;            // IP to bind for network kinds; empty for shm
+  std::string kind = "tcp";          // "tcp", "mptcp", "shm", ... (transport/rail_kinds.cc)
+  std::map<std::string, std::string> options;  // kind-specific, passed to the factory untouched
 };
 
 struct EngineConfig {
@@ -49,6 +53,10 @@ struct EngineConfig {
   int cross_rank = 0, cross_size = 1;
   std::vector<RailConfig> rails;
   std::string secret;
+  std::string host_id;  // the launcher's host entry for this rank (host-local rails; may be empty)
+  // Control path address for a rail that has no network address of its own (shm): the address
+  // that reaches the rendezvous (nezha/basics.py sets it).
+  std::string control_addr = "127.0.0.1";
   size_t fusion_threshold = 64 << 20;
   double cycle_time_ms = 1;
   double timeout_s = 30;
@@ -96,9 +104,12 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Addresses other ranks connect to: [control, rail 0, rail 1, ...], each "ip:port".
+  // What other ranks need to reach this one: [control path per rail..., rail 0, rail 1, ...]. Opaque
+  // bytes (Rail::local_address(); any byte may occur): carry them as bytes.
   std::vector<std::string> listen_addresses() const;
   // addrs_by_rank[r] is rank r's listen_addresses(). Forms every connection, starts the loop.
+  // Throws InvalidArgument naming a host-local rail (RailReach::kHost) that does not reach every
+  // rank: such a rail needs the hierarchical path, which does not exist yet.
   void connect_and_start(const std::vector<std::vector<std::string>>& addrs_by_rank);
 
   // Submits one tensor. Throws InvalidArgument for bad input (name in flight, engine stopped).
@@ -120,6 +131,7 @@ class Engine {
 
  private:
   void loop();
+  void refuse_partial_host_rails() const;  // see connect_and_start()
   void forward_new_work();  // route_new_work, then pump_rounds
   void route_new_work();    // cached allreduces to the rounds, the rest to rank 0
   void send_requests(RequestList list, bool send_shutdown);
@@ -140,12 +152,9 @@ class Engine {
   void warn_round_stalls(Clock::time_point now);
   void fail_everything(const std::string& reason);
   void wake();
+  // Negotiation's plan of one response (rank 0): the rail table's, from rank 0's own models.
   std::vector<multirail::RailShare> plan_for(const Response& r);
-  void observe_share(int rail, size_t bytes, Clock::time_point start, double seconds,
-                     const std::string& what);
   void calibrate_rails();
-  void add_probe_shares(multirail::Plan& plan, const std::vector<multirail::RailEstimate>& est,
-                        const std::vector<bool>& usable, size_t count, size_t elem_size);
 
   // Rail failover (engine_failover.cc; protocol in rail_failover.h).
   void report_rail_event(RailEvent event);  // any thread: queue for the loop, which sends it
@@ -160,7 +169,7 @@ class Engine {
 
   EngineConfig config_;
   std::unique_ptr<ControlChannel> control_;
-  std::vector<std::unique_ptr<transport::TcpRail>> rails_;
+  std::vector<std::unique_ptr<transport::Rail>> rails_;  // built by transport::make_rail()
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<RailFailover> failover_;    // rank 0 only, with several rails
@@ -193,15 +202,10 @@ class Engine {
   std::atomic<bool> finished_{false};
   std::thread thread_;
 
-  // Cost model per rail (fed by rail workers, read by the planner on rank 0).
-  mutable std::mutex cost_mu_;
-  std::vector<multirail::SplitRegimeModel> costs_;
-  std::vector<multirail::RailEstimate> shared_estimates_;  // rank 0's, as last received
-  std::vector<double> current_share_;                     // of the last allreduce plan
-  std::vector<multirail::RailState> rail_state_;          // as of the last event executed
-  bool last_plan_striped_ = false;                        // rank 0: for cold/hot transition logs
-  std::vector<int> idle_large_ops_;
-  std::vector<int> round_idle_large_ops_;  // probe counters of round plans: same on every rank
+  // Per rail: cost models, states, shares, shared estimates, probe counters (rail_table.h). Rail
+  // workers report to it; negotiation (plan_for) and cache rounds (execute_round) plan with it.
+  std::unique_ptr<multirail::RailTable> rail_table_;
+  bool last_plan_striped_ = false;  // rank 0: for cold/hot transition logs
   std::atomic<uint64_t> tensors_via_rounds_{0}, tensors_via_coordinator_{0}, tensors_done_by_coordinator_{0};
   std::atomic<uint64_t> requests_to_coordinator_{0}, rounds_completed_{0};
   Timeline timeline_;                       // rank 0: large ops since a rail's last share

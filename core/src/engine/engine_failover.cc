@@ -18,12 +18,7 @@ std::string rank_prefix(int rank) { return "rank " + std::to_string(rank) + ": "
 
 }  // namespace
 
-std::vector<bool> Engine::usable_rails() const {
-  std::lock_guard<std::mutex> lock(cost_mu_);
-  std::vector<bool> out;
-  for (auto s : rail_state_) out.push_back(s == multirail::RailState::kUp);
-  return out;
-}
+std::vector<bool> Engine::usable_rails() const { return rail_table_->usable(); }
 
 std::vector<uint64_t> Engine::watermark() const {
   if (!failover_) return {};
@@ -124,17 +119,13 @@ void Engine::apply_rail_event(const RailEvent& e) {
                         std::to_string(rails_.size()));
   const int r = e.rail;
   const std::string& name = rails_[r]->properties().name;
-  auto set_state = [&](multirail::RailState s) {
-    std::lock_guard<std::mutex> lock(cost_mu_);
-    rail_state_[r] = s;
-    if (s != multirail::RailState::kUp) current_share_[r] = 0;
-  };
+  auto set_state = [&](multirail::RailState s) { rail_table_->set_state(r, s); };
   switch (e.kind) {
     case RailEventKind::kDown: {
       set_state(multirail::RailState::kDown);
       std::ostringstream others;
       for (size_t i = 0; i < rails_.size(); ++i)
-        if (rail_state_[i] == multirail::RailState::kUp)
+        if (rail_table_->state(static_cast<int>(i)) == multirail::RailState::kUp)
           others << (others.tellp() > 0 ? ", '" : "'") << rails_[i]->properties().name << "'";
       // The one line a user sees: the job itself goes on.
       NZ_LOG(Warning) << rank_prefix(config_.rank) << e.text << "; continuing on " << others.str();

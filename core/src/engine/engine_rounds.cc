@@ -5,7 +5,6 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "engine/engine.h"
-#include "engine/round_plan.h"
 
 namespace nezha::engine {
 namespace {
@@ -47,7 +46,13 @@ void Engine::execute_round(RoundOutcome& outcome) {
     // Every rank plans from rank 0's estimates in this round's vector and from the rails' states as
     // of this point of the total order (rail events travel in rank 0's lists): the same split
     // everywhere.
-    op.plan = plan_from_estimates(op, outcome.estimates, usable_rails(), &round_idle_large_ops_);
+    multirail::OpToPlan plan_op;
+    for (int64_t c : op.counts) plan_op.count += static_cast<size_t>(c);
+    plan_op.elem_size = dtype_size(op.dtype);
+    plan_op.splittable = op.kind == Response::Kind::kExecute && op.type == OpType::kAllreduce;
+    op.plan = plan_op.splittable
+                  ? rail_table_->plan(plan_op, multirail::PlanSource::kRound, outcome.estimates).shares
+                  : std::vector<multirail::RailShare>{};
     list.responses.push_back(std::move(op));
   }
   ++rounds_completed_;

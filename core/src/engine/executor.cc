@@ -14,10 +14,11 @@
 
 namespace nezha::engine {
 
-Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, ShareObserver observer,
-                   ExecutorHooks hooks)
+Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails,
+                   multirail::RailTable* table, ShareObserver observer, ExecutorHooks hooks)
     : opt_(opt),
       rails_(std::move(rails)),
+      table_(table),
       observer_(std::move(observer)),
       hooks_(std::move(hooks)),
       seq_(rails_.size(), 0),
@@ -87,6 +88,7 @@ void Executor::timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double
   collectives::allreduce(*rails_[rail], buf.data(), count, DataType::kFloat32, ReduceOp::kSum, copt);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   completed_[rail] = seq + 1;
+  if (table_) table_->observe(rail, count * sizeof(float), secs);
   if (observer_) observer_(rail, count * sizeof(float), start, secs, label);
 }
 
@@ -196,6 +198,7 @@ void Executor::run_share(ShareRecord& rec) {
     if (watchdog_) watchdog_->end(r, true);
     record_done(rec);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (table_) table_->observe(r, bytes, secs);
     if (observer_) observer_(r, bytes, start, secs, (rec.is_redo ? "redo: " : "") + names_str(job.resp));
     if (!rec.into_scratch) part_done(job);
   } catch (const std::exception& e) {

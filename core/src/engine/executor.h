@@ -28,6 +28,7 @@
 #include "engine/rail_watchdog.h"
 #include "engine/rail_worker.h"
 #include "engine/request.h"
+#include "multirail/rail_table.h"
 #include "transport/rail.h"
 
 namespace nezha::engine {
@@ -66,15 +67,17 @@ struct ExecutorHooks {
 };
 
 // Called from rail workers after each allreduce share (and calibration): which rail, how many
-// bytes, when it started and how long it took, and what it carried. Feeds the cost model and the
-// timeline.
+// bytes, when it started and how long it took, and what it carried. Feeds the timeline; the cost
+// models are fed by the workers' report to the rail table.
 using ShareObserver = std::function<void(int rail, size_t bytes, Clock::time_point start,
                                          double seconds, const std::string& what)>;
 
 class Executor {
  public:
-  Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, ShareObserver observer,
-           ExecutorHooks hooks = {});
+  // `table` (may be null: nothing is measured) hears every allreduce share's time, from the
+  // worker that ran it.
+  Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, multirail::RailTable* table,
+           ShareObserver observer, ExecutorHooks hooks = {});
   ~Executor();
 
   // entries[i] belongs to resp.names[i]; an entry with no handle means this rank has joined and
@@ -145,6 +148,7 @@ class Executor {
 
   ExecutorOptions opt_;
   std::vector<transport::Rail*> rails_;
+  multirail::RailTable* table_;
   ShareObserver observer_;
   BufferPool pool_;
   // Input copies kept for redo: one per operation in flight, reused step after step (a fresh 100 MB

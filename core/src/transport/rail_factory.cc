@@ -50,6 +50,16 @@ std::unique_ptr<Rail> make_rail(const RailSpec& spec, const RailContext& ctx) {
   return rail;
 }
 
+std::unique_ptr<MessagePath> make_message_path(const RailSpec& spec, const RailContext& ctx) {
+  std::vector<std::string> kinds;
+  for (const MessagePathKind& k : builtin_message_path_kinds()) {
+    if (k.kind == spec.kind) return k.maker(spec, ctx);
+    kinds.push_back(k.kind);
+  }
+  throw InvalidArgument("control path '" + spec.name + "': rail kind '" + spec.kind +
+                        "' cannot carry control messages (kinds that can: " + join(kinds) + ")");
+}
+
 void register_rail_kind(const std::string& kind, RailMaker maker) {
   if (kind.empty() || !maker) throw InvalidArgument("register_rail_kind: empty kind or no maker");
   Registry& r = registry();

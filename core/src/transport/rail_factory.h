@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/message_path.h"
 #include "transport/rail.h"
 
 namespace nezha::transport {
@@ -43,6 +44,10 @@ using RailMaker = std::unique_ptr<Rail> (*)(const RailSpec&, const RailContext&)
 // the maker throws InvalidArgument for options it does not know, NezhaError if the rail cannot be
 // opened (e.g. an address that cannot be bound).
 std::unique_ptr<Rail> make_rail(const RailSpec& spec, const RailContext& ctx);
+
+// A message path (message_path.h) for the engine's control channel, of a kind that has one
+// (tcp, mptcp). Throws InvalidArgument naming a kind that cannot carry control messages.
+std::unique_ptr<MessagePath> make_message_path(const RailSpec& spec, const RailContext& ctx);
 
 // Registers one more kind at run time (tests; plugins). Throws InvalidArgument if the kind is
 // already known or the name is empty. Thread-safe.

@@ -17,4 +17,13 @@ const std::vector<RailKind>& builtin_rail_kinds() {
   return kBuiltinRailKinds;
 }
 
+// Kinds that can also carry the engine's control channel (message_path.h).
+const std::vector<MessagePathKind>& builtin_message_path_kinds() {
+  static const std::vector<MessagePathKind> kBuiltinMessagePathKinds = {
+      {"tcp", &make_tcp_message_path},
+      {"mptcp", &make_tcp_message_path},
+  };
+  return kBuiltinMessagePathKinds;
+}
+
 }  // namespace nezha::transport

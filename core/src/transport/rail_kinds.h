@@ -15,4 +15,11 @@ struct RailKind {
 
 const std::vector<RailKind>& builtin_rail_kinds();
 
+using MessagePathMaker = std::unique_ptr<MessagePath> (*)(const RailSpec&, const RailContext&);
+struct MessagePathKind {
+  std::string kind;
+  MessagePathMaker maker;
+};
+const std::vector<MessagePathKind>& builtin_message_path_kinds();
+
 }  // namespace nezha::transport

@@ -293,18 +293,26 @@ namespace nezha::testing {
 // makes rank ctx.rank's rail of the MemoryWorld called NAME, created by the first rank that asks for
 // it (with ctx.size ranks) and kept alive while any of its rails is. The rail forwards every call
 // to the world's rail for that rank, so engines built from specs share one world.
+// Option host_size=N makes it a host-local rail (RailReach::kHost) whose "hosts" are blocks of N
+// consecutive ranks: it reaches only the ranks of its own block.
 class MemoryWorldRail : public transport::Rail {
  public:
-  MemoryWorldRail(std::shared_ptr<MemoryWorld> world, int rank) : world_(std::move(world)), rail_(world_->rail(rank)) {}
+  MemoryWorldRail(std::shared_ptr<MemoryWorld> world, int rank, int host_size)
+      : world_(std::move(world)), rail_(world_->rail(rank)), props_(rail_.properties()), host_size_(host_size) {
+    if (host_size_ > 0) props_.reach = transport::RailReach::kHost;
+  }
   ~MemoryWorldRail() override { rail_.close(); }
-  const transport::RailProperties& properties() const override { return rail_.properties(); }
+  const transport::RailProperties& properties() const override { return props_; }
   int rank() const override { return rail_.rank(); }
   int size() const override { return rail_.size(); }
   std::string local_address() const override { return rail_.local_address(); }
   void connect(const std::vector<std::string>& a, const Deadline& d) override { rail_.connect(a, d); }
   void reset() override { rail_.reset(); }
   void close() override { rail_.close(); }
-  bool reaches(int peer) const override { return rail_.reaches(peer); }
+  bool reaches(int peer) const override {
+    if (host_size_ > 0 && peer / host_size_ != rail_.rank() / host_size_) return false;
+    return rail_.reaches(peer);
+  }
   void send(int peer, uint64_t tag, const void* data, size_t bytes, const Deadline& d) override {
     rail_.send(peer, tag, data, bytes, d);
   }
@@ -322,11 +330,13 @@ class MemoryWorldRail : public transport::Rail {
  private:
   std::shared_ptr<MemoryWorld> world_;
   transport::Rail& rail_;
+  transport::RailProperties props_;
+  int host_size_;
 };
 
 inline std::unique_ptr<transport::Rail> make_memory_rail(const transport::RailSpec& spec,
                                                          const transport::RailContext& ctx) {
-  transport::reject_unknown_options(spec, {"world"});
+  transport::reject_unknown_options(spec, {"world", "host_size"});
   auto it = spec.options.find("world");
   if (it == spec.options.end()) throw InvalidArgument("rail '" + spec.name + "': kind memory needs world=NAME");
   static std::mutex mu;
@@ -343,7 +353,8 @@ inline std::unique_ptr<transport::Rail> make_memory_rail(const transport::RailSp
   if (world->size() != ctx.size)
     throw InvalidArgument("memory world " + it->second + " has " + std::to_string(world->size()) +
                           " ranks, not " + std::to_string(ctx.size));
-  return std::make_unique<MemoryWorldRail>(world, ctx.rank);
+  const int host_size = static_cast<int>(transport::rail_option_bytes(spec, "host_size", 0));
+  return std::make_unique<MemoryWorldRail>(world, ctx.rank, host_size);
 }
 
 // Registers kind "memory" once per process (the one registration line a transport needs).

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/memory_rail.h"
 #include "engine/engine.h"
 #include "transport/tcp_mesh.h"
 
@@ -19,6 +21,27 @@ namespace nezha::engine::testing {
 inline std::vector<RailConfig> loopback_rails(int n) {
   std::vector<RailConfig> rails;
   for (int i = 0; i < n; ++i) rails.push_back({n == 1 ? "lo" : std::string(1, 'a' + i), "127.0.0.1"});
+  return rails;
+}
+
+// `n` in-memory rails (test rail kind "memory", registered here), each its own fresh world; the
+// engine builds them through the rail factory as it builds TCP rails. `extra_option` (e.g.
+// "host_size=2") is added to every rail's options.
+inline std::vector<RailConfig> memory_rails(int n, const std::string& extra_option = "") {
+  nezha::testing::register_memory_rail_kind();
+  static std::atomic<int> worlds{0};
+  std::vector<RailConfig> rails;
+  for (int i = 0; i < n; ++i) {
+    RailConfig rc;
+    rc.name = "mem" + std::to_string(i);
+    rc.kind = "memory";
+    rc.options["world"] = "engine-world-" + std::to_string(worlds++);
+    if (!extra_option.empty()) {
+      const size_t eq = extra_option.find('=');
+      rc.options[extra_option.substr(0, eq)] = extra_option.substr(eq + 1);
+    }
+    rails.push_back(rc);
+  }
   return rails;
 }
 

@@ -21,12 +21,13 @@ namespace {
 using transport::testing::run_ranks;
 constexpr double kWaitS = 20;
 
-// Two loopback rails "a" and "b".
+// Two loopback rails "a" and "b" (or the given two rails).
 class TwoRailJob : public testing::Cluster {
  public:
   explicit TwoRailJob(int size, bool failover = true, bool cache_rounds = false,
-                      double probe_backoff_s = 0.2)
-      : testing::Cluster(size, testing::loopback_rails(2), [=](EngineConfig& c) {
+                      double probe_backoff_s = 0.2,
+                      std::vector<RailConfig> rails = testing::loopback_rails(2))
+      : testing::Cluster(size, std::move(rails), [=](EngineConfig& c) {
           c.timeout_s = 10;
           c.rail_stall_ms = 1000;  // loopback under a loaded CI machine: only real errors fail over here
           c.rail_probe_backoff_s = probe_backoff_s;
@@ -120,6 +121,21 @@ TEST(EngineFailoverTest, RailFailingOnOneRankIsRedoneOnTheOtherAndReadmitted) {
   // Back in the split: large payloads stripe over it again.
   run_and_check(job, 3, 1, count, [](int) {});
   for (int r = 0; r < job.size(); ++r) EXPECT_GT(job[r].rail_stats()[1].share, 0.1) << "rank " << r;
+}
+
+TEST(EngineFailoverTest, RailsOfDifferentKindsFailOverThroughTheContract) {
+  // A TCP rail beside the in-memory test rail: failover resets and re-connects the failed rail
+  // through Rail::reset()/connect(), whatever its kind.
+  std::vector<RailConfig> rails = testing::loopback_rails(1);
+  rails.push_back(testing::memory_rails(1)[0]);
+  TwoRailJob job(3, /*failover=*/true, /*cache_rounds=*/false, /*probe_backoff_s=*/0.2, rails);
+  EXPECT_EQ(job[0].rail_stats()[0].protocol, "tcp");
+  EXPECT_EQ(job[0].rail_stats()[1].protocol, "memory");
+  run_and_check(job, 8, 2, 1 << 20, [&](int step) {
+    if (step == 2) job[1].testing_fail_rail(1, "injected memory rail error");
+  });
+  ASSERT_TRUE(wait_all_up(job, 1)) << "the memory rail was not re-admitted; rank 0 sees it " << state_of(job[0], 1);
+  run_and_check(job, 2, 1, 1 << 20, [](int) {});
 }
 
 TEST(EngineFailoverTest, WithCacheRoundsARailFailureIsRedoneAndReadmittedToo) {

@@ -32,6 +32,7 @@ using transport::testing::run_ranks;  // one thread per rank, first exception re
 
 using testing::Cluster;
 using testing::loopback_rails;
+using testing::memory_rails;
 using testing::make_request;
 
 using testing::expect_ok;
@@ -65,12 +66,14 @@ void check_float_allreduce(Cluster& c, const std::string& name, size_t count, Re
   }
 }
 
-// (ranks, small collectives done by rank 0 inside negotiation or run on the rail).
-class EngineThreadsTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
+// (ranks, small collectives done by rank 0 inside negotiation or run on the rail, the rail: TCP on
+// loopback or the in-memory test rail, both built through the rail factory).
+class EngineThreadsTest : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {
  protected:
   static bool control_inline() { return std::get<1>(GetParam()); }
+  static bool memory_rail() { return std::get<2>(GetParam()); }
   static Cluster make_cluster() {
-    return Cluster(std::get<0>(GetParam()), loopback_rails(1), [](EngineConfig& c) {
+    return Cluster(std::get<0>(GetParam()), memory_rail() ? memory_rails(1) : loopback_rails(1), [](EngineConfig& c) {
       c.control_inline_bytes = control_inline() ? 16384 : 0;
     });
   }
@@ -235,10 +238,11 @@ TEST_P(EngineThreadsTest, ShutdownCompletesPromptly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, EngineThreadsTest,
-                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool()),
-                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool(), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool, bool>>& info) {
                            return std::to_string(std::get<0>(info.param)) + "ranks" +
-                                  (std::get<1>(info.param) ? "ControlInline" : "Rails");
+                                  (std::get<1>(info.param) ? "ControlInline" : "Rails") +
+                                  (std::get<2>(info.param) ? "Memory" : "Tcp");
                          });
 
 TEST(EngineTest, NameInFlightIsRejectedUntilDone) {

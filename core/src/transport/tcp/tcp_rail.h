@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "transport/auth.h"
+#include "transport/message_path.h"
 #include "transport/rail.h"
 #include "transport/rail_factory.h"
 #include "transport/tcp/acceptor.h"
@@ -53,7 +54,7 @@ struct TcpRailConfig {
   size_t max_share_bytes = 0;        // RailProperties::max_share_bytes (0: no limit)
 };
 
-class TcpRail : public Rail {
+class TcpRail : public Rail, public MessagePath {
  public:
   TcpRail(TcpRailConfig config, int rank, int size);
   ~TcpRail() override;
@@ -84,20 +85,17 @@ class TcpRail : public Rail {
   RailCounters counters() const override;
   void abort(const std::string& reason) override;
 
-  void send_message(int peer, const std::string& payload, const Deadline& deadline);
-  struct Message {
-    int peer;
-    std::string payload;
-  };
+  // MessagePath (message_path.h): the control channel's calls.
+  void send_message(int peer, const std::string& payload, const Deadline& deadline) override;
   // Waits until one whole kControl message has arrived from any peer (returns it), or wake_fd (may
   // be -1) becomes readable (returns std::nullopt without reading wake_fd), or the deadline passes
   // (std::nullopt). Messages from one peer arrive in order; peers are served round robin.
   // Partially received messages are kept across calls.
-  std::optional<Message> recv_message_any(int wake_fd, const Deadline& deadline);
+  std::optional<Message> recv_message_any(int wake_fd, const Deadline& deadline) override;
   // For waiting on several rails at once: appends the abort eventfd and every connected peer's
   // socket (POLLIN). When any is readable, recv_message_any(-1, an expired deadline) makes progress
   // without blocking.
-  void append_poll_fds(std::vector<struct pollfd>& fds) const;
+  void append_poll_fds(std::vector<struct pollfd>& fds) const override;
 
   // Idempotent; also run by the destructor. Must not race a data call (use abort() for that).
   void close() override;
@@ -151,5 +149,7 @@ class TcpRail : public Rail {
 
 // The factory's maker for kinds "tcp" and "mptcp" (rail_kinds.cc): binds spec.local_addr.
 std::unique_ptr<Rail> make_tcp_rail(const RailSpec& spec, const RailContext& ctx);
+// The same, as a control-channel message path (rail_kinds.cc's message-path table).
+std::unique_ptr<MessagePath> make_tcp_message_path(const RailSpec& spec, const RailContext& ctx);
 
 }  // namespace nezha::transport

@@ -4,7 +4,9 @@
 
 namespace nezha::transport {
 
-std::unique_ptr<Rail> make_tcp_rail(const RailSpec& spec, const RailContext& ctx) {
+namespace {
+
+std::unique_ptr<TcpRail> make(const RailSpec& spec, const RailContext& ctx) {
   // max_share_bytes caps the share of one operation this rail takes (RailProperties); the other
   // options tune the sockets.
   reject_unknown_options(spec, {"max_share_bytes", "socket_buffer_bytes"});
@@ -21,6 +23,14 @@ std::unique_ptr<Rail> make_tcp_rail(const RailSpec& spec, const RailContext& ctx
   tc.handshake_timeout_s = ctx.handshake_timeout_s;
   tc.max_share_bytes = rail_option_bytes(spec, "max_share_bytes", 0);
   return std::make_unique<TcpRail>(tc, ctx.rank, ctx.size);
+}
+
+}  // namespace
+
+std::unique_ptr<Rail> make_tcp_rail(const RailSpec& spec, const RailContext& ctx) { return make(spec, ctx); }
+
+std::unique_ptr<MessagePath> make_tcp_message_path(const RailSpec& spec, const RailContext& ctx) {
+  return make(spec, ctx);
 }
 
 }  // namespace nezha::transport

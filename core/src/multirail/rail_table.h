@@ -1,0 +1,123 @@
+// The rail table: everything the engine knows about its rails' performance and health, and the one
+// place operations are planned over them.
+//
+// What it owns, per rail: the cost model (SplitRegimeModel, fed by the rail workers through
+// observe()), the rail's state (up / down / probing, set by failover in stream order), its current
+// share of allreduce payloads (rail_stats()), the probe counters that lend idle rails a small share,
+// and rank 0's estimates as last received (every rank reports the coordinator's model, the one that
+// decides the splits). It also seeds each model from the transport's priors (RailProperties
+// latency_us_prior / gbps_prior) until the rail has been measured, and honours max_share_bytes.
+//
+// Planning: plan() is the only entry point, used by negotiation (rank 0 plans from its own models)
+// and by cache rounds (every rank plans from rank 0's estimates carried in the round), so both
+// agree with each other's rules. Operations that are not split (everything but allreduce) get an
+// explicit single-rail pick. Each source has its own probe counters: round plans must come out the
+// same on every rank, so their counters advance only in the total order of rounds.
+//
+// Threads: observe() from rail workers, the rest from the engine thread, stats() from any thread.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "multirail/cost_model.h"
+#include "multirail/planner.h"
+#include "multirail/rail_health.h"
+#include "multirail/split_regime_model.h"
+
+namespace nezha::multirail {
+
+// What the table needs to know about one rail (from transport::RailProperties).
+struct RailDescription {
+  std::string name;
+  double latency_us_prior = 0;  // 0 = unknown
+  double gbps_prior = 0;        // 0 = unknown; with a prior the rail is planned before any sample
+  size_t max_share_bytes = 0;   // 0 = no limit
+};
+
+// What to plan: `count` elements of `elem_size` bytes; `splittable` (allreduce) may be striped,
+// anything else runs whole on one rail.
+struct OpToPlan {
+  size_t count = 0;
+  size_t elem_size = 1;
+  bool splittable = false;
+};
+
+enum class PlanSource {
+  kNegotiation,  // rank 0, from its own models
+  kRound,        // any rank, from rank 0's estimates carried in a cache round
+};
+
+struct RailStatus {
+  RailState state = RailState::kUp;
+  RailEstimate estimate;  // rank 0's as last received, else this rank's (with priors)
+  double share = 0;       // of the last allreduce plan executed
+};
+
+class RailTable {
+ public:
+  RailTable(std::vector<RailDescription> rails, RailCostModelOptions options);
+
+  size_t size() const { return rails_.size(); }
+  const RailDescription& rail(int index) const { return rails_.at(static_cast<size_t>(index)); }
+
+  // Rail workers: one share of `bytes` took `seconds` on `rail`.
+  void observe(int rail, size_t bytes, double seconds);
+
+  // This rank's estimates, with priors standing in for rails not measured yet.
+  std::vector<RailEstimate> estimates() const;
+  // Rank 0's estimates, as received with its response lists.
+  void set_shared_estimates(std::vector<RailEstimate> estimates);
+
+  void set_state(int rail, RailState state);  // not up: its current share drops to 0
+  RailState state(int rail) const;
+  std::vector<bool> usable() const;  // up, per rail
+
+  // The plan of one operation. kNegotiation plans from estimates(); kRound from `round_estimates`
+  // (rank 0's, identical on every rank). Returns a plan without shares (run whole on rail 0, as the
+  // engine reads it) with a single rail, or for a round without estimates or a non-split operation; throws NezhaError when no rail
+  // is usable. `on_probe` (may be empty) hears of each probe share.
+  Plan plan(const OpToPlan& op, PlanSource source,
+                              const std::vector<RailEstimate>& round_estimates = {},
+                              const std::function<void(int rail, size_t bytes)>& on_probe = {});
+  // The single-rail pick for an operation that is not split: the usable rail with the lowest
+  // start-up cost whose max_share_bytes admits `bytes` (any usable one if none does).
+  int pick_single_rail(const std::vector<RailEstimate>& estimates, const std::vector<bool>& usable,
+                       size_t bytes) const;
+
+  // An allreduce plan was executed: its shares become the rails' current shares.
+  void record_plan(const std::vector<RailShare>& shares);
+
+  std::vector<RailStatus> status() const;
+
+  // The payload sizes calibration runs on each rail before user traffic (alpha from the small
+  // ones, beta from the others: three samples per regime of the SplitRegimeModel).
+  static std::vector<size_t> calibration_bytes();
+
+ private:
+  RailEstimate estimate_locked(size_t rail) const;
+  // Moves what exceeds a rail's max_share_bytes to usable rails without a limit (or with room).
+  void cap_shares(Plan& plan, const std::vector<bool>& usable, size_t count, size_t elem_size) const;
+
+  std::vector<RailDescription> rails_;
+  mutable std::mutex mu_;  // guards everything below
+  std::vector<SplitRegimeModel> models_;
+  std::vector<RailEstimate> shared_estimates_;
+  std::vector<RailState> states_;
+  std::vector<double> current_share_;
+  std::vector<int> idle_large_ops_[2];  // probe counters per PlanSource
+};
+
+// Large payloads lend a small probe share to a rail that is unknown or idle for a while, so a
+// rail's estimate can recover. idle_large_ops[rail] counts large operations since the rail last
+// carried a share; only rails marked in `usable` (empty: all) are probed; `on_probe` (may be empty)
+// is told of each probe.
+void add_probe_shares(Plan& plan, const std::vector<RailEstimate>& est, size_t count,
+                      size_t elem_size, std::vector<int>& idle_large_ops,
+                      const std::vector<bool>& usable = {},
+                      const std::function<void(int rail, size_t bytes)>& on_probe = {});
+
+}  // namespace nezha::multirail

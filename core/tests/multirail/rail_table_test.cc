@@ -1,0 +1,155 @@
+// The rail table: one planning entry point for negotiation and cache rounds, an explicit
+// single-rail pick, priors before any measurement, max_share_bytes honoured.
+#include "multirail/rail_table.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+
+namespace nezha::multirail {
+namespace {
+
+RailEstimate est(double alpha_us, double beta_gbps) { return RailEstimate{alpha_us, beta_gbps, 100}; }
+
+RailCostModelOptions options() {
+  RailCostModelOptions o;
+  o.min_samples = 2;
+  return o;
+}
+
+size_t total(const std::vector<RailShare>& shares) {
+  size_t n = 0;
+  for (const auto& s : shares) n += s.count;
+  return n;
+}
+
+// Shares tile [0, count) without gaps or overlaps.
+void expect_tiles(const std::vector<RailShare>& shares, size_t count) {
+  std::vector<RailShare> sorted = shares;
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  size_t at = 0;
+  for (const auto& s : sorted) {
+    EXPECT_EQ(s.offset, at);
+    at += s.count;
+  }
+  EXPECT_EQ(at, count);
+}
+
+// Feeds a rail's model with exact samples of alpha_us + bytes / gbps (small and large regimes).
+void teach(RailTable& t, int rail, double alpha_us, double gbps) {
+  for (size_t bytes : {size_t{4096}, size_t{4096}, size_t{4096}, size_t{1} << 20, size_t{2} << 20, size_t{4} << 20})
+    t.observe(rail, bytes, alpha_us * 1e-6 + static_cast<double>(bytes) * 8 / (gbps * 1e9));
+}
+
+TEST(RailTable, NonSplitOperationsGetAnExplicitSingleRailPickOfTheLowestAlpha) {
+  RailTable t({{"a"}, {"b"}, {"c"}}, options());
+  const std::vector<bool> all(3, true);
+  // Lowest alpha wins whatever the size; an unknown rail is never preferred to a known one.
+  EXPECT_EQ(t.pick_single_rail({est(50, 10), est(20, 1), RailEstimate{}}, all, 1 << 20), 1);
+  // Nothing known: the first usable rail.
+  EXPECT_EQ(t.pick_single_rail({RailEstimate{}, RailEstimate{}, RailEstimate{}}, {false, true, true}, 8), 1);
+  // Through plan(): a broadcast-like operation runs whole on one rail.
+  teach(t, 0, 80, 5);
+  teach(t, 1, 30, 5);
+  teach(t, 2, 60, 5);
+  OpToPlan op{1000, 4, false};
+  Plan p = t.plan(op, PlanSource::kNegotiation);
+  ASSERT_EQ(p.shares.size(), 1u);
+  EXPECT_EQ(p.shares[0].rail, 1);
+  EXPECT_EQ(p.shares[0].count, 1000u);
+  // That rail down: the next lowest alpha.
+  t.set_state(1, RailState::kDown);
+  p = t.plan(op, PlanSource::kNegotiation);
+  ASSERT_EQ(p.shares.size(), 1u);
+  EXPECT_EQ(p.shares[0].rail, 2);
+  EXPECT_FALSE(t.usable()[1]);
+}
+
+TEST(RailTable, PriorsPlanBeforeAnyMeasurement) {
+  // Without priors two unmeasured rails are cold: rail 0 carries the payload (rail 1 gets only a
+  // small probe share, to be measured).
+  RailTable cold({{"a"}, {"b"}}, options());
+  Plan p = cold.plan({8 << 20, 4, true}, PlanSource::kNegotiation);
+  ASSERT_FALSE(p.striped);
+  for (const auto& s : p.shares)
+    if (s.rail == 0) EXPECT_GE(s.count, (8u << 20) * 9 / 10);
+  // With equal priors a large payload is striped at once, about half each; a faster prior takes more.
+  RailTable warm({{"a", 10, 10}, {"b", 10, 30}}, options());
+  const auto est0 = warm.estimates();
+  EXPECT_TRUE(est0[0].known());
+  EXPECT_DOUBLE_EQ(est0[1].beta_gbps, 30);
+  const size_t count = 8 << 20;
+  p = warm.plan({count, 4, true}, PlanSource::kNegotiation);
+  ASSERT_EQ(p.shares.size(), 2u);
+  expect_tiles(p.shares, count);
+  size_t on_b = 0;
+  for (const auto& s : p.shares)
+    if (s.rail == 1) on_b = s.count;
+  EXPECT_NEAR(static_cast<double>(on_b) / count, 0.75, 0.02);
+  // Measurements replace the prior.
+  teach(warm, 1, 10, 2);
+  EXPECT_NEAR(warm.estimates()[1].beta_gbps, 2, 0.2);
+}
+
+TEST(RailTable, MaxShareBytesIsHonoured) {
+  // Rail b is much faster, but may take at most 1 MiB of any operation.
+  const size_t cap = 1 << 20;
+  RailTable t({{"a", 10, 1}, {"b", 10, 100, cap}}, options());
+  const size_t count = 16 << 20;  // float32: 64 MiB
+  Plan p = t.plan({count, 4, true}, PlanSource::kNegotiation);
+  expect_tiles(p.shares, count);
+  for (const auto& s : p.shares)
+    if (s.rail == 1) EXPECT_LE(s.count * 4, cap);
+  EXPECT_EQ(total(p.shares), count);
+  // A payload no rail's limit admits still goes somewhere whole (the rail with the largest limit).
+  RailTable both({{"a", 10, 1, cap}, {"b", 10, 1, 2 * cap}}, options());
+  p = both.plan({count, 4, true}, PlanSource::kNegotiation);
+  expect_tiles(p.shares, count);
+  EXPECT_EQ(total(p.shares), count);
+  // The single-rail pick passes over a rail whose limit is too small while another fits.
+  RailTable pick({{"a", 5, 10, 64}, {"b", 50, 10}}, options());
+  EXPECT_EQ(pick.plan({1000, 4, false}, PlanSource::kNegotiation).shares.at(0).rail, 1);
+  EXPECT_EQ(pick.plan({8, 4, false}, PlanSource::kNegotiation).shares.at(0).rail, 0);
+}
+
+TEST(RailTable, RoundsPlanFromTheGivenEstimatesAndAgreeWithNegotiation) {
+  RailTable t({{"a"}, {"b"}}, options());
+  const std::vector<RailEstimate> rank0 = {est(20, 10), est(20, 10)};
+  const size_t count = 4 << 20;
+  // This rank knows nothing, but the round carries rank 0's estimates: striped.
+  Plan round = t.plan({count, 4, true}, PlanSource::kRound, rank0);
+  EXPECT_EQ(round.shares.size(), 2u);
+  expect_tiles(round.shares, count);
+  // No estimates in the round: whole on rail 0 (an empty plan).
+  EXPECT_TRUE(t.plan({count, 4, true}, PlanSource::kRound, {}).shares.empty());
+  // A table taught those estimates plans the same for negotiation.
+  RailTable taught({{"a"}, {"b"}}, options());
+  teach(taught, 0, 20, 10);
+  teach(taught, 1, 20, 10);
+  const auto e = taught.estimates();
+  Plan from_round = t.plan({count, 4, true}, PlanSource::kRound, e);
+  Plan negotiated = taught.plan({count, 4, true}, PlanSource::kNegotiation);
+  ASSERT_EQ(from_round.shares.size(), negotiated.shares.size());
+  for (size_t i = 0; i < negotiated.shares.size(); ++i) {
+    EXPECT_EQ(from_round.shares[i].rail, negotiated.shares[i].rail);
+    EXPECT_EQ(from_round.shares[i].count, negotiated.shares[i].count);
+  }
+}
+
+TEST(RailTable, SharesAndStatesShowInStatus) {
+  RailTable t({{"a"}, {"b"}}, options());
+  EXPECT_DOUBLE_EQ(t.status()[0].share, 1.0);  // everything on rail 0 until a plan says otherwise
+  t.record_plan({{0, 0, 300}, {1, 300, 100}});
+  EXPECT_DOUBLE_EQ(t.status()[0].share, 0.75);
+  EXPECT_DOUBLE_EQ(t.status()[1].share, 0.25);
+  t.set_state(1, RailState::kDown);
+  EXPECT_DOUBLE_EQ(t.status()[1].share, 0.0);
+  EXPECT_EQ(t.status()[1].state, RailState::kDown);
+  t.set_shared_estimates({est(7, 3), est(9, 4)});
+  EXPECT_DOUBLE_EQ(t.status()[1].estimate.alpha_us, 9);
+  t.set_state(0, RailState::kDown);
+  EXPECT_THROW(t.plan({4 << 20, 4, true}, PlanSource::kNegotiation), NezhaError);
+}
+
+}  // namespace
+}  // namespace nezha::multirail
