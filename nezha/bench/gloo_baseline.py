@@ -52,6 +52,24 @@ def interface_of(addr: str) -> Optional[str]:
     return None
 
 
+def bootstrap_address(rail_stats, ifnames: Optional[str]) -> str:
+    """The IPv4 address Gloo bootstraps on: the first network rail's, else (a job on host-local
+    rails only, e.g. shm) the first address of --gloo-ifname's interface, else loopback."""
+    import ipaddress
+
+    import psutil
+    for stats in rail_stats:
+        try:
+            return str(ipaddress.IPv4Address(stats["local_addr"]))
+        except ValueError:
+            continue
+    for ifname in (ifnames or "").split(","):
+        for a in psutil.net_if_addrs().get(ifname.strip(), []):
+            if a.family == socket.AF_INET:
+                return a.address
+    return "127.0.0.1"
+
+
 def _to_torch(array: np.ndarray, dtype: str):
     import torch
     if dtype == "bfloat16":  # torch cannot import ml_dtypes arrays; reinterpret the bits
@@ -76,7 +94,7 @@ class GlooBaseline:
         self.impl = impl
         self.rank = nezha_module.rank()
         self.world = nezha_module.size()
-        first_rail_addr = nezha_module.rail_stats()[0]["local_addr"]
+        first_rail_addr = bootstrap_address(nezha_module.rail_stats(), ifnames)
         if ifnames is None:
             ifnames = interface_of(first_rail_addr)
         if ifnames:
