@@ -142,9 +142,9 @@ def _host_collective(kind: str, name: str, reduce_op: Any, prescale: float, post
     if kind == "broadcast":
         return [ops.broadcast(a, root, name=f"{name}.{i}") for i, a in enumerate(arrays)]
     if kind == "allgather":
-        return [ops.allgather(a, name=name)]
+        return [ops.allgather(arrays[0], name=name)]
     if kind == "reducescatter":
-        return [ops.reducescatter(a, reduce_op, name, prescale, postscale)]
+        return [ops.reducescatter(arrays[0], reduce_op, name, prescale, postscale)]
     if kind == "alltoall":
         return [ops.alltoall(arrays[0], name=name)[0]]
     if kind == "barrier":
@@ -163,7 +163,7 @@ def run_collective(kind: str, arrays: Sequence[Any], *, name: str, reduce_op: An
     if ffi_available() and not force_fallback:
         return collective_p.bind(*arrays, **params)
     _warn_fallback() if not force_fallback else None
-    avals = [jax_core.get_aval(a) for a in arrays]
+    avals = [jax.typeof(a) for a in arrays]
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in output_avals(kind, avals)]
     callback = functools.partial(_host_collective, kind, name, params["reduce_op"],
                                  params["prescale"], params["postscale"], params["root"])

@@ -17,6 +17,11 @@ r, n = nj.rank(), nj.size()
 MODE = sys.argv[1] if len(sys.argv) > 1 else "ffi"
 if MODE == "ffi" and not nj.ffi_available():
     fail("this build has no FFI handlers; the test expects them (built against jaxlib's headers)")
+hlo = jax.jit(lambda t: nj.allreduce(t, op=nj.Sum)).lower(jnp.ones(3)).as_text()
+uses_ffi = "nezha_collective" in hlo
+if uses_ffi != (MODE == "ffi"):
+    fail("mode %s, but the lowered program %s the FFI custom call" % (MODE, "has" if uses_ffi else "lacks"))
+report("path " + MODE)
 
 
 def rank_tree(k):
