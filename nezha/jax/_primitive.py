@@ -162,7 +162,8 @@ def run_collective(kind: str, arrays: Sequence[Any], *, name: str, reduce_op: An
                   prescale=float(prescale), postscale=float(postscale), root=int(root))
     if ffi_available() and not force_fallback:
         return collective_p.bind(*arrays, **params)
-    _warn_fallback() if not force_fallback else None
+    if not force_fallback:
+        _warn_fallback()
     avals = [jax.typeof(a) for a in arrays]
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in output_avals(kind, avals)]
     callback = functools.partial(_host_collective, kind, name, params["reduce_op"],

@@ -255,6 +255,7 @@ def alltoall(tensor: Any, name: Optional[str] = None) -> Any:
     return _per_leaf("alltoall", _alltoall_t, lambda x, nm: ops.alltoall(x, name=nm)[0], tensor, name)
 
 
-def barrier(name: Optional[str] = None) -> None:
-    """Returns once every rank has reached it. Eager only (inside jit, any collective orders)."""
+def barrier() -> None:
+    """Returns once every rank has reached it. Eager only: inside jit, collectives are already
+    ordered and synchronising."""
     ops.barrier()

@@ -68,9 +68,9 @@ ffi::Error collective(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t 
   const std::string name(name_view);
   const OpType type = static_cast<OpType>(kind);
   // Argument and result 0 are the ordering token.
-  const size_t n = args.size() - 1;
   if (args.size() < 1 || rets.size() != args.size())
     return fail(name, "expected a token plus matching inputs and outputs");
+  const size_t n = args.size() - 1;
   const double limit_s = 2 * current_timeout_s() + 30;
 
   std::vector<TensorEntry> entries;
