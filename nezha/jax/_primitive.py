@@ -1,11 +1,13 @@
 """One JAX primitive for every nezha collective inside a traced computation.
 
-``collective_p`` carries an ordered effect: JAX threads a token through every call in program order,
-so XLA never drops (dead-code eliminates), merges (CSE) or reorders them, and every rank issues its
-collectives in the same order. Lowered to the XLA FFI handler ``nezha_collective`` compiled into
-``nezha._core`` (bindings/jax_ffi.cc) when the build found jaxlib's FFI headers; otherwise
-``run_collective`` goes through an ordered ``io_callback`` into the numpy API instead (slower: the
-callback holds the GIL and copies).
+``collective_p`` lowers to a side-effecting XLA FFI custom call, ``nezha_collective``, compiled into
+``nezha._core`` (bindings/jax_ffi.cc) when the build found jaxlib's FFI headers: XLA never drops or
+merges it, and its asynchronous handler submits each collective to the engine as XLA reaches it.
+The engine matches collectives across ranks by name, so ranks may reach a program's independent
+collectives in different orders; no JAX effect is needed (an ordered effect would take every call
+off JAX's fast C++ dispatch path, ~0.3 ms each here). Without the handlers, ``run_collective`` goes
+through an ordered ``io_callback`` into the numpy API instead (slower: the callback holds the GIL,
+copies, and must be ordered because it blocks).
 
 Parameters (all static): ``kind`` (an OpType name), ``name`` (the engine's tensor name, the same on
 every rank), ``reduce_op``, ``prescale``, ``postscale``, ``root`` (the broadcast root).
@@ -13,6 +15,7 @@ every rank), ``reduce_op``, ``prescale``, ``postscale``, ``root`` (the broadcast
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from typing import Any, List, Sequence
 
@@ -21,28 +24,15 @@ import numpy as np
 import jax
 from jax.experimental import io_callback
 from jax._src import core as jax_core
-from jax._src import dispatch, effects
+from jax._src import dispatch
 from jax._src.interpreters import batching, mlir
+from jax._src.interpreters import partial_eval as pe
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import hlo
 
 from .. import _core, basics, ops
 
 _FFI_TARGET = "nezha_collective"
 
-
-class NezhaCollectiveEffect(effects.Effect):
-    """Ordered: collectives run in program order on every rank."""
-
-    def __str__(self) -> str:
-        return "NezhaCollective"
-
-
-collective_effect = NezhaCollectiveEffect()
-effects.lowerable_effects.add_type(NezhaCollectiveEffect)
-effects.ordered_effects.add_type(NezhaCollectiveEffect)
-effects.control_flow_allowed_effects.add_type(NezhaCollectiveEffect)
-effects.custom_derivatives_allowed_effects.add_type(NezhaCollectiveEffect)
 
 collective_p = jax_core.Primitive("nezha_collective")
 collective_p.multiple_results = True
@@ -84,10 +74,19 @@ def output_avals(kind: str, avals: Sequence[Any]) -> List[jax_core.ShapedArray]:
 
 
 def _abstract_eval(*avals, kind, name, reduce_op, prescale, postscale, root):
-    return output_avals(kind, avals), {collective_effect}
+    return output_avals(kind, avals)
 
 
-collective_p.def_effectful_abstract_eval(_abstract_eval)
+collective_p.def_abstract_eval(_abstract_eval)
+
+
+def _never_dead(used_outputs, eqn):
+    """JAX drops equations whose results are unused and that have no effect; a collective must
+    still run (its peers wait for it), so it is kept whenever the computation around it is."""
+    return [True] * len(eqn.invars), eqn
+
+
+pe.dce_rules[collective_p] = _never_dead
 
 
 def _i32(v: int) -> ir.Attribute:
@@ -95,21 +94,18 @@ def _i32(v: int) -> ir.Attribute:
 
 
 def _lowering(ctx, *args, kind, name, reduce_op, prescale, postscale, root):
-    token = ctx.tokens_in.get(collective_effect)
-    result_types = [hlo.TokenType.get()] + [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
+    result_types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
     if kind == "alltoall":
         root = basics.size()  # the handler splits dim 0 into this many equal parts
     f64 = ir.F64Type.get()
     call = mlir.custom_call(
-        _FFI_TARGET, result_types=result_types, operands=[token, *args], api_version=4,
+        _FFI_TARGET, result_types=result_types, operands=list(args), api_version=4,
         has_side_effect=True,
         backend_config={"kind": _i32(int(getattr(ops.OpType, kind))),
                         "name": ir.StringAttr.get(name), "reduce_op": _i32(int(reduce_op)),
                         "prescale": ir.FloatAttr.get(f64, prescale),
                         "postscale": ir.FloatAttr.get(f64, postscale), "root": _i32(root)})
-    results = list(call.results)
-    ctx.set_tokens_out(mlir.TokenSet({collective_effect: results[0]}))
-    return results[1:]
+    return list(call.results)
 
 
 mlir.register_lowering(collective_p, _lowering, platform="cpu")
@@ -133,25 +129,33 @@ def _batching(args, dims, *, kind, **params):
 batching.primitive_batchers[collective_p] = _batching
 
 
+def _backstop_s() -> float:
+    """How long a callback waits at most: as the FFI handler, twice NEZHA_TIMEOUT_S plus 5 s (the
+    engine fails a dead peer's operation sooner; this bounds one a peer never submits)."""
+    default = dict((k[0], k[1]) for k in _core.knobs())["NEZHA_TIMEOUT_S"]
+    return 2 * float(os.environ.get("NEZHA_TIMEOUT_S") or default) + 5
+
+
 def _host_collective(kind: str, name: str, reduce_op: Any, prescale: float, postscale: float,
                      root: int, *arrays: np.ndarray) -> List[np.ndarray]:
-    """The io_callback fallback's body: the numpy API, with the traced call's name."""
+    """The io_callback fallback's body: the numpy API, with the traced call's name. It blocks (the
+    callbacks are ordered), so every rank must reach these collectives in the same order."""
     arrays = [np.asarray(a) for a in arrays]
     if kind == "allreduce":
-        return ops.grouped_allreduce(arrays, reduce_op, name, prescale, postscale)
-    if kind == "broadcast":
-        return [ops.broadcast(a, root, name=f"{name}.{i}") for i, a in enumerate(arrays)]
-    if kind == "allgather":
-        return [ops.allgather(arrays[0], name=name)]
-    if kind == "reducescatter":
-        return [ops.reducescatter(arrays[0], reduce_op, name, prescale, postscale)]
-    if kind == "alltoall":
-        return [ops.alltoall(arrays[0], name=name)[0]]
-    if kind == "barrier":
-        h = basics._engine().submit(ops.OpType.barrier, name)
-        ops.Handle([h], lambda: None, [name]).wait()
-        return []
-    raise ValueError(f"unknown collective kind {kind!r}")
+        handle = ops.grouped_allreduce_async(arrays, reduce_op, name, prescale, postscale)
+    elif kind == "broadcast":
+        handle = ops.Handle.gather([ops.broadcast_async(a, root, name=f"{name}.{i}")
+                                    for i, a in enumerate(arrays)])
+    elif kind == "allgather":
+        handle = ops.allgather_async(arrays[0], name=name).then(lambda y: [y])
+    elif kind == "reducescatter":
+        handle = ops.reducescatter_async(arrays[0], reduce_op, name, prescale,
+                                         postscale).then(lambda y: [y])
+    elif kind == "alltoall":
+        handle = ops.alltoall_async(arrays[0], name=name).then(lambda y: [y[0]])
+    else:
+        raise ValueError(f"unknown collective kind {kind!r}")
+    return handle.wait(_backstop_s())
 
 
 def run_collective(kind: str, arrays: Sequence[Any], *, name: str, reduce_op: Any = ops.Sum,

@@ -103,8 +103,9 @@ def _broadcast_t(p, fallback, xs):
 
 def _broadcast_bwd(p, fallback, _res, cts):
     avg = _run(_grad_params(p, "allreduce", Average), cts, fallback)
-    keep = basics.rank() == p.root
-    return ([g if keep else jnp.zeros_like(g) for g in avg],)
+    # Masked rather than replaced by zeros: every rank's program must keep the allreduce.
+    keep = 1.0 if basics.rank() == p.root else 0.0
+    return ([g * jnp.asarray(keep, g.dtype) for g in avg],)
 
 
 _broadcast_t.defvjp(lambda p, f, xs: (_run(p, xs, f), None), _broadcast_bwd)

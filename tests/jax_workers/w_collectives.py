@@ -151,6 +151,19 @@ for i in range(5):
 assert_close(v, np.full(3, ref_v), "many: final value")
 report("ordering")
 
+
+# Independent collectives traced in a different order on each rank: the handler never blocks XLA
+# on one before submitting the other, and the engine matches them by name.
+def crossed(a, b):
+    first, second = ((a, "cross.a"), (b, "cross.b")) if r % 2 == 0 else ((b, "cross.b"), (a, "cross.a"))
+    out = {nm: nj.allreduce(v, op=nj.Sum, name=nm) for v, nm in (first, second)}
+    return out["cross.a"], out["cross.b"]
+if MODE == "ffi":  # the io_callback fallback blocks in order: it needs the same order everywhere
+    ca, cb = jax.jit(crossed)(jnp.full(3, 1.0 + r), jnp.full(2, 10.0 * (r + 1)))
+    assert_close(ca, np.full(3, float(sum(1.0 + k for k in range(n)))), "crossed a")
+    assert_close(cb, np.full(2, float(sum(10.0 * (k + 1) for k in range(n)))), "crossed b")
+    report("crossed order")
+
 # A mismatch across ranks raises on every rank (never a hang).
 bad = jnp.ones((2 + r,), jnp.float32)
 message = expect_error(lambda: jax.block_until_ready(jax.jit(lambda t: nj.allreduce(t, op=nj.Sum,
