@@ -1,9 +1,9 @@
 """nezha for JAX: collectives on arrays and pytrees (eager and inside ``jax.jit``), a multi-process
 ``pmap``, and an optax ``DistributedOptimizer``.
 
-Inside ``jit`` each collective is an XLA FFI custom call into nezha's engine (ordered by an effect
-token, zero-copy on CPU buffers); ``ffi_available()`` says whether this build has it, else an
-ordered ``io_callback`` is used (a warning says so once). See docs/JAX.md.
+Inside ``jit`` each collective is an asynchronous, side-effecting XLA FFI custom call into nezha's
+engine (zero-copy on CPU buffers; ranks matched by name); ``ffi_available()`` says whether this
+build has it, else an ordered ``io_callback`` is used (a warning says so once). See docs/JAX.md.
 """
 try:
     import jax as _jax  # noqa: F401
