@@ -19,9 +19,17 @@ from ..handle import NezhaError
 from ._primitive import ffi_available
 from .collectives import (Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier,
                           broadcast, grouped_allreduce, reducescatter)
-from .optimizer import (DistributedOptimizer, allgather_object, allreduce_gradients,
-                        broadcast_object, broadcast_optimizer_state, broadcast_parameters)
 from .pmap import all_gather, axis_index, pmap, pmax, pmean, pmin, psum
+
+from .broadcasts import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                         broadcast_parameters)
+
+try:
+    from .optimizer import DistributedOptimizer, allreduce_gradients
+except ImportError as _optax_missing:  # optax is needed only by the optimizer
+    def _needs_optax(*args, _error=_optax_missing, **kwargs):
+        raise ImportError(str(_error))
+    DistributedOptimizer = allreduce_gradients = _needs_optax
 
 
 def init(rails=None, timeout_s=None) -> None:
