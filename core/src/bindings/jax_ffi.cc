@@ -1,0 +1,254 @@
+// XLA FFI handlers for nezha.jax: collectives inside jax.jit without Python.
+//
+// Why compiled into nezha._core: the handler must reach the process's engine, which _core owns; a
+// second extension would need its own copy of the core (STYLE "worth avoiding" 1) or a C ABI to
+// find it. Built only when jaxlib's header-only FFI API was found at build time (CMakeLists.txt);
+// nezha.jax registers the capsules from jax_ffi_targets() with jax.ffi.register_ffi_target.
+//
+// The data path: each input and output is XLA's own buffer; the handler submits engine entries
+// pointing at them (allreduce and broadcast write straight into XLA's output) and returns an FFI
+// future at once; one waiter thread completes the futures as the engine finishes. No GIL, no
+// staging copy; operations whose output the engine allocates (allgather, alltoall, reducescatter)
+// copy it once into XLA's output.
+//
+// Why asynchronous, and why no ordering token: the engine matches collectives across ranks by
+// name (rank 0 starts a tensor once every rank has submitted it), so ranks may submit a program's
+// independent collectives in different orders. What must not happen is a rank blocking an XLA
+// thread on one collective before submitting another that a peer waits for: returning a future
+// keeps every collective XLA reaches submitted. The custom calls are side-effecting, so XLA never
+// drops or merges them; JAX needs no ordered effect (which would take every call off its fast
+// dispatch path).
+#include <pybind11/pybind11.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bindings/current_engine.h"
+#include "common/error.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace py = pybind11;
+namespace ffi = xla::ffi;
+
+namespace nezha::bindings {
+namespace {
+
+using engine::OpType;
+using engine::TensorEntry;
+
+bool to_nezha_dtype(ffi::DataType t, DataType* out) {
+  switch (t) {
+    case ffi::DataType::PRED: *out = DataType::kBool; return true;
+    case ffi::DataType::S8: *out = DataType::kInt8; return true;
+    case ffi::DataType::S16: *out = DataType::kInt16; return true;
+    case ffi::DataType::S32: *out = DataType::kInt32; return true;
+    case ffi::DataType::S64: *out = DataType::kInt64; return true;
+    case ffi::DataType::U8: *out = DataType::kUInt8; return true;
+    case ffi::DataType::F16: *out = DataType::kFloat16; return true;
+    case ffi::DataType::BF16: *out = DataType::kBFloat16; return true;
+    case ffi::DataType::F32: *out = DataType::kFloat32; return true;
+    case ffi::DataType::F64: *out = DataType::kFloat64; return true;
+    default: return false;
+  }
+}
+
+ffi::Error fail(const std::string& name, const std::string& why) {
+  return ffi::Error(ffi::ErrorCode::kInternal, "nezha collective '" + name + "': " + why);
+}
+
+// One operation in flight: the engine's handles, where its engine-allocated outputs go, and the
+// future XLA waits on.
+struct Pending {
+  std::string name;
+  std::vector<std::shared_ptr<engine::OpHandle>> handles;
+  std::vector<std::pair<void*, size_t>> copy_out;  // per handle (engine-allocated outputs only)
+  std::chrono::steady_clock::time_point deadline;   // a backstop: the engine fails ops sooner
+  ffi::Promise promise;
+};
+
+// Completes futures as their operations finish. One thread, started on first use and never
+// stopped (it may outlive every engine; it holds no Python object). It sleeps on its queue when
+// nothing is in flight and otherwise on the oldest operation's handle, in short slices so a later
+// operation that finished first is completed promptly too (never head-of-line blocked).
+class Waiter {
+ public:
+  static Waiter& get() {
+    static Waiter* waiter = new Waiter();  // leaked on purpose: no destructor races at exit
+    return *waiter;
+  }
+
+  void add(Pending p) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(p));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  Waiter() { std::thread([this] { run(); }).detach(); }
+
+  static bool done(const Pending& p) {
+    for (const auto& h : p.handles)
+      if (!h->poll()) return false;
+    return true;
+  }
+
+  static void finish(Pending& p, bool timed_out) {
+    std::string error;
+    if (timed_out) error = "no result before the backstop timeout (the engine did not complete it)";
+    for (size_t i = 0; error.empty() && i < p.handles.size(); ++i) {
+      error = p.handles[i]->error();
+      if (!error.empty() || p.copy_out[i].first == nullptr) continue;
+      const auto& produced = p.handles[i]->result().output;
+      if (produced.size() != p.copy_out[i].second)
+        error = "the result has " + std::to_string(produced.size()) + " bytes where the compiled "
+                "program expects " + std::to_string(p.copy_out[i].second) +
+                " (inside jit every rank must pass the same shape)";
+      else if (!produced.empty())
+        std::memcpy(p.copy_out[i].first, produced.data(), produced.size());
+    }
+    if (error.empty())
+      p.promise.SetAvailable();
+    else
+      p.promise.SetError(fail(p.name, error));
+  }
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return !queue_.empty(); });
+      std::deque<Pending> work;
+      work.swap(queue_);
+      lock.unlock();
+      while (!work.empty()) {
+        const auto now = std::chrono::steady_clock::now();
+        for (auto it = work.begin(); it != work.end();) {
+          const bool timed_out = now >= it->deadline;
+          if (timed_out || done(*it)) {
+            finish(*it, timed_out);
+            it = work.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        if (work.empty()) break;
+        for (const auto& h : work.front().handles)
+          if (!h->poll()) {
+            h->wait_for(0.001);
+            break;
+          }
+        std::lock_guard<std::mutex> take(mu_);
+        while (!queue_.empty()) {
+          work.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
+      }
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> queue_;
+};
+
+ffi::Future failed(const std::string& name, const std::string& why) {
+  ffi::Promise promise;
+  promise.SetError(fail(name, why));
+  return ffi::Future(promise);
+}
+
+ffi::Future collective(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t kind,
+                      std::string_view name_view, int32_t reduce_op, double prescale,
+                      double postscale, int32_t root) {
+  const std::string name(name_view);
+  const OpType type = static_cast<OpType>(kind);
+  if (rets.size() != args.size()) return failed(name, "expected matching inputs and outputs");
+  const size_t n = args.size();
+  const double limit_s = 2 * current_timeout_s() + 5;
+
+  Pending pending;
+  pending.name = name;
+  std::vector<TensorEntry> entries;
+  for (size_t i = 0; i < n; ++i) {
+    auto in = args.get<ffi::AnyBuffer>(i);
+    auto out = rets.get<ffi::AnyBuffer>(i);
+    if (in.has_error() || out.has_error())
+      return failed(name, "bad buffer at position " + std::to_string(i));
+    ffi::AnyBuffer output = **out;
+    TensorEntry e;
+    e.req.type = type;
+    e.req.name = n == 1 && type != OpType::kAllreduce ? name : name + "." + std::to_string(i);
+    if (!to_nezha_dtype(in->element_type(), &e.req.dtype))
+      return failed(e.req.name, "unsupported dtype (supported: bool, int8/16/32/64, uint8, "
+                                "float16, bfloat16, float32, float64)");
+    auto dims = in->dimensions();
+    e.req.shape.assign(dims.begin(), dims.end());
+    if ((type == OpType::kAllgather || type == OpType::kReducescatter) && e.req.shape.empty())
+      e.req.shape = {1};
+    e.req.op = static_cast<ReduceOp>(reduce_op);
+    e.req.prescale = prescale;
+    e.req.postscale = postscale;
+    e.req.root = root;
+    e.input = in->untyped_data();
+    if (type == OpType::kAllreduce || type == OpType::kBroadcast) {
+      if (output.size_bytes() != in->size_bytes())
+        return failed(e.req.name, "output and input sizes differ");
+      e.output = output.untyped_data();
+      e.req.group = name;
+      e.req.group_size = static_cast<int32_t>(n);
+      pending.copy_out.emplace_back(nullptr, 0);
+    } else {
+      pending.copy_out.emplace_back(output.untyped_data(), output.size_bytes());
+    }
+    if (type == OpType::kAlltoall) {
+      // Equal splits (static shapes inside jit): dim 0 was checked divisible in Python.
+      const int64_t rows = e.req.shape.empty() ? 0 : e.req.shape[0];
+      const int64_t parts = root;  // the number of ranks travels in `root` for alltoall
+      e.req.root = -1;
+      e.req.splits.assign(static_cast<size_t>(parts), parts > 0 ? rows / parts : 0);
+    }
+    entries.push_back(std::move(e));
+  }
+  if (entries.empty()) return failed(name, "no tensors");
+  try {
+    pending.handles = submit_to_current(std::move(entries));
+  } catch (const std::exception& ex) {
+    return failed(name, ex.what());
+  }
+  pending.deadline = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(limit_s * 1000));
+  ffi::Future future(pending.promise);
+  Waiter::get().add(std::move(pending));
+  return future;
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(NezhaCollective, collective,
+                              ffi::Ffi::Bind()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int32_t>("kind")
+                                  .Attr<std::string_view>("name")
+                                  .Attr<int32_t>("reduce_op")
+                                  .Attr<double>("prescale")
+                                  .Attr<double>("postscale")
+                                  .Attr<int32_t>("root"));
+
+}  // namespace
+
+void bind_jax_ffi(py::module_& m) {
+  m.def("jax_ffi_targets", [] {
+    py::dict out;
+    out["nezha_collective"] = py::capsule(reinterpret_cast<void*>(&NezhaCollective));
+    return out;
+  }, "XLA FFI handlers (name -> PyCapsule) for jax.ffi.register_ffi_target (CPU).");
+}
+
+}  // namespace nezha::bindings
