@@ -25,8 +25,9 @@ def collectives(dtype):
     """Runs every collective on this rank's input; returns the results as a dict."""
     x = tf.constant(values(me, dtype=np_of(dtype)))
     ragged = tf.constant(values(me, rows=me + 1, dtype=np_of(dtype)))
-    splits = tf.constant([1 + r % 2 for r in range(n)], tf.int32) + me
-    rows = int(tf.reduce_sum(splits))
+    split_list = [1 + r % 2 + me for r in range(n)]
+    splits = tf.constant(split_list, tf.int32)
+    rows = sum(split_list)
     a2a_in = tf.constant(values(me, rows=rows, dtype=np_of(dtype)))
     out = {
         "sum": hvd.allreduce(x, op=hvd.Sum),
@@ -99,10 +100,11 @@ def weights(rank, shape):
 
 
 def grads_of_ops():
-    x = tf.Variable(values(me), dtype=tf.float64)
-    ragged = tf.Variable(values(me, rows=me + 1))
+    x = tf.constant(values(me), dtype=tf.float64)
+    ragged = tf.constant(values(me, rows=me + 1))
     out = {}
     with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, ragged])
         losses = {
             "allreduce sum": tf.reduce_sum(hvd.allreduce(x, op=hvd.Sum) * weights(me, (3, 2))),
             "allreduce avg": tf.reduce_sum(hvd.allreduce(x, prescale_factor=2.0)
