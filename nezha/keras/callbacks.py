@@ -16,7 +16,7 @@ def broadcast_keras_variables(variables, root_rank, name="variables"):
                                      name="broadcast.%s.%d" % (name, i))
                for i, v in enumerate(variables)]
     for v, value in zip(variables, Handle.gather(handles).wait()):
-        v.assign(value)
+        v.assign(np.reshape(value, v.shape))
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -36,8 +36,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             return
         broadcast_keras_variables(self.model.variables, self.root_rank, "model_variables.1")
         if self.model.optimizer is not None:
-            broadcast_keras_variables(self.model.optimizer.variables, self.root_rank,
-                                      "optimizer_variables")
+            optimizer = self.model.optimizer
+            local = {id(v) for v in getattr(optimizer, "local_variables", ())}
+            broadcast_keras_variables([v for v in optimizer.variables if id(v) not in local],
+                                      self.root_rank, "optimizer_variables")
         self.broadcast_done = True
 
 

@@ -26,6 +26,14 @@ class _DistributedOptimizer:
         return _backend.grouped_allreduce(list(grads), self._nezha_op, prescale, postscale,
                                           self._nezha_compression)
 
+    @property
+    def local_variables(self):
+        """This rank's own state (the gradients accumulated between reductions), which a
+        broadcast of the optimizer's variables must leave alone."""
+        if self._nezha_passes == 1 or not self.built:
+            return []
+        return [self._nezha_count, *self._nezha_accumulators]
+
     def build(self, variables):
         super().build(variables)
         if self._nezha_passes > 1:
