@@ -78,8 +78,8 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     """Broadcasts root_rank's values into `variables` in place; returns their new values."""
     check_process_set(process_set)
     variables = list(variables)
-    values = mpi_ops.grouped_broadcast_raw([v.read_value() if hasattr(v, "read_value") else v
-                                            for v in variables], root_rank, name)
+    values = mpi_ops.grouped_broadcast_raw([tf.convert_to_tensor(v) for v in variables],
+                                           root_rank, name)
     assigns = [v.assign(x) for v, x in zip(variables, values)]
     with tf.control_dependencies(assigns):
         return [tf.identity(x) for x in values]
@@ -91,7 +91,9 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     variables = list(variables)
     if not variables:
         return tf.no_op() if not tf.executing_eagerly() else None
-    values = mpi_ops.grouped_broadcast_raw([v.read_value() for v in variables], root_rank, None)
+    # tf.convert_to_tensor reads tf.Variables and Keras 3 variables alike.
+    values = mpi_ops.grouped_broadcast_raw([tf.convert_to_tensor(v) for v in variables],
+                                           root_rank, None)
     assigns = [v.assign(x) for v, x in zip(variables, values)]
     return None if tf.executing_eagerly() else tf.group(*assigns)
 
