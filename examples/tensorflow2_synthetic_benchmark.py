@@ -41,7 +41,7 @@ from keras_models import build, input_size  # noqa: E402
 hvd.init()
 if args.num_threads:
     tf.config.threading.set_intra_op_parallelism_threads(args.num_threads)
-tf.random.set_seed(42)
+tf.keras.utils.set_random_seed(42)
 model = build(args.model, input_size(args.model, args.image_size))
 optimizer = tf.keras.optimizers.SGD(0.01)
 compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
