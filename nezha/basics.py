@@ -64,6 +64,7 @@ def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None
             _meet_peers(engine, info, config.connect_timeout_s)
         _state.engine, _state.info = engine, info
         _state.generation += 1
+        _core.attach_engine(engine)  # for native callers: nezha.jax's XLA FFI handlers
 
 
 def _meet_peers(engine: Any, info: environ.WorldInfo, timeout_s: float) -> None:
@@ -94,6 +95,7 @@ def shutdown() -> None:
     with _state.lock:
         engine, _state.engine = _state.engine, None
         if engine is not None:
+            _core.attach_engine(None)
             engine.shutdown()
 
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "bindings/buffer_owner.h"
+#include "bindings/current_engine.h"
 #include "collectives/reduce.h"
 #include "common/error.h"
 #include "common/knobs.h"
@@ -121,6 +122,12 @@ TensorEntry make_entry(OpType type, const std::string& name, const std::optional
 
 }  // namespace
 
+#ifdef NEZHA_WITH_JAX_FFI
+namespace nezha::bindings {
+void bind_jax_ffi(py::module_& m);  // bindings/jax_ffi.cc
+}
+#endif
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "Nezha native core: engine, multi-rail scheduler, collectives, transports.";
 
@@ -158,6 +165,14 @@ PYBIND11_MODULE(_core, m) {
     for (const auto& k : knob_table()) out.append(py::make_tuple(k.env, k.default_value, k.doc));
     return out;
   }, "The NEZHA_* knob table: (name, default, doc) tuples.");
+  // Native callers outside Python (XLA FFI handlers) reach the engine nezha.init() attached.
+  m.def("attach_engine", [](Engine* e) { bindings::attach_engine(e); }, py::arg("engine").none(true),
+        py::call_guard<py::gil_scoped_release>(),
+        "Makes `engine` (None: no engine) the one native callers submit to; detaching waits for "
+        "submissions in progress.");
+#ifdef NEZHA_WITH_JAX_FFI
+  bindings::bind_jax_ffi(m);
+#endif
   m.def("set_log_level", [](const std::string& s) { set_log_level(parse_log_level(s)); });
 
   m.def("reduce_into", [](py::buffer dst, py::buffer src, ReduceOp op, std::optional<DataType> dtype) {

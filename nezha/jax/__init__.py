@@ -1,0 +1,40 @@
+"""nezha for JAX: collectives on arrays and pytrees (eager and inside ``jax.jit``), a multi-process
+``pmap``, and an optax ``DistributedOptimizer``.
+
+Inside ``jit`` each collective is an XLA FFI custom call into nezha's engine (ordered by an effect
+token, zero-copy on CPU buffers); ``ffi_available()`` says whether this build has it, else an
+ordered ``io_callback`` is used (a warning says so once). See docs/JAX.md.
+"""
+try:
+    import jax as _jax  # noqa: F401
+except ImportError as error:  # nezha itself never needs jax
+    raise ImportError("nezha.jax needs jax: pip install 'nezha[jax]' (jax, jaxlib, optax, "
+                      "flax)") from error
+
+from ..basics import (cross_rank, cross_size, is_initialized, local_rank, local_size, rank,
+                      shutdown, size)
+from ..basics import init as _init
+from ..compression import Compression
+from ..handle import NezhaError
+from ._primitive import ffi_available
+from .collectives import (Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier,
+                          broadcast, grouped_allreduce, reducescatter)
+from .optimizer import (DistributedOptimizer, allgather_object, allreduce_gradients,
+                        broadcast_object, broadcast_optimizer_state, broadcast_parameters)
+from .pmap import all_gather, axis_index, pmap, pmax, pmean, pmin, psum
+
+
+def init(rails=None, timeout_s=None) -> None:
+    """Joins the job (as ``nezha.init``) and registers the XLA FFI handlers with jax."""
+    _init(rails=rails, timeout_s=timeout_s)
+    ffi_available()
+
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "cross_size", "NezhaError", "Compression", "Sum", "Average", "Min", "Max", "Product",
+    "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+    "barrier", "ffi_available", "pmap", "psum", "pmean", "pmax", "pmin", "all_gather",
+    "axis_index", "DistributedOptimizer", "allreduce_gradients", "broadcast_parameters",
+    "broadcast_optimizer_state", "broadcast_object", "allgather_object",
+]

@@ -1,0 +1,261 @@
+"""nezha's collectives on jax arrays and whole pytrees, eager and inside ``jax.jit``.
+
+Eager calls on concrete arrays go straight to the numpy API (one grouped submission per pytree).
+Traced calls (inside jit, grad, scan, cond) bind the ordered ``collective_p`` primitive, lowered to
+an XLA FFI custom call into the engine (or the io_callback fallback). Differentiation follows
+Horovod's conventions, as nezha.torch does (nezha/torch/autograd_ops.py): allreduce Sum/Average
+allreduce the cotangent with the same op and scale factors; allgather and broadcast average it over
+ranks, then keep this rank's rows / only the root's; reducescatter allgathers it (times size for
+Sum); alltoall sends it back.
+
+Names inside a trace are deterministic per call site: ``jax.<kind>.<file>:<line>.<n>``, n counting
+that site's traces, so every rank that traces the same program in the same order agrees on them.
+Pass ``name=`` for names that do not depend on trace order.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import sys
+from typing import Any, List, NamedTuple, Optional
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from .. import basics, ops
+from ..compression import Compression, compress_all, decompress_all
+from ._primitive import run_collective
+
+Sum, Average, Min, Max, Product = ops.Sum, ops.Average, ops.Min, ops.Max, ops.Product
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_site_counts: collections.Counter = collections.Counter()
+
+
+def _is_traced(leaves: List[Any]) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in leaves)
+
+
+def _trace_name(kind: str, name: Optional[str]) -> str:
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        return name
+    frame = sys._getframe(1)
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _HERE:
+        frame = frame.f_back
+    site = "?" if frame is None else f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    key = (kind, site)
+    _site_counts[key] += 1
+    return f"jax.{kind}.{site}.{_site_counts[key]}"
+
+
+class _Params(NamedTuple):
+    kind: str
+    name: str
+    reduce_op: Any = Sum
+    prescale: float = 1.0
+    postscale: float = 1.0
+    root: int = -1
+
+
+def _run(p: _Params, xs, force_fallback: bool = False):
+    return run_collective(p.kind, xs, name=p.name, reduce_op=p.reduce_op, prescale=p.prescale,
+                          postscale=p.postscale, root=p.root, force_fallback=force_fallback)
+
+
+def _grad_params(p: _Params, kind: str, op=Sum, prescale=1.0, postscale=1.0) -> _Params:
+    return _Params(kind, p.name + ".grad", op, prescale, postscale, -1)
+
+
+# --- differentiable traced collectives (custom_vjp, Horovod's gradients) -----------------------
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _allreduce_t(p: _Params, fallback: bool, xs):
+    return _run(p, xs, fallback)
+
+
+def _allreduce_fwd(p, fallback, xs):
+    ys = _run(p, xs, fallback)
+    return ys, (xs, ys)
+
+
+def _allreduce_bwd(p, fallback, res, cts):
+    xs, ys = res
+    if p.reduce_op in (Sum, Average):
+        return (_run(_grad_params(p, "allreduce", p.reduce_op, p.prescale, p.postscale), cts,
+                     fallback),)
+    summed = _run(_grad_params(p, "allreduce"), cts, fallback)
+    if p.reduce_op in (Min, Max):  # the summed gradient flows where this rank's input was chosen
+        return ([g * (x == y).astype(g.dtype) for g, x, y in zip(summed, xs, ys)],)
+    return ([g * y / x for g, x, y in zip(summed, xs, ys)],)  # Product
+
+
+_allreduce_t.defvjp(_allreduce_fwd, _allreduce_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _broadcast_t(p, fallback, xs):
+    return _run(p, xs, fallback)
+
+
+def _broadcast_bwd(p, fallback, _res, cts):
+    avg = _run(_grad_params(p, "allreduce", Average), cts, fallback)
+    keep = basics.rank() == p.root
+    return ([g if keep else jnp.zeros_like(g) for g in avg],)
+
+
+_broadcast_t.defvjp(lambda p, f, xs: (_run(p, xs, f), None), _broadcast_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _allgather_t(p, fallback, xs):
+    return _run(p, xs, fallback)
+
+
+def _allgather_bwd(p, fallback, shape, cts):
+    (avg,) = _run(_grad_params(p, "allreduce", Average), cts, fallback)
+    rows = shape[0] if shape else 1
+    mine = jax.lax.dynamic_slice_in_dim(avg, basics.rank() * rows, rows, 0)
+    return ([mine.reshape(shape)],)
+
+
+_allgather_t.defvjp(lambda p, f, xs: (_run(p, xs, f), xs[0].shape), _allgather_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _reducescatter_t(p, fallback, xs):
+    return _run(p, xs, fallback)
+
+
+def _reducescatter_bwd(p, fallback, shape, cts):
+    scale = (basics.size() if p.reduce_op == Sum else 1.0) * p.prescale * p.postscale
+    (g,) = cts
+    # Blocks differ by a row when dim 0 does not divide evenly: pad to the largest, gather, trim.
+    rows = shape[0] if shape else 1
+    n, big = basics.size(), -(-rows // basics.size())
+    padded = jnp.pad(g * scale, [(0, big - g.shape[0])] + [(0, 0)] * (g.ndim - 1))
+    (gathered,) = _run(_Params("allgather", p.name + ".grad"), [padded], fallback)
+    blocks = [gathered[r * big: r * big + rows // n + (1 if r < rows % n else 0)] for r in range(n)]
+    return ([jnp.concatenate(blocks).reshape(shape)],)
+
+
+_reducescatter_t.defvjp(lambda p, f, xs: (_run(p, xs, f), xs[0].shape), _reducescatter_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _alltoall_t(p, fallback, xs):
+    return _run(p, xs, fallback)
+
+
+_alltoall_t.defvjp(lambda p, f, xs: (_run(p, xs, f), None),
+                   lambda p, f, _r, cts: (_run(_Params("alltoall", p.name + ".grad"), cts, f),))
+
+
+# --- public API --------------------------------------------------------------------------------
+
+def _fallback_forced() -> bool:
+    return os.environ.get("NEZHA_JAX_FORCE_CALLBACK", "") not in ("", "0")
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    return np.asarray(x)
+
+
+def grouped_allreduce(tensors: Any, op: Any = Average, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, name: Optional[str] = None,
+                      compression: Any = None) -> Any:
+    """Allreduces every array of ``tensors`` (a list or any pytree) as one grouped submission, so
+    the engine fuses them; returns the same structure. Eager or inside ``jax.jit``."""
+    op = ops._check_op(op)
+    compression = compression or Compression.none
+    leaves, tree = jax.tree_util.tree_flatten(tensors)
+    if not leaves:
+        return tensors
+    sent, ctxs = compress_all(compression, [jnp.asarray(x) for x in leaves])
+    if _is_traced(sent):
+        p = _Params("allreduce", _trace_name("allreduce", name), op, float(prescale_factor),
+                    float(postscale_factor))
+        out = _allreduce_t(p, _fallback_forced(), list(sent))
+    else:
+        out = [jnp.asarray(r) for r in ops.grouped_allreduce(
+            [_to_numpy(x) for x in sent], op, name, prescale_factor, postscale_factor)]
+    return jax.tree_util.tree_unflatten(tree, decompress_all(compression, out, ctxs))
+
+
+def allreduce(tensor: Any, op: Any = Average, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: Optional[str] = None,
+              compression: Any = None) -> Any:
+    """Allreduces an array, or every array of a pytree (one grouped submission)."""
+    return grouped_allreduce(tensor, op, prescale_factor, postscale_factor, name, compression)
+
+
+def broadcast(tensor: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
+    """Returns ``root_rank``'s array (or pytree of arrays) on every rank."""
+    n = basics.size()
+    if not isinstance(root_rank, (int, np.integer)) or not 0 <= int(root_rank) < n:
+        raise ValueError(f"root_rank {root_rank!r} is out of range for {n} ranks")
+    leaves, tree = jax.tree_util.tree_flatten(tensor)
+    if not leaves:
+        return tensor
+    leaves = [jnp.asarray(x) for x in leaves]
+    if _is_traced(leaves):
+        p = _Params("broadcast", _trace_name("broadcast", name), Sum, 1.0, 1.0, int(root_rank))
+        out = _broadcast_t(p, _fallback_forced(), leaves)
+    else:
+        base = ops._auto_name("broadcast", name)
+        handles = [ops.broadcast_async(_to_numpy(x), int(root_rank), name=f"{base}.{i}")
+                   for i, x in enumerate(leaves)]
+        out = [jnp.asarray(h.wait()) for h in handles]
+    return jax.tree_util.tree_unflatten(tree, out)
+
+
+def _per_leaf(kind: str, traced_fn, eager_fn, tensor: Any, name: Optional[str], **params) -> Any:
+    leaves, tree = jax.tree_util.tree_flatten(tensor)
+    leaves = [jnp.asarray(x) for x in leaves]
+    out = []
+    for i, x in enumerate(leaves):
+        leaf_name = None if name is None else (name if len(leaves) == 1 else f"{name}.{i}")
+        if _is_traced([x]):
+            p = _Params(kind, _trace_name(kind, leaf_name), **params)
+            (y,) = traced_fn(p, _fallback_forced(), [x])
+        else:
+            y = jnp.asarray(eager_fn(_to_numpy(x), leaf_name))
+        out.append(y)
+    return jax.tree_util.tree_unflatten(tree, out)
+
+
+def allgather(tensor: Any, name: Optional[str] = None) -> Any:
+    """Concatenates every rank's array along dim 0 (per leaf of a pytree). Inside jit every rank
+    must pass the same shape; eagerly dim 0 may differ."""
+    return _per_leaf("allgather", _allgather_t, lambda x, n: ops.allgather(x, name=n), tensor, name)
+
+
+def reducescatter(tensor: Any, op: Any = Average, name: Optional[str] = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Any:
+    """Reduces across ranks and returns this rank's block of dim 0 (lower ranks get the extra
+    rows), per leaf of a pytree."""
+    op = ops._check_op(op)
+    return _per_leaf("reducescatter", _reducescatter_t,
+                     lambda x, n: ops.reducescatter(x, op, n, prescale_factor, postscale_factor),
+                     tensor, name, reduce_op=op, prescale=float(prescale_factor),
+                     postscale=float(postscale_factor))
+
+
+def alltoall(tensor: Any, name: Optional[str] = None) -> Any:
+    """Sends equal parts of dim 0 to each rank (rank r gets part r) and returns the received parts
+    concatenated in rank order, per leaf. (Uneven splits: nezha.alltoall on numpy arrays.)"""
+    n = basics.size()
+    for x in jax.tree_util.tree_leaves(tensor):
+        if np.ndim(x) == 0 or np.shape(x)[0] % n:
+            raise ValueError(f"alltoall needs dim 0 divisible by the number of ranks ({n}); got "
+                             f"shape {np.shape(x)}")
+    return _per_leaf("alltoall", _alltoall_t, lambda x, nm: ops.alltoall(x, name=nm)[0], tensor, name)
+
+
+def barrier() -> None:
+    """Returns once every rank has reached it. Eager only: inside jit, collectives are already
+    ordered and synchronising."""
+    ops.barrier()

@@ -1,0 +1,166 @@
+"""nezha.jax collectives against numpy references: pytrees of mixed dtypes, eager and jitted,
+gradients, ordering under scan/cond, mismatched shapes; on every rank."""
+import sys
+
+import numpy as np
+
+from common import assert_close, expect_error, fail, report
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import nezha.jax as nj  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+nj.init()
+r, n = nj.rank(), nj.size()
+MODE = sys.argv[1] if len(sys.argv) > 1 else "ffi"
+if MODE == "ffi" and not nj.ffi_available():
+    fail("this build has no FFI handlers; the test expects them (built against jaxlib's headers)")
+hlo = jax.jit(lambda t: nj.allreduce(t, op=nj.Sum)).lower(jnp.ones(3)).as_text()
+uses_ffi = "nezha_collective" in hlo
+if uses_ffi != (MODE == "ffi"):
+    fail("mode %s, but the lowered program %s the FFI custom call" % (MODE, "has" if uses_ffi else "lacks"))
+report("path " + MODE)
+
+
+def rank_tree(k):
+    """A pytree of mixed dtypes and shapes whose values depend on rank k."""
+    rng = np.random.default_rng(100 + k)
+    return {"w": rng.standard_normal((3, 5)).astype(np.float32),
+            "b": (rng.standard_normal(7), rng.integers(-50, 50, (2, 2)).astype(np.int32)),
+            "s": np.float32(k + 1.5),
+            "h": rng.standard_normal(6).astype(np.float16),
+            "bf": jnp.asarray(rng.standard_normal(4), jnp.bfloat16)}
+
+
+trees = [rank_tree(k) for k in range(n)]
+mine = jax.tree_util.tree_map(jnp.asarray, trees[r])
+ref_sum = jax.tree_util.tree_map(lambda *xs: np.sum([np.asarray(x, np.float64) for x in xs], 0),
+                                 *trees)
+
+
+def check_tree(got, ref, what, average=False):
+    for (path, g), e, m in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree_util.tree_leaves(ref),
+                               jax.tree_util.tree_leaves(mine)):
+        expected = (e / n if average and m.dtype.kind != "i" else e)
+        if m.dtype.kind == "i" and average:
+            expected = np.asarray(e) // n
+        tol = 2e-2 if m.dtype in (jnp.float16, jnp.bfloat16) else 1e-5
+        assert_close(np.asarray(g, np.float64) if m.dtype in (jnp.bfloat16,) else g,
+                     np.asarray(expected).astype(np.float64 if m.dtype == jnp.bfloat16 else m.dtype),
+                     f"{what} {jax.tree_util.keystr(path)}", rtol=tol, atol=tol)
+
+
+# Pytrees eager and jitted.
+check_tree(nj.allreduce(mine, op=nj.Sum), ref_sum, "eager allreduce Sum")
+check_tree(jax.jit(lambda t: nj.allreduce(t, op=nj.Sum))(mine), ref_sum, "jit allreduce Sum")
+floats = {k: v for k, v in mine.items() if k in ("w", "s")}
+avg = jax.jit(lambda t: nj.grouped_allreduce(t, op=nj.Average))(floats)
+assert_close(avg["w"], np.mean([t["w"] for t in trees], 0).astype(np.float32), "jit Average w")
+mx = jax.jit(lambda t: nj.allreduce(t, op=nj.Max))(mine["w"])
+assert_close(mx, np.max([t["w"] for t in trees], 0), "jit Max")
+scaled = jax.jit(lambda t: nj.grouped_allreduce([t], op=nj.Sum, prescale_factor=0.5,
+                                                postscale_factor=3.0))(mine["w"])[0]
+assert_close(scaled, (1.5 * np.sum([t["w"] for t in trees], 0)).astype(np.float32), "scale factors",
+             rtol=1e-5, atol=1e-5)
+comp = jax.jit(lambda t: nj.grouped_allreduce(t, op=nj.Sum, compression=nj.Compression.fp16))(floats)
+if comp["w"].dtype != jnp.float32:
+    fail("fp16 compression did not restore float32")
+assert_close(comp["w"], np.sum([t["w"] for t in trees], 0).astype(np.float32), "fp16 compression",
+             rtol=1e-2, atol=1e-2)
+report("pytree allreduce eager and jit")
+
+# allgather, broadcast, reducescatter, alltoall, eager and jitted.
+x = jnp.arange(6.0).reshape(3, 2) + 10 * r
+gathered = np.concatenate([np.arange(6.0).reshape(3, 2) + 10 * k for k in range(n)])
+for fn, what in ((lambda v: nj.allgather(v), "eager"), (jax.jit(lambda v: nj.allgather(v)), "jit")):
+    assert_close(fn(x), gathered, f"{what} allgather")
+    assert_close(fn(jnp.float32(r)), np.arange(n, dtype=np.float32), f"{what} allgather scalar")
+tree_b = {"a": jnp.full((4,), float(r)), "i": jnp.full((2, 2), r, jnp.int32)}
+for fn, what in ((lambda t: nj.broadcast(t, n - 1), "eager"),
+                 (jax.jit(lambda t: nj.broadcast(t, n - 1)), "jit")):
+    out = fn(tree_b)
+    assert_close(out["a"], np.full((4,), float(n - 1)), f"{what} broadcast")
+    assert_close(out["i"], np.full((2, 2), n - 1, np.int32), f"{what} broadcast int")
+rows = 2 * n + 1
+data = np.stack([np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) * (k + 1) for k in range(n)])
+total = data.sum(0)
+start = sum(rows // n + (1 if k < rows % n else 0) for k in range(r))
+count = rows // n + (1 if r < rows % n else 0)
+for fn, what in ((lambda v: nj.reducescatter(v, op=nj.Sum), "eager"),
+                 (jax.jit(lambda v: nj.reducescatter(v, op=nj.Sum)), "jit")):
+    assert_close(fn(jnp.asarray(data[r])), total[start:start + count], f"{what} reducescatter")
+a2a = jnp.arange(2 * n, dtype=jnp.int32) + 100 * r
+expect_a2a = np.concatenate([np.arange(2 * n, dtype=np.int32)[2 * r:2 * r + 2] + 100 * k
+                             for k in range(n)])
+for fn, what in ((nj.alltoall, "eager"), (jax.jit(nj.alltoall), "jit")):
+    assert_close(fn(a2a), expect_a2a, f"{what} alltoall")
+report("allgather broadcast reducescatter alltoall")
+
+# Gradients vs analytic (Horovod's conventions).
+w = jnp.asarray(trees[r]["w"], jnp.float64)
+coef = np.arange(15.0).reshape(3, 5)
+for op, scale in ((nj.Sum, n), (nj.Average, 1.0)):
+    for wrap, what in ((lambda f: f, "eager"), (jax.jit, "jit")):
+        g = wrap(jax.grad(lambda v: jnp.sum(coef * nj.allreduce(v, op=op) * (r + 1))))(w)
+        # d/dv sum(c * allreduce(v)) (r+1): the cotangent c (r+1) is allreduced with op itself.
+        ct_sum = coef * sum(k + 1 for k in range(n))
+        assert_close(g, ct_sum if op == nj.Sum else ct_sum / n, f"{what} grad allreduce {op}")
+g = jax.jit(jax.grad(lambda v: jnp.sum(nj.allgather(v) ** 2 * (r + 1))))(w)
+ag = np.concatenate([np.asarray(trees[k]["w"], np.float64) for k in range(n)])
+ct = 2 * ag[None] * np.array([k + 1 for k in range(n)])[:, None, None]
+assert_close(g, ct.mean(0)[3 * r:3 * r + 3], "jit grad allgather", rtol=1e-5, atol=1e-5)
+g = jax.jit(jax.grad(lambda v: jnp.sum(nj.broadcast(v, 0) * (r + 1))))(w)
+expected = np.full((3, 5), np.mean([k + 1 for k in range(n)])) if r == 0 else np.zeros((3, 5))
+assert_close(g, expected, "jit grad broadcast")
+report("gradients")
+
+# Collectives inside scan and cond: ordered, every iteration reduced.
+def scanned(v):
+    def body(c, _):
+        c = nj.allreduce(c, op=nj.Sum) / n + 1.0
+        return c, c.sum()
+    return jax.lax.scan(body, v, None, length=3)
+c, sums = jax.jit(scanned)(jnp.full((2,), float(r)))
+mean0 = np.mean(range(n))
+assert_close(c, np.full((2,), mean0 + 3.0), "scan carry")
+assert_close(sums, 2 * (mean0 + np.arange(1.0, 4.0)), "scan outputs")
+flag = jnp.asarray(True)
+out = jax.jit(lambda p, v: jax.lax.cond(p, lambda u: nj.allreduce(u, op=nj.Sum), lambda u: u * 0, v))(
+    flag, jnp.ones(3) * (r + 1))
+assert_close(out, np.full(3, float(sum(range(1, n + 1)))), "cond")
+report("scan and cond")
+
+# Many collectives in one program, in order, repeated calls of the same program.
+def many(v):
+    outs = []
+    for i in range(5):
+        v = nj.allreduce(v + i, op=nj.Sum)
+        outs.append(nj.allgather(v[:1]))
+    return v, outs
+step = jax.jit(many)
+v0 = jnp.full((3,), float(r))
+for rep in range(3):
+    v, outs = step(v0)
+ref_v = float(sum(range(n)))  # i = 0: the sum of the ranks' values
+for i in range(5):
+    if i:
+        ref_v = n * (ref_v + i)
+    assert_close(outs[i], np.full(n, ref_v), f"many: allgather {i}")
+assert_close(v, np.full(3, ref_v), "many: final value")
+report("ordering")
+
+# A mismatch across ranks raises on every rank (never a hang).
+bad = jnp.ones((2 + r,), jnp.float32)
+message = expect_error(lambda: jax.block_until_ready(jax.jit(lambda t: nj.allreduce(t, op=nj.Sum,
+                                                                                     name="mismatch"))(bad)),
+                       "mismatched allreduce", "mismatch")
+print("mismatch error on rank %d: %s" % (r, message.splitlines()[0][:200]), flush=True)
+report("mismatch raises")
+
+# The job still works afterwards.
+assert_close(jax.jit(lambda t: nj.allreduce(t, op=nj.Sum))(jnp.ones(4)), np.full(4, float(n)),
+             "allreduce after a failure")
+report("after mismatch")
+nj.shutdown()

@@ -1,0 +1,67 @@
+"""nezha.jax (issue 20) on 2 and 3 real ranks: collectives on pytrees eager and inside jit against
+numpy, gradients, scan/cond, mismatches raising on every rank; the io_callback fallback; pmap and
+optax/flax training against a single-process reference; importing nezha without jax."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from torch_workers.harness import assert_every_rank_passed, run_workers
+
+pytest.importorskip("jax")
+pytest.importorskip("optax")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "jax_workers")
+COLLECTIVE_CHECKS = {"pytree allreduce eager and jit", "allgather broadcast reducescatter alltoall",
+                     "gradients", "scan and cond", "ordering", "mismatch raises", "after mismatch"}
+
+
+def _run(script, num_ranks, *args, env=None):
+    return run_workers(os.path.join(WORKERS, script), num_ranks=num_ranks, timeout_s=150,
+                       args=args, env={"NEZHA_TIMEOUT_S": "10", **(env or {})})
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("num_ranks", [2, 3])
+def test_collectives_ffi(num_ranks):
+    import nezha.jax
+    if not nezha.jax.ffi_available():
+        pytest.fail("nezha._core was built without the XLA FFI handlers although jax is installed")
+    output = _run("w_collectives.py", num_ranks, "ffi")
+    assert_every_rank_passed(output, num_ranks, COLLECTIVE_CHECKS | {"path ffi"})
+
+
+@pytest.mark.timeout(180)
+def test_collectives_io_callback_fallback():
+    output = _run("w_collectives.py", 2, "callback", env={"NEZHA_JAX_FORCE_CALLBACK": "1"})
+    assert_every_rank_passed(output, 2, COLLECTIVE_CHECKS | {"path callback"})
+
+
+@pytest.mark.timeout(180)
+def test_pmap_and_training():
+    output = _run("w_training.py", 2)
+    assert_every_rank_passed(output, 2, {"pmap", "DistributedOptimizer", "backward_passes_per_step",
+                                         "objects"})
+
+
+def test_nezha_imports_without_jax(tmp_path):
+    """A finder that hides jax: `import nezha` works; `import nezha.jax` says what to install."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('jax', 'jaxlib', 'optax', 'flax'):\n"
+        "            raise ImportError('hidden for this test: ' + name)\n"
+        "sys.meta_path.insert(0, _Hide())\n")
+    code = ("import nezha, sys\n"
+            "nezha.init(); import numpy as np; assert nezha.allreduce(np.array([1.0, 2.0]), op=nezha.Sum).tolist() == [1.0, 2.0]\n"
+            "assert 'jax' not in sys.modules\n"
+            "try:\n    import nezha.jax\nexcept ImportError as e:\n    print('ERR', e)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEZHA_")}
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "ERR nezha.jax needs jax: pip install 'nezha[jax]'" in out.stdout, out.stdout
