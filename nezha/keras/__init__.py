@@ -75,7 +75,6 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
         for target, source in zip(wrapped.variables, optimizer.variables):
             target.assign(source.value)
     model.optimizer = wrapped
-    model.compiled = model.compiled  # keep the compile state
     return model
 
 
