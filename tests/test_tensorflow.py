@@ -20,3 +20,13 @@ EXPECTED = {"collectives eager", "collectives in tf.function", "gradients", "gra
 def test_tensorflow_ops_and_gradients():
     output = run_workers("w_tf_ops.py", num_ranks=2, timeout_s=180, workers_dir=TF_WORKERS)
     assert_every_rank_passed(output, 2, EXPECTED)
+
+
+def test_nezha_imports_without_tensorflow_or_keras():
+    import subprocess
+    import sys
+    code = ("import sys, nezha; bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; "
+            "sys.exit('imported %s' % bad if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -180,6 +180,10 @@ for how, fn in (("eager", tape_grads), ("tf.function", tf.function(tape_grads)))
         got = fn(**options)
         for g, e, name in zip(got, exp, ("w", "b")):
             assert_close(g.numpy(), e, "%s tape %s %s" % (how, options, name), rtol=1e-12)
+v1 = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+pairs = v1.compute_gradients(lambda: local_loss(me), var_list=[w, b])
+for (g, _), e, name in zip(pairs, mean_grads, ("w", "b")):
+    assert_close(g.numpy(), e, "tf.compat.v1 DistributedOptimizer %s" % name, rtol=1e-12)
 report("gradient tape")
 
 # --- compression -------------------------------------------------------------------------------
@@ -243,6 +247,10 @@ except TypeError as exc:
     if "allreduce" not in str(exc):
         fail("unclear dtype error: %s" % exc)
 hvd.barrier()
+last = hvd.join()
+if last.dtype != tf.int32 or not 0 <= int(last) < n:
+    fail("join returned %r" % last)
+assert_identical_on_all_ranks([last.numpy()], "join")
 report("api surface")
 
 # --- a shape mismatch raises on every rank, eagerly and in a graph -----------------------------
