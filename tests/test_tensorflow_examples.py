@@ -27,7 +27,7 @@ def nezharun(*args, env=None, timeout_s=150):
 @pytest.mark.timeout(180)
 def test_keras_example_learns():
     out = nezharun(REPO / "examples/keras_mnist_like.py", "--epochs", "2", "--train-samples",
-                   "2048", "--test-samples", "512", env={"KERAS_BACKEND": "tensorflow"})
+                   "1024", "--test-samples", "256", env={"KERAS_BACKEND": "tensorflow"})
     before = re.search(r"before training: test loss ([\d.]+), accuracy ([\d.]+)%", out)
     epochs = re.findall(r"epoch \d+: train loss [\d.]+, test loss ([\d.]+), "
                         r"test accuracy ([\d.]+)%", out)

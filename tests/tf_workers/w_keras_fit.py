@@ -76,7 +76,6 @@ def sgd():
     return keras.optimizers.SGD(0.1, momentum=0.9)
 
 
-check_fit("SGD", hvd.DistributedOptimizer(sgd()), sgd())
 check_fit("Adam", hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)),
           keras.optimizers.Adam(0.01))
 report("fit equals one process")
