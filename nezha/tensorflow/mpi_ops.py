@@ -13,6 +13,7 @@ import tensorflow as tf
 import nezha
 from nezha.handle import Handle
 from nezha.horovod_api import Average, Sum
+from nezha.process_sets import check_process_set, global_process_set
 from nezha.tensorflow._host import check_dtype, grad_name, host_call, op_name
 
 
@@ -92,9 +93,9 @@ def _row_counts(tensors, name):
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
-                      process_set=None):
+                      process_set=global_process_set):
     """Concatenates every rank's tensors along dim 0 (dim 0 may differ per rank); one host call."""
-    _check_set(process_set)
+    check_process_set(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -125,7 +126,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
     return _differentiable(tensors, forward, backward)
 
 
-def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Horovod's allgather: every rank's `tensor` concatenated along dim 0."""
     return grouped_allgather([tensor], name, ignore_name_scope, process_set)[0]
 
@@ -155,9 +156,10 @@ def grouped_broadcast_raw(tensors, root_rank, name):
     return _with_shapes(outs, [t.shape for t in tensors])
 
 
-def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
     """Horovod's broadcast: root_rank's `tensor` on every rank."""
-    _check_set(process_set)
+    check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     root_rank = _check_root(root_rank)
 
@@ -173,10 +175,11 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
 # --- alltoall ---------------------------------------------------------------------------------
 
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None):
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
     """Horovod's alltoall: `splits[r]` rows of dim 0 go to rank r (equal parts by default).
     Returns the received rows, and the rows received from each rank when `splits` is given."""
-    _check_set(process_set)
+    check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     check_dtype(tensor, "alltoall")
     if tensor.shape.rank == 0:
@@ -242,8 +245,3 @@ def join():
     tensor)."""
     return host_call(lambda: [np.asarray(nezha.join(), np.int32)], [], [tf.int32],
                      "NezhaJoin")[0]
-
-
-def _check_set(process_set):
-    from nezha.process_sets import check_process_set
-    check_process_set(process_set)
