@@ -13,10 +13,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 
-def run_workers(script, num_ranks=2, timeout_s=120, args=(), env=None):
+def run_workers(script, num_ranks=2, timeout_s=120, args=(), env=None, workers_dir=HERE):
     """Returns the combined output; raises AssertionError (with the output) on failure/timeout."""
     cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", str(num_ranks),
-           sys.executable, os.path.join(HERE, script), *args]
+           sys.executable, os.path.join(workers_dir, script), *args]
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.setdefault("NEZHA_TIMEOUT_S", "20")

@@ -1,0 +1,118 @@
+"""Averaging a step's gradients over ranks: `DistributedGradientTape` and the TF
+`DistributedOptimizer` (Keras optimizers go to nezha.keras; TF1 optimizers are wrapped here).
+
+Every dense gradient of a step is reduced in one host call (all submitted before any is waited
+for, so the engine fuses them); IndexedSlices are allgathered as Horovod does unless
+`sparse_as_dense`. `num_groups`/`groups` are accepted: the engine fuses a step's gradients
+whatever their grouping.
+"""
+import tensorflow as tf
+
+from nezha.gradients import scale_factors
+from nezha.horovod_api import Average, resolve_op
+from nezha.process_sets import check_process_set, global_process_set
+from nezha.tensorflow import functions, mpi_ops
+from nezha.tensorflow.compression import Compression
+
+
+def allreduce_gradients(grads, compression=Compression.none, sparse_as_dense=False, op=Average,
+                        gradient_predivide_factor=1.0, name=None):
+    """The list `grads` (None entries stay None) reduced over all ranks: Horovod's gradient rule
+    (average split by gradient_predivide_factor around the sum)."""
+    op = resolve_op(op, None)
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor is supported only with op == Average")
+    prescale, postscale = scale_factors(op, gradient_predivide_factor)
+    out = list(grads)
+    dense = []
+    for i, g in enumerate(out):
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            if not sparse_as_dense:
+                out[i] = functions.allreduce(g, op=op, prescale_factor=prescale,
+                                             postscale_factor=postscale)
+                continue
+            out[i] = tf.convert_to_tensor(g)
+        dense.append(i)
+    pairs = [compression.compress(out[i]) for i in dense]
+    reduced = mpi_ops.grouped_allreduce_raw([p[0] for p in pairs], name, op, prescale, postscale)
+    for i, r, (_, ctx) in zip(dense, reduced, pairs):
+        out[i] = compression.decompress(r, ctx)
+    return out
+
+
+def _tape_gradient(self, target, sources, output_gradients=None,
+                   unconnected_gradients=tf.UnconnectedGradients.NONE):
+    grads = super(self.__class__, self).gradient(target, sources, output_gradients,
+                                                 unconnected_gradients)
+    flat_sources = tf.nest.flatten(sources)
+    flat_grads = tf.nest.flatten(grads, expand_composites=False)
+    local = {id(v) for v in self._nezha_local_sources}
+    shared = [i for i, v in enumerate(flat_sources) if id(v) not in local]
+    opts = self._nezha_options
+    reduced = allreduce_gradients([flat_grads[i] for i in shared], **opts)
+    for i, g in zip(shared, reduced):
+        flat_grads[i] = g
+    return tf.nest.pack_sequence_as(sources, flat_grads)
+
+
+def _register_local_source(self, source):
+    """Keeps `source`'s gradient local (not reduced), as Horovod's tape does."""
+    self._nezha_local_sources.append(source)
+
+
+def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                            compression=Compression.none, sparse_as_dense=False, op=Average,
+                            gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                            process_set=global_process_set, scale_local_gradients=True):
+    """A tape like `gradtape` whose `gradient()` returns gradients averaged over all ranks."""
+    check_process_set(process_set)
+    resolve_op(op, None)
+    cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
+               {"gradient": _tape_gradient, "register_local_source": _register_local_source})
+    tape = cls.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)
+    tape._nezha_local_sources = []
+    tape._nezha_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                               gradient_predivide_factor=gradient_predivide_factor)
+    return tape
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='',
+                         device_sparse='', compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    """Horovod's TF DistributedOptimizer: a Keras optimizer (tf.keras.optimizers.* is Keras 3
+    here) becomes nezha.keras's DistributedOptimizer; a tf.compat.v1.train.Optimizer gets its
+    compute_gradients() averaged over ranks."""
+    check_process_set(process_set)
+    import keras
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        from nezha.keras.optimizer import DistributedOptimizer as KerasDistributedOptimizer
+        return KerasDistributedOptimizer(
+            optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor, op=op,
+            backward_passes_per_step=backward_passes_per_step,
+            average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
+            groups=groups, process_set=process_set)
+    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise TypeError("DistributedOptimizer expects a Keras or tf.compat.v1.train optimizer, "
+                        "got %s" % type(optimizer).__name__)
+    if backward_passes_per_step != 1:
+        raise NotImplementedError("backward_passes_per_step > 1 with a tf.compat.v1 optimizer; "
+                                  "use a Keras optimizer")
+    options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                   gradient_predivide_factor=gradient_predivide_factor)
+
+    def compute_gradients(self, *args, **kwargs):
+        pairs = super(self.__class__, self).compute_gradients(*args, **kwargs)
+        reduced = allreduce_gradients([g for g, _ in pairs], **options)
+        return list(zip(reduced, [v for _, v in pairs]))
+
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               {"compute_gradients": compute_gradients})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    return wrapped

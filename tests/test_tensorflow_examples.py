@@ -1,0 +1,50 @@
+"""The TensorFlow/Keras examples run as a user would run them (nezharun, 2 ranks): the Keras
+example learns, and the TF2 synthetic benchmark trains with and without fp16 compression."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["--model", "mlp", "--image-size", "32", "--batch-size", "8", "--num-warmup-batches", "1",
+         "--num-batches-per-iter", "2", "--num-iters", "2"]
+
+
+def nezharun(*args, env=None, timeout_s=150):
+    cmd = [sys.executable, "-m", "nezha.runner", "-np", "2", sys.executable, *map(str, args)]
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout_s, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, "%s exited %d:\n%s" % (args[0], proc.returncode, proc.stdout)
+    return proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_keras_example_learns():
+    out = nezharun(REPO / "examples/keras_mnist_like.py", "--epochs", "2", "--train-samples",
+                   "1024", "--test-samples", "256", env={"KERAS_BACKEND": "tensorflow"})
+    before = re.search(r"before training: test loss ([\d.]+), accuracy ([\d.]+)%", out)
+    epochs = re.findall(r"epoch \d+: train loss [\d.]+, test loss ([\d.]+), "
+                        r"test accuracy ([\d.]+)%", out)
+    assert before and len(epochs) == 2, out
+    last_loss, last_accuracy = (float(v) for v in epochs[-1])
+    assert last_loss < 0.5 * float(before.group(1)), out
+    assert last_accuracy >= 60.0, out  # chance is 10%
+
+
+@pytest.mark.timeout(180)
+def test_tf2_synthetic_benchmark_with_fp16(tmp_path):
+    script = REPO / "examples/tensorflow2_synthetic_benchmark.py"
+    nezharun(script, *SMALL, "--num-threads", "1", "--json", tmp_path / "plain.json")
+    nezharun(script, *SMALL, "--num-threads", "1", "--fp16-allreduce",
+             "--json", tmp_path / "fp16.json")
+    plain, fp16 = (json.loads((tmp_path / n).read_text()) for n in ("plain.json", "fp16.json"))
+    assert len(plain["losses"]) == 1 + 1 + 2 * 2 and plain["img_sec_per_rank"] > 0
+    # Same data and initial weights: fp16 gradients on the wire change the losses only slightly.
+    assert fp16["losses"] == pytest.approx(plain["losses"], rel=1e-2)
+    assert plain["losses"][-1] < plain["losses"][0]  # it trains
