@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Runs issue 20's JAX benchmark on the network-namespace testbed (4 hosts, two rails), as root:
 
-    .venv/bin/python benchmarks/run_jax_bench.py
+    .venv/bin/python benchmarks/run_jax_bench.py [shaped,train,unshaped]
 
 (1) both rails shaped to 1 Gbit/s: a jitted pytree allreduce 8 B - 64 MB, nezha.jax against
-jax.distributed + gloo psum under jit on rail 0; (2) unshaped rails: 8 B - 64 KB latency, the same
-pair. Prints each job's table; raw JSON and logs go to benchmarks/out/jax-*.
+jax.distributed + gloo psum under jit on rail 0; (3) below; (2) unshaped rails: 8 B - 64 KB latency, the same
+pair; (3) a training step (7.3M-parameter MLP) with DistributedOptimizer against a gloo
+pmean step, on the shaped rails. Prints each job's table; raw JSON and logs go to benchmarks/out/jax-*.
 """
 import shlex
 import subprocess
@@ -19,15 +20,21 @@ OUT = BENCH_DIR / "out"
 
 
 def run(testbed, key, sizes, timeout_s=400):
-    json_path, log_path = OUT / f"jax-{key}.json", OUT / f"jax-{key}.log"
-    argv = [sys.executable, "-m", "nezha.runner", "-np", "4", *testbed.nezharun_args(), "--", sys.executable,
-            str(BENCH_DIR / "jax_allreduce_bench.py"), "--sizes", sizes, "--leaves", "8",
-            "--baseline", "gloo", "--json", str(json_path)]
+    json_path = OUT / f"jax-{key}.json"
+    job(testbed, key, ["jax_allreduce_bench.py", "--sizes", sizes, "--leaves", "8", "--baseline",
+                       "gloo", "--json", str(json_path)], timeout_s)
+
+
+def job(testbed, key, script_args, timeout_s=400):
+    log_path = OUT / f"jax-{key}.log"
+    argv = [sys.executable, "-m", "nezha.runner", "-np", "4", *testbed.nezharun_args(), "--",
+            sys.executable, str(BENCH_DIR / script_args[0]), *script_args[1:]]
     print("$", shlex.join(argv), flush=True)
     proc = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout_s)
     log_path.write_text(proc.stdout)
-    print("\n".join(l for l in proc.stdout.splitlines() if l.startswith("[0]<stdout>:") and " B " in l))
+    print("\n".join(l for l in proc.stdout.splitlines()
+                    if l.startswith("[0]<stdout>:") and (" B " in l or "ms/step" in l)))
     if proc.returncode:
         print(f"{key}: exited {proc.returncode}; log {log_path}", flush=True)
 
@@ -38,11 +45,16 @@ def main():
     if not ok:
         sys.exit(f"the testbed is not available: {reason}")
     OUT.mkdir(exist_ok=True)
+    wanted = set((sys.argv[1] if len(sys.argv) > 1 else "shaped,train,unshaped").split(","))
     with Testbed(hosts=4, rails=2, rates=["1gbit", "1gbit"]) as testbed:
-        run(testbed, "shaped", "8,1K,64K,1M,16M,64M")
+        if "shaped" in wanted:
+            run(testbed, "shaped", "8,1K,64K,1M,16M,64M")
+        if "train" in wanted:
+            job(testbed, "train", ["jax_train_bench.py", "--width", "1024", "--depth", "4"])
         for rail in range(2):
             testbed.set_rate(rail, None)
-        run(testbed, "unshaped", "8,1K,64K")
+        if "unshaped" in wanted:
+            run(testbed, "unshaped", "8,1K,64K")
 
 
 if __name__ == "__main__":

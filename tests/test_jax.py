@@ -65,3 +65,26 @@ def test_nezha_imports_without_jax(tmp_path):
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert "ERR nezha.jax needs jax: pip install 'nezha[jax]'" in out.stdout, out.stdout
+
+
+def test_build_without_ffi_falls_back_and_says_so():
+    """A _core without the handlers (as built where jaxlib's headers were missing): ffi_available()
+    is False, a RuntimeWarning says so once, and jitted collectives still work (one process)."""
+    code = (
+        "import warnings, numpy as np, nezha._core as core\n"
+        "del core.jax_ffi_targets\n"
+        "import jax, jax.numpy as jnp, nezha.jax as nj\n"
+        "nj.init(); assert not nj.ffi_available()\n"
+        "f = jax.jit(lambda t: nj.allreduce(t, op=nj.Sum))\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    out = f({'a': jnp.arange(3.0)}); g = jax.jit(lambda t: nj.allgather(t))(jnp.ones(2))\n"
+        "assert np.array_equal(out['a'], np.arange(3.0)) and g.shape == (2,)\n"
+        "assert 'nezha_collective' not in f.lower({'a': jnp.arange(3.0)}).as_text()\n"
+        "msgs = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]\n"
+        "assert len(msgs) == 1 and 'io_callback' in msgs[0], msgs\n"
+        "print('OK')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEZHA_")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=90)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr

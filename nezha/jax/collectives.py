@@ -1,7 +1,7 @@
 """nezha's collectives on jax arrays and whole pytrees, eager and inside ``jax.jit``.
 
 Eager calls on concrete arrays go straight to the numpy API (one grouped submission per pytree).
-Traced calls (inside jit, grad, scan, cond) bind the ordered ``collective_p`` primitive, lowered to
+Traced calls (inside jit, grad, scan, cond) bind the side-effecting ``collective_p`` primitive, lowered to
 an XLA FFI custom call into the engine (or the io_callback fallback). Differentiation follows
 Horovod's conventions, as nezha.torch does (nezha/torch/autograd_ops.py): allreduce Sum/Average
 allreduce the cotangent with the same op and scale factors; allgather and broadcast average it over
