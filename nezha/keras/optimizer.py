@@ -12,6 +12,7 @@ and applied only every N-th step (averaged over the N steps when `average_aggreg
 """
 import keras
 
+from nezha.compression import Compression
 from nezha.gradients import scale_factors
 from nezha.horovod_api import Average, resolve_op
 from nezha.keras import _backend
@@ -89,14 +90,14 @@ class _DistributedOptimizer:
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
-                         compression=None, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                         compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
                          op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=global_process_set, scale_local_gradients=True):
     """An optimizer of `optimizer`'s class (same config, fresh state) whose `apply()` first
     averages the gradients over all ranks (Horovod's arguments; `num_groups`/`groups` accepted,
-    the engine fuses a step's gradients in one submission; Keras' gradients are dense, so
-    `sparse_as_dense` changes nothing)."""
+    the engine fuses a step's gradients in one submission; sparse gradients (TF's IndexedSlices of an
+    Embedding) are always reduced dense, as with `sparse_as_dense=True`)."""
     check_process_set(process_set)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError("DistributedOptimizer expects a Keras 3 optimizer, got %s"
