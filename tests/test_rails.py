@@ -125,7 +125,7 @@ def test_an_unknown_option_is_refused_by_the_core_naming_the_rail():
     from nezha import _core
     config = _core.EngineConfig()
     config.rails = [_core.RailConfig("lo", "127.0.0.1", "tcp", {"colour": "blue"})]
-    with pytest.raises(_core.NezhaError, match="rail 'lo' \\(kind tcp\\): unknown option 'colour'"):
+    with pytest.raises(ValueError, match="rail 'lo' \\(kind tcp\\): unknown option 'colour'"):
         _core.Engine(config)
 
 

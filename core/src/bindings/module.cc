@@ -12,7 +12,7 @@
 #include "common/knobs.h"
 #include "common/logging.h"
 #include "engine/engine.h"
-#include "engine/message_codec.h"
+#include "engine/negotiation/message_codec.h"
 #include "transport/frame.h"
 #include "transport/rail_factory.h"
 

@@ -1,6 +1,14 @@
 // The per-process engine: owns the rails, the background thread and the executor. No globals: tests
 // run several engines (ranks) in one process.
 //
+// Where things are (the engine's rooms):
+//   engine.cc, engine_loop.cc     lifecycle (build rails, connect, submit, shut down) and the loop
+//   negotiation/                  rank 0's coordinator, the control channel and its codec, cache
+//                                 rounds, small collectives done inside negotiation
+//   execution/                    the executor, its per-rail workers, buffers
+//   failover/                     rail failover and re-admission, the rail watchdog
+//   ../multirail/rail_table.h     per-rail cost models, states and shares; the one planner entry
+//
 // Why the background loop looks the way it does:
 //  1. Callers submit from any thread and must never block on the network: enqueue() only appends
 //     to a queue and wakes the loop through an eventfd.
@@ -23,13 +31,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/cache_rounds.h"
-#include "engine/control_channel.h"
-#include "engine/coordinator.h"
-#include "engine/executor.h"
-#include "engine/message_codec.h"
+#include "engine/negotiation/cache_rounds.h"
+#include "engine/negotiation/control_channel.h"
+#include "engine/negotiation/coordinator.h"
+#include "engine/execution/executor.h"
+#include "engine/negotiation/message_codec.h"
 #include "engine/handle.h"
-#include "engine/rail_failover.h"
+#include "engine/failover/rail_failover.h"
 #include "engine/request.h"
 #include "engine/timeline.h"
 #include "multirail/cost_model.h"

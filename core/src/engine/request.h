@@ -44,7 +44,7 @@ struct Request {
   // and this id travel, and the coordinator skips validation (see coordinator.h).
   int32_t cache_id = -1;
   // A small collective's input, sent with the request so rank 0 can do it without a rail
-  // (engine/control_inline.h); empty otherwise. Not metadata: never cached or compared.
+  // (engine/negotiation/control_inline.h); empty otherwise. Not metadata: never cached or compared.
   std::string inline_input;
 
   bool same_metadata(const Request& o) const;
@@ -75,7 +75,7 @@ struct Response {
   std::vector<int32_t> cache_ids;       // per name: id to use for it next time (-1: not cached)
   std::vector<multirail::RailShare> plan;  // allreduce: element ranges per rail; else one entry
   std::string error;                    // kError: the message every rank raises
-  // Done by rank 0 from the requests' inline inputs (engine/control_inline.h): the
+  // Done by rank 0 from the requests' inline inputs (engine/negotiation/control_inline.h): the
   // result (an allreduce's scaled); every rank copies it out and no rail runs. Empty: the rails.
   std::string inline_result;
 };

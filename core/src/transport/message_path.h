@@ -1,4 +1,4 @@
-// MessagePath: the small interface the engine's control channel (engine/control_channel.h) needs
+// MessagePath: the small interface the engine's control channel (engine/negotiation/control_channel.h) needs
 // from a transport: whole variable-length messages to and from any peer, and file descriptors to
 // wait on beside the engine's own. TcpRail implements it (kControl frames); the control channel
 // never names a concrete transport.

@@ -1,5 +1,5 @@
 // BufferPool: scratch buffers are reused (smallest that fits), and the cache stays bounded.
-#include "engine/buffer_pool.h"
+#include "engine/execution/buffer_pool.h"
 
 #include <gtest/gtest.h>
 

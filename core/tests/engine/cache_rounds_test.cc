@@ -1,6 +1,6 @@
 // CacheRounds as a pure state machine: several ranks' instances exchange vectors through an in-memory
 // network that keeps each connection FIFO but interleaves connections at random, as TCP would.
-#include "engine/cache_rounds.h"
+#include "engine/negotiation/cache_rounds.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // ControlChannel: in-order, exactly-once delivery across path switches (two ranks as threads).
-#include "engine/control_channel.h"
+#include "engine/negotiation/control_channel.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-// Small collectives done by rank 0 inside negotiation (engine/control_inline.h): the results
+// Small collectives done by rank 0 inside negotiation (engine/negotiation/control_inline.h): the results
 // against plain loops, the size limit, and how the coordinator attaches results (never fused, kept
 // through the response cache, never on errors). End to end, engine_threads_test.cc runs every
 // allreduce, broadcast and allgather test both this way and on the rail.
-#include "engine/control_inline.h"
+#include "engine/negotiation/control_inline.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/coordinator.h"
+#include "engine/negotiation/coordinator.h"
 
 namespace nezha::engine {
 namespace {

@@ -1,6 +1,6 @@
 // Coordinator after an operation failed on some ranks (issue 16): every rank learns of a stall, and
 // a group whose sizes differ across ranks fails as a whole instead of leaving one rank waiting.
-#include "engine/coordinator.h"
+#include "engine/negotiation/coordinator.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/logging.h"
-#include "engine/message_codec.h"
+#include "engine/negotiation/message_codec.h"
 
 namespace nezha::engine {
 namespace {

@@ -1,6 +1,6 @@
 // Coordinator: the negotiation logic on rank 0. Pure (no sockets, no threads, time passed in), so
 // every rule is checked here with an explicit clock.
-#include "engine/coordinator.h"
+#include "engine/negotiation/coordinator.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Control-channel encoding: every field survives a round trip, and anything that is not a valid
 // message (truncated, trailing bytes, random corruption) is a ProtocolError, never a crash.
-#include "engine/message_codec.h"
+#include "engine/negotiation/message_codec.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // RailFailover: rank 0's decisions for a failed rail, from the first report to re-admission.
-#include "engine/rail_failover.h"
+#include "engine/failover/rail_failover.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // RailWatchdog: reports a busy rail that moves no data, learns the pauses of healthy operations.
-#include "engine/rail_watchdog.h"
+#include "engine/failover/rail_watchdog.h"
 
 #include <gtest/gtest.h>
 

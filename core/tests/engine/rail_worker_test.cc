@@ -1,6 +1,6 @@
 // RailWorker: jobs run in posting order on one thread; try_run_inline only when the worker is idle
 // with nothing queued; stop() drains what was posted.
-#include "engine/rail_worker.h"
+#include "engine/execution/rail_worker.h"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,7 @@
 #include <typeinfo>
 
 #include "common/error.h"
-#include "engine/message_codec.h"
+#include "engine/negotiation/message_codec.h"
 
 namespace nezha::engine {
 namespace {

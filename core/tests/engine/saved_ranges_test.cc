@@ -1,6 +1,6 @@
 // SavedRanges against a byte-by-byte model: every byte is copied exactly once, the first time a
 // range containing it is saved.
-#include "engine/saved_ranges.h"
+#include "engine/execution/saved_ranges.h"
 
 #include <random>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "engine/rail_watchdog.h"
+#include "engine/failover/rail_watchdog.h"
 
 #include <algorithm>
 #include <chrono>

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/executor.h"
+#include "engine/execution/executor.h"
 #include "engine/request.h"
 
 namespace nezha::engine {

@@ -1,4 +1,4 @@
-#include "engine/rail_failover.h"
+#include "engine/failover/rail_failover.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "engine/control_channel.h"
+#include "engine/negotiation/control_channel.h"
 
 #include <poll.h>
 

@@ -1,4 +1,4 @@
-#include "engine/rail_worker.h"
+#include "engine/execution/rail_worker.h"
 
 namespace nezha::engine {
 

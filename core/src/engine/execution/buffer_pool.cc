@@ -1,4 +1,4 @@
-#include "engine/buffer_pool.h"
+#include "engine/execution/buffer_pool.h"
 
 #include <algorithm>
 

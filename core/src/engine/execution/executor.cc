@@ -1,5 +1,5 @@
-#include "engine/executor.h"
-#include "engine/executor_jobs.h"
+#include "engine/execution/executor.h"
+#include "engine/execution/executor_jobs.h"
 
 #include <atomic>
 #include <chrono>

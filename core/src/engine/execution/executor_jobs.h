@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/executor.h"
-#include "engine/saved_ranges.h"
+#include "engine/execution/executor.h"
+#include "engine/execution/saved_ranges.h"
 
 namespace nezha::engine {
 

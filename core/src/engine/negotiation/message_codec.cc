@@ -1,4 +1,4 @@
-#include "engine/message_codec.h"
+#include "engine/negotiation/message_codec.h"
 
 #include <cstring>
 #include <type_traits>

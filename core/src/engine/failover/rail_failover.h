@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/message_codec.h"
+#include "engine/negotiation/message_codec.h"
 #include "multirail/cost_model.h"
 #include "multirail/rail_health.h"
 

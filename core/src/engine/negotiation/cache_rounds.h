@@ -49,7 +49,7 @@
 #include <vector>
 
 #include "common/deadline.h"
-#include "engine/message_codec.h"
+#include "engine/negotiation/message_codec.h"
 #include "engine/request.h"
 
 namespace nezha::engine {

@@ -1,4 +1,4 @@
-#include "engine/cache_rounds.h"
+#include "engine/negotiation/cache_rounds.h"
 
 #include <algorithm>
 

@@ -1,11 +1,11 @@
-#include "engine/coordinator.h"
+#include "engine/negotiation/coordinator.h"
 
 #include <algorithm>
 #include <sstream>
 
 #include "common/error.h"
 #include "common/logging.h"
-#include "engine/control_inline.h"
+#include "engine/negotiation/control_inline.h"
 
 namespace nezha::engine {
 namespace {

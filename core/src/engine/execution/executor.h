@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "collectives/collectives.h"
-#include "engine/buffer_pool.h"
+#include "engine/execution/buffer_pool.h"
 #include "engine/handle.h"
-#include "engine/rail_watchdog.h"
-#include "engine/rail_worker.h"
+#include "engine/failover/rail_watchdog.h"
+#include "engine/execution/rail_worker.h"
 #include "engine/request.h"
 #include "multirail/rail_table.h"
 #include "transport/rail.h"

@@ -6,8 +6,8 @@
 #include "collectives/collectives.h"
 #include "common/error.h"
 #include "common/logging.h"
-#include "engine/executor.h"
-#include "engine/executor_jobs.h"
+#include "engine/execution/executor.h"
+#include "engine/execution/executor_jobs.h"
 
 namespace nezha::engine {
 namespace {

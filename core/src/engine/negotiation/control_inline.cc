@@ -1,4 +1,4 @@
-#include "engine/control_inline.h"
+#include "engine/negotiation/control_inline.h"
 
 #include <cstring>
 
