@@ -65,6 +65,26 @@ inline void ring_doorbell(SegmentHeader* h) {
   futex_wake_all(&h->doorbell);
 }
 
+// ThreadSanitizer cannot see that two mappings of one segment are the same memory, so the
+// seq_cst handshakes above do not order, for it, accesses to a buffer both sides address directly
+// (a direct message between threads of one process). These annotations state that order.
+#if defined(__SANITIZE_THREAD__)
+#define NEZHA_SHM_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define NEZHA_SHM_TSAN 1
+#endif
+#endif
+#ifdef NEZHA_SHM_TSAN
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+inline void tsan_acquire(const void* p) { __tsan_acquire(const_cast<void*>(p)); }
+inline void tsan_release(const void* p) { __tsan_release(const_cast<void*>(p)); }
+#else
+inline void tsan_acquire(const void*) {}
+inline void tsan_release(const void*) {}
+#endif
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();

@@ -81,6 +81,7 @@ bool ShmRail::step_send(Outgoing& out) {
       out.header.mode = MessageMode::kDirect;
       out.header.source = reinterpret_cast<uint64_t>(out.data);
       out.direct_ack = ++l.direct_sent;
+      if (l.pid == address_.pid) shm::tsan_release(out.data);  // the receiver reads it directly
       ring.copy_in(ring.own, reinterpret_cast<const uint8_t*>(&out.header), sizeof(MessageHeader));
       out.header_sent = true;
       ring.publish_head(ring.own + sizeof(MessageHeader));
@@ -153,6 +154,7 @@ bool ShmRail::step_recv(Incoming& in) {
     ring.publish_tail(ring.own + sizeof h);
     progressed = true;
     if (in.direct && in.bytes == 0) in.direct = false;  // never sent that way; nothing to read
+    if (in.direct && l.pid == address_.pid) shm::tsan_acquire(reinterpret_cast<const void*>(in.source));
   }
   if (in.direct) {
     if (in.done()) return progressed;
@@ -163,6 +165,7 @@ bool ShmRail::step_recv(Incoming& in) {
       if (l.segment.header()->closed.load() || l.in.control->broken.load())
         fail_pair(in.peer, where("recv from", in.peer) + ": the sender gave up during a direct read",
                   FailKind::kPeer);
+      if (l.pid == address_.pid) shm::tsan_release(reinterpret_cast<const void*>(in.source));
       l.in.control->direct_done.fetch_add(1, std::memory_order_seq_cst);
       shm::ring_doorbell_if_sleeping(l.segment.header());
     }
@@ -209,7 +212,10 @@ void ShmRail::transfer(Outgoing* out, Incoming* in, const Deadline& deadline) {
     if (out && !send_done(*out)) progressed |= step_send(*out);
     if (in && !in->done()) progressed |= step_recv(*in);
     const bool send_pending = out && !send_done(*out), recv_pending = in && !in->done();
-    if (!send_pending && !recv_pending) return;
+    if (!send_pending && !recv_pending) {
+      if (out && out->direct() && links_[out->peer].pid == address_.pid) shm::tsan_acquire(out->data);
+      return;
+    }
     throw_if_aborted();
     const auto now = Clock::now();
     if (progressed) {
