@@ -86,6 +86,15 @@ def launch_direct(np_: int, script: str, *args: str, env: Optional[Dict[str, str
         server.stop()
 
 
+def run_example(*args, env: Optional[Dict[str, str]] = None, timeout_s: float = 150) -> str:
+    """Runs `nezharun -np 2 python <args>` (an example script and its flags) from the repository
+    root, asserts it exited 0 and returns its combined output."""
+    cmd = [sys.executable, "-m", "nezha.runner", "-np", "2", sys.executable, *map(str, args)]
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout_s, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, "%s exited %d:\n%s" % (args[0], proc.returncode, proc.stdout)
+    return proc.stdout
+
 @pytest.fixture
 def job():
     return run_worker

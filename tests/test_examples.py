@@ -3,33 +3,23 @@ example learns, and the synthetic benchmark trains exactly like torch DDP (Gloo)
 
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from conftest import REPO, run_example
 
 from nezha.bench.gloo_baseline import pick_free_port
 
 pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parents[1]
 SYNTHETIC = ["--model", "mlp", "--batch-size", "8", "--num-warmup-batches", "1",
              "--num-batches-per-iter", "2", "--num-iters", "2", "--num-threads", "1"]
 
 
-def nezharun(*args, timeout_s=150):
-    cmd = [sys.executable, "-m", "nezha.runner", "-np", "2", sys.executable, *map(str, args)]
-    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout_s)
-    assert proc.returncode == 0, "%s exited %d:\n%s" % (args[0], proc.returncode, proc.stdout)
-    return proc.stdout
-
-
 @pytest.mark.timeout(180)
 def test_mnist_like_example_learns():
-    out = nezharun(REPO / "examples/pytorch_mnist_like.py", "--epochs", "3", "--train-samples", "2048",
-                   "--test-samples", "512")
+    out = run_example(REPO / "examples/pytorch_mnist_like.py", "--epochs", "3", "--train-samples", "2048",
+                      "--test-samples", "512")
     before = re.search(r"before training: test loss ([\d.]+), accuracy ([\d.]+)%", out)
     epochs = re.findall(r"epoch \d+: train loss [\d.]+, test loss ([\d.]+), test accuracy ([\d.]+)%", out)
     assert before and len(epochs) == 3, out
@@ -41,12 +31,12 @@ def test_mnist_like_example_learns():
 
 @pytest.mark.timeout(240)
 def test_synthetic_benchmark_trains_like_torch_ddp(tmp_path):
-    nezharun(REPO / "examples/pytorch_synthetic_benchmark.py", *SYNTHETIC, "--json", tmp_path / "nezha.json")
-    nezharun(REPO / "examples/pytorch_synthetic_benchmark.py", *SYNTHETIC, "--fp16-allreduce",
-             "--json", tmp_path / "fp16.json")
-    nezharun(REPO / "benchmarks/ddp_synthetic_benchmark.py", *SYNTHETIC, "--master-addr", "127.0.0.1",
-             "--master-port", pick_free_port("127.0.0.1"), "--gloo-ifname", "lo",
-             "--json", tmp_path / "ddp.json")
+    run_example(REPO / "examples/pytorch_synthetic_benchmark.py", *SYNTHETIC, "--json", tmp_path / "nezha.json")
+    run_example(REPO / "examples/pytorch_synthetic_benchmark.py", *SYNTHETIC, "--fp16-allreduce",
+                "--json", tmp_path / "fp16.json")
+    run_example(REPO / "benchmarks/ddp_synthetic_benchmark.py", *SYNTHETIC, "--master-addr", "127.0.0.1",
+                "--master-port", pick_free_port("127.0.0.1"), "--gloo-ifname", "lo",
+                "--json", tmp_path / "ddp.json")
     nezha, fp16, ddp = (json.loads((tmp_path / n).read_text())["losses"] for n in ("nezha.json", "fp16.json", "ddp.json"))
     assert len(nezha) == len(ddp) == 1 + 2 * 2
     assert nezha == pytest.approx(ddp, rel=1e-5)  # the same averaged gradients, summed in another order

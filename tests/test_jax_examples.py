@@ -1,29 +1,18 @@
 """The JAX examples run as a user would run them (nezharun, 2 ranks) and do what they say."""
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from conftest import REPO, run_example
 
 pytest.importorskip("jax")
 pytest.importorskip("flax")
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def nezharun(*args, timeout_s=150):
-    cmd = [sys.executable, "-m", "nezha.runner", "-np", "2", sys.executable, *map(str, args)]
-    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout_s)
-    assert proc.returncode == 0, "%s exited %d:\n%s" % (args[0], proc.returncode, proc.stdout)
-    return proc.stdout
-
 
 @pytest.mark.timeout(180)
 def test_flax_mlp_example_learns():
-    out = nezharun(REPO / "examples/jax_flax_mlp.py", "--epochs", "2", "--train-samples", "2048")
+    out = run_example(REPO / "examples/jax_flax_mlp.py", "--epochs", "2", "--train-samples", "2048")
     before = re.search(r"before training: test loss ([\d.]+), accuracy ([\d.]+)%", out)
     epochs = re.findall(r"epoch \d+: train loss [\d.]+, test loss ([\d.]+), accuracy ([\d.]+)%", out)
     assert before and len(epochs) == 2, out
@@ -33,9 +22,9 @@ def test_flax_mlp_example_learns():
 
 @pytest.mark.timeout(180)
 def test_jax_synthetic_benchmark_runs(tmp_path):
-    out = nezharun(REPO / "examples/jax_synthetic_benchmark.py", "--model", "mlp", "--batch-size", "8",
-                   "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2",
-                   "--fp16-allreduce", "--json", tmp_path / "fp16.json")
+    out = run_example(REPO / "examples/jax_synthetic_benchmark.py", "--model", "mlp", "--batch-size", "8",
+                      "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2",
+                      "--fp16-allreduce", "--json", tmp_path / "fp16.json")
     assert "Total img/sec on 2 rank(s)" in out, out
     result = json.loads((tmp_path / "fp16.json").read_text())
     assert result["ranks"] == 2 and len(result["losses"]) == 1 + 2 * 2

@@ -2,33 +2,22 @@
 example learns, and the TF2 synthetic benchmark trains with fp16 compression (compression
 itself is checked against numpy in test_tensorflow.py and test_keras.py)."""
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import REPO, run_example
+
 pytest.importorskip("tensorflow")
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "mlp", "--image-size", "32", "--batch-size", "8", "--num-warmup-batches", "1",
          "--num-batches-per-iter", "2", "--num-iters", "2"]
 
 
-def nezharun(*args, env=None, timeout_s=150):
-    cmd = [sys.executable, "-m", "nezha.runner", "-np", "2", sys.executable, *map(str, args)]
-    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout_s, env={**os.environ, **(env or {})})
-    assert proc.returncode == 0, "%s exited %d:\n%s" % (args[0], proc.returncode, proc.stdout)
-    return proc.stdout
-
-
 @pytest.mark.timeout(180)
 def test_keras_example_learns():
-    out = nezharun(REPO / "examples/keras_mnist_like.py", "--epochs", "2", "--train-samples",
-                   "1024", "--test-samples", "256", env={"KERAS_BACKEND": "tensorflow"})
+    out = run_example(REPO / "examples/keras_mnist_like.py", "--epochs", "2", "--train-samples",
+                      "1024", "--test-samples", "256", env={"KERAS_BACKEND": "tensorflow"})
     before = re.search(r"before training: test loss ([\d.]+), accuracy ([\d.]+)%", out)
     epochs = re.findall(r"epoch \d+: train loss [\d.]+, test loss ([\d.]+), "
                         r"test accuracy ([\d.]+)%", out)
@@ -40,8 +29,8 @@ def test_keras_example_learns():
 
 @pytest.mark.timeout(180)
 def test_tf2_synthetic_benchmark_trains_with_fp16(tmp_path):
-    nezharun(REPO / "examples/tensorflow2_synthetic_benchmark.py", *SMALL, "--num-threads", "1",
-             "--fp16-allreduce", "--json", tmp_path / "fp16.json")
+    run_example(REPO / "examples/tensorflow2_synthetic_benchmark.py", *SMALL, "--num-threads", "1",
+                "--fp16-allreduce", "--json", tmp_path / "fp16.json")
     result = json.loads((tmp_path / "fp16.json").read_text())
     assert len(result["losses"]) == 1 + 1 + 2 * 2 and result["img_sec_per_rank"] > 0
     assert result["losses"][-1] < result["losses"][0]  # it trains (same batch every step)

@@ -113,4 +113,24 @@ inline void expect_ok(const std::shared_ptr<OpHandle>& h, const std::string& wha
   EXPECT_EQ(h->error(), "") << what;
 }
 
+// Allreduces `count` floats on every rank of `c` (integer-valued, so any summation order is exact)
+// and checks every rank's result against the sum computed here.
+inline void allreduce_and_check(Cluster& c, const std::string& name, size_t count) {
+  const int n = c.size();
+  std::vector<std::vector<float>> in(n, std::vector<float>(count)), out(n, std::vector<float>(count, -1));
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i) in[r][i] = static_cast<float>((i * 3 + r * 11) % 17);
+  std::vector<std::shared_ptr<OpHandle>> h(n);
+  for (int r = 0; r < n; ++r)
+    h[r] = submit(c[r], make_request(OpType::kAllreduce, name, DataType::kFloat32, {static_cast<int64_t>(count)}),
+                  in[r].data(), out[r].data());
+  for (int r = 0; r < n; ++r) expect_ok(h[r], name);
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += in[q][i];
+      ASSERT_EQ(out[r][i], want) << name << " rank " << r << " [" << i << "]";
+    }
+}
+
 }  // namespace nezha::engine::testing

@@ -13,30 +13,9 @@
 namespace nezha::engine {
 namespace {
 
+using testing::allreduce_and_check;
 using testing::Cluster;
-using testing::expect_ok;
-using testing::make_request;
 using testing::memory_rails;
-using testing::submit;
-
-// Allreduces `count` floats on every rank and checks the exact sum.
-void allreduce_and_check(Cluster& c, const std::string& name, size_t count) {
-  const int n = c.size();
-  std::vector<std::vector<float>> in(n, std::vector<float>(count)), out(n, std::vector<float>(count, -1));
-  for (int r = 0; r < n; ++r)
-    for (size_t i = 0; i < count; ++i) in[r][i] = static_cast<float>((i * 3 + r * 11) % 17);
-  std::vector<std::shared_ptr<OpHandle>> h(n);
-  for (int r = 0; r < n; ++r)
-    h[r] = submit(c[r], make_request(OpType::kAllreduce, name, DataType::kFloat32, {static_cast<int64_t>(count)}),
-                  in[r].data(), out[r].data());
-  for (int r = 0; r < n; ++r) expect_ok(h[r], name);
-  for (int r = 0; r < n; ++r)
-    for (size_t i = 0; i < count; ++i) {
-      float want = 0;
-      for (int q = 0; q < n; ++q) want += in[q][i];
-      ASSERT_EQ(out[r][i], want) << name << " rank " << r << " [" << i << "]";
-    }
-}
 
 TEST(EngineRailContract, HostLocalRailThatMissesRanksIsRefusedNamingIt) {
   // Four ranks on two "hosts" of two: the rail reaches only half the job.

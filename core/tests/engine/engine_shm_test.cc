@@ -10,30 +10,10 @@
 namespace nezha::engine {
 namespace {
 
+using testing::allreduce_and_check;
 using testing::Cluster;
-using testing::expect_ok;
-using testing::make_request;
-using testing::submit;
 
 RailConfig shm_rail() { return RailConfig{"shm", "", "shm", {{"ring_bytes", "131072"}}}; }
-
-void allreduce_and_check(Cluster& c, const std::string& name, size_t count) {
-  const int n = c.size();
-  std::vector<std::vector<float>> in(n, std::vector<float>(count)), out(n, std::vector<float>(count, -1));
-  for (int r = 0; r < n; ++r)
-    for (size_t i = 0; i < count; ++i) in[r][i] = static_cast<float>((i * 5 + r * 7) % 13);
-  std::vector<std::shared_ptr<OpHandle>> h(n);
-  for (int r = 0; r < n; ++r)
-    h[r] = submit(c[r], make_request(OpType::kAllreduce, name, DataType::kFloat32, {static_cast<int64_t>(count)}),
-                  in[r].data(), out[r].data());
-  for (int r = 0; r < n; ++r) expect_ok(h[r], name);
-  for (int r = 0; r < n; ++r)
-    for (size_t i = 0; i < count; ++i) {
-      float want = 0;
-      for (int q = 0; q < n; ++q) want += in[q][i];
-      ASSERT_EQ(out[r][i], want) << name << " rank " << r << " [" << i << "]";
-    }
-}
 
 TEST(EngineShm, CollectivesGoOverSharedMemory) {
   Cluster c(3, {shm_rail()}, [](EngineConfig& cfg) {
