@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "rank_threads.h"
 #include "transport/shm/shm_rail.h"
 
 namespace nezha::transport::testing {
@@ -24,24 +25,6 @@ inline ShmRailConfig small_ring_config(const std::string& secret = "shm-test-sec
   return c;
 }
 
-// Runs fn(rank) on one thread per rank; rethrows the first exception any of them threw.
-inline void run_shm_ranks(int n, const std::function<void(int)>& fn) {
-  std::mutex mu;
-  std::exception_ptr first;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
-}
-
 inline std::vector<std::string> addresses_of(const std::vector<std::unique_ptr<ShmRail>>& rails) {
   std::vector<std::string> addrs;
   for (const auto& r : rails) addrs.push_back(r->local_address());
@@ -54,7 +37,7 @@ inline std::vector<std::unique_ptr<ShmRail>> make_shm_mesh(int n, ShmRailConfig 
   for (int r = 0; r < n; ++r) rails.push_back(std::make_unique<ShmRail>(config, r, n));
   const auto addrs = addresses_of(rails);
   const Deadline deadline = Deadline::after_seconds(timeout_s);
-  run_shm_ranks(n, [&](int r) { rails[r]->connect(addrs, deadline); });
+  run_ranks(n, [&](int r) { rails[r]->connect(addrs, deadline); });
   return rails;
 }
 

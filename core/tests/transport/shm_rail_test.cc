@@ -21,7 +21,7 @@ namespace {
 using testing::first_mismatch;
 using testing::make_shm_mesh;
 using testing::pattern;
-using testing::run_shm_ranks;
+using testing::run_ranks;
 using testing::small_ring_config;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -44,7 +44,7 @@ TEST(ShmRail, PointToPointSizesAcrossRingAndChunkBoundaries) {
   const size_t ring = 64 << 10;
   const std::vector<size_t> sizes{0, 1, 15, 16, 17, 4095, 16 << 10, (16 << 10) + 3, ring - 32, ring - 31,
                                   ring, ring + 1, 3 * ring + 7, (1 << 20) + 13};
-  run_shm_ranks(2, [&](int r) {
+  run_ranks(2, [&](int r) {
     const Deadline d = Deadline::after_seconds(20);
     for (size_t m = 0; m < sizes.size(); ++m) {
       if (r == 0) {
@@ -68,7 +68,7 @@ TEST(ShmRail, SixtyFourMiBThroughTheDefaultRing) {
   const size_t bytes = (64u << 20) + 5;  // not a multiple of the chunk or the ring
   const auto msg = pattern(0, 9, bytes);
   std::vector<uint8_t> got(bytes, 0);
-  run_shm_ranks(2, [&](int r) {
+  run_ranks(2, [&](int r) {
     const Deadline d = Deadline::after_seconds(60);
     if (r == 0) rails[0]->send(1, 9, msg.data(), bytes, d);
     else rails[1]->recv(0, 9, got.data(), bytes, d);
@@ -81,7 +81,7 @@ TEST(ShmRail, TagOrSizeMismatchIsProtocolErrorAndClosesThePair) {
   for (bool wrong_size : {false, true}) {
     auto rails = make_shm_mesh(2);
     std::string receiver_error, sender_error;
-    run_shm_ranks(2, [&](int r) {
+    run_ranks(2, [&](int r) {
       const Deadline d = Deadline::after_seconds(10);
       std::vector<uint8_t> buf(100);
       if (r == 0) {
@@ -115,7 +115,7 @@ TEST(ShmRail, SendrecvRingsLargerThanTheRingNeverDeadlock) {
     config.direct = direct;
     auto rails = make_shm_mesh(n, config);
     const size_t bytes = (1 << 20) + 77;  // 16 rings' worth: both directions must progress together
-    run_shm_ranks(n, [&](int r) {
+    run_ranks(n, [&](int r) {
       const Deadline d = Deadline::after_seconds(30);
       const int next = (r + 1) % n, prev = (r + n - 1) % n;
       for (size_t round = 0; round < 3; ++round) {
@@ -139,7 +139,7 @@ TEST(ShmRail, AbortWakesABlockedCallAtOnceAndPeersSeePeerError) {
   auto rails = make_shm_mesh(3);
   std::string waiter_error, peer_error;
   double waited = 0;
-  run_shm_ranks(3, [&](int r) {
+  run_ranks(3, [&](int r) {
     const Deadline d = Deadline::after_seconds(30);
     std::vector<uint8_t> buf(16);
     if (r == 0) {
@@ -187,7 +187,7 @@ TEST(ShmRail, RanksOnAnotherHostAreUnreachable) {
     rails.push_back(std::make_unique<ShmRail>(c, r, 3));
   }
   const auto addrs = testing::addresses_of(rails);
-  run_shm_ranks(3, [&](int r) { rails[r]->connect(addrs, Deadline::after_seconds(10)); });
+  run_ranks(3, [&](int r) { rails[r]->connect(addrs, Deadline::after_seconds(10)); });
   EXPECT_TRUE(rails[0]->reaches(1));
   EXPECT_FALSE(rails[0]->reaches(2));
   EXPECT_FALSE(rails[2]->reaches(0));
@@ -196,7 +196,7 @@ TEST(ShmRail, RanksOnAnotherHostAreUnreachable) {
   EXPECT_NE(err.find("rank 2"), std::string::npos) << err;
   EXPECT_NE(err.find("host entry"), std::string::npos) << err;
   EXPECT_THROW(rails[2]->recv(1, 1, buf.data(), 4, Deadline::after_seconds(1)), InvalidArgument);
-  run_shm_ranks(2, [&](int r) {  // the two ranks of node-a still talk
+  run_ranks(2, [&](int r) {  // the two ranks of node-a still talk
     const Deadline d = Deadline::after_seconds(10);
     if (r == 0) rails[0]->send(1, 8, "abcd", 4, d);
     else {
@@ -218,7 +218,7 @@ TEST(ShmRail, AnotherBootIdOrNetworkNamespaceIsAnotherHost) {
       else parsed.netns_inode += 1;
       a = shm::encode_address(parsed);
     }
-    run_shm_ranks(2, [&](int r) {
+    run_ranks(2, [&](int r) {
       std::vector<std::string> view = addrs;
       view[r] = rails[r]->local_address();
       rails[r]->connect(view, Deadline::after_seconds(5));
@@ -282,7 +282,7 @@ TEST(ShmSegment, HeaderChecksRefuseStaleOrForeignSegments) {
 TEST(ShmRail, ResetThenConnectFormsAFreshRail) {
   auto rails = make_shm_mesh(2);
   std::vector<uint8_t> buf(32);
-  run_shm_ranks(2, [&](int r) {  // break the pair with a mismatch
+  run_ranks(2, [&](int r) {  // break the pair with a mismatch
     const Deadline d = Deadline::after_seconds(5);
     if (r == 0) rails[0]->send(1, 1, buf.data(), 32, d);
     else EXPECT_THROW(rails[1]->recv(0, 2, buf.data(), 32, d), ProtocolError);
@@ -290,7 +290,7 @@ TEST(ShmRail, ResetThenConnectFormsAFreshRail) {
   rails[0]->abort("before reset");
   for (auto& rail : rails) rail->reset();
   const auto addrs = testing::addresses_of(rails);
-  run_shm_ranks(2, [&](int r) {
+  run_ranks(2, [&](int r) {
     const Deadline d = Deadline::after_seconds(10);
     rails[r]->connect(addrs, d);
     const auto out = pattern(r, 3, 100000);

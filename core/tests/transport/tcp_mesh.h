@@ -9,27 +9,10 @@
 #include <thread>
 #include <vector>
 
+#include "rank_threads.h"
 #include "transport/tcp/tcp_rail.h"
 
 namespace nezha::transport::testing {
-
-// Runs fn(rank) on one thread per rank and rethrows the first exception any of them threw.
-inline void run_ranks(int n, const std::function<void(int)>& fn) {
-  std::mutex mu;
-  std::exception_ptr first;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
-}
 
 inline TcpRailConfig loopback_config(const std::string& secret = "test-secret") {
   TcpRailConfig c;
