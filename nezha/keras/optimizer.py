@@ -9,6 +9,9 @@ means every rank checks the same reduced gradients for overflow and takes the sa
 
 With `backward_passes_per_step` N > 1 the gradients of N steps are summed locally and reduced
 and applied only every N-th step (averaged over the N steps when `average_aggregated_gradients`).
+On JAX the step is one traced program, so the choice is made with `lax.cond` (the reduction runs
+only on the N-th step, on every rank alike, since the counter is the same everywhere) and the
+optimizer's update is kept or discarded with `where`, as Keras' own JAX gradient accumulation does.
 """
 import keras
 
@@ -48,12 +51,19 @@ class _DistributedOptimizer:
             return super().apply(grads, trainable_variables)
         if self._nezha_passes == 1:
             return super().apply(self._nezha_reduce(grads), trainable_variables)
+        if keras.backend.backend() == "jax":
+            return self._nezha_accumulate_traced(list(grads), trainable_variables)
         return self._nezha_accumulate(list(grads), trainable_variables)
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         if self._nezha_passes > 1:
-            raise NotImplementedError("backward_passes_per_step > 1 on the JAX backend: use "
-                                      "Keras' gradient_accumulation_steps on the optimizer")
+            if isinstance(self, keras.optimizers.LossScaleOptimizer):
+                # Its stateless_apply never calls apply(): our accumulation would be bypassed.
+                raise NotImplementedError(
+                    "backward_passes_per_step > 1 around a LossScaleOptimizer on the JAX "
+                    "backend; wrap the inner optimizer, or use backward_passes_per_step=1")
+            # Keras runs apply() under a StatelessScope here: _nezha_accumulate_traced.
+            return super().stateless_apply(optimizer_variables, grads, trainable_variables)
         grads = self._nezha_reduce(grads)
         self._nezha_reduced_outside = True
         try:
@@ -87,6 +97,45 @@ class _DistributedOptimizer:
             self._nezha_count.assign(count)
 
         ops.cond(count >= passes, reduce_and_apply, keep_accumulating)
+
+    def _nezha_accumulate_traced(self, grads, trainable_variables):
+        """JAX: no variable may be assigned inside a traced branch, so the reduction alone is
+        conditional and every assignment selects between the old and the new value."""
+        import jax
+        import jax.numpy as jnp
+
+        variables = list(trainable_variables if trainable_variables is not None
+                         else self._trainable_variables)
+        passes = self._nezha_passes
+        summed = [None if g is None else acc.value + jnp.asarray(g, acc.dtype)
+                  for acc, g in zip(self._nezha_accumulators, grads)]
+        count = self._nezha_count.value + 1
+        is_update = count >= passes
+        present = [i for i, s in enumerate(summed) if s is not None]
+
+        def reduce_branch(values):
+            return self._nezha_reduce([v / passes if self._nezha_average_aggregated else v
+                                       for v in values])
+
+        def skip_branch(values):
+            return [jnp.zeros_like(v) for v in values]
+
+        reduced = list(grads)
+        if present:
+            outs = jax.lax.cond(is_update, reduce_branch, skip_branch, [summed[i] for i in present])
+            for i, out in zip(present, outs):
+                reduced[i] = out
+        old_model = [v.value for v in variables]
+        old_state = [v.value for v in self.variables]
+        super().apply(reduced, trainable_variables)
+        for var, old in zip(variables, old_model):
+            var.assign(jnp.where(is_update, var.value, old))
+        for var, old in zip(self.variables, old_state):
+            var.assign(jnp.where(is_update, var.value, old))
+        for acc, s in zip(self._nezha_accumulators, summed):
+            if s is not None:
+                acc.assign(jnp.where(is_update, jnp.zeros_like(s), s))
+        self._nezha_count.assign(jnp.where(is_update, 0, count))
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',

@@ -90,11 +90,10 @@ check_fit("fp16 compression", hvd.DistributedOptimizer(sgd(), compression=hvd.Co
           sgd(), tol=2e-3)
 report("fp16 compression")
 
-if sys.argv[1] != "jax":
-    check_fit("backward_passes_per_step", hvd.DistributedOptimizer(
-        sgd(), backward_passes_per_step=2, average_aggregated_gradients=True), sgd(),
-        batch=2 * G)
-    report("backward_passes_per_step")
+check_fit("backward_passes_per_step", hvd.DistributedOptimizer(
+    sgd(), backward_passes_per_step=2, average_aggregated_gradients=True), sgd(),
+    batch=2 * G)
+report("backward_passes_per_step")
 
 # --- callbacks ---------------------------------------------------------------------------------
 
