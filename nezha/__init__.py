@@ -10,6 +10,7 @@ from .basics import (NotInitializedError, cross_rank, cross_size, init, is_initi
                      local_size, rail_stats, rank, shutdown, size)
 from .handle import Handle, poll, synchronize
 from .objects import allgather_object, broadcast_object
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_async,
                   allreduce, allreduce_async, alltoall, alltoall_async, barrier, broadcast,
                   broadcast_async, grouped_allreduce, grouped_allreduce_async, join,
@@ -27,4 +28,5 @@ __all__ = [
     "allgather", "allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
     "broadcast_object", "allgather_object",
+    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
 ]

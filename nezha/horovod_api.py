@@ -10,7 +10,7 @@ from typing import Any, Iterable, Optional
 from . import basics, ops
 from ._core import NezhaError
 from .ops import Average, Max, Min, Product, ReduceOp, Sum
-from .process_sets import add_process_set, check_process_set, global_process_set
+from .process_sets import add_process_set, global_process_set
 
 # Horovod scripts catch this name around collectives.
 HorovodInternalError = NezhaError
@@ -44,8 +44,8 @@ def resolve_op(op: Any, average: Optional[bool], default: Optional[ReduceOp] = N
 def init(comm: Any = None, process_sets: Optional[Iterable[Any]] = None,
          **nezha_options: Any) -> None:
     """Horovod's `init(comm=None, process_sets=None)`: joins the job (`nezha.init`, which also takes
-    `nezha_options`); `comm` (an MPI communicator) is not supported, and `process_sets` may only
-    hold the set of every rank."""
+    `nezha_options`); `comm` (an MPI communicator) is not supported; `process_sets` (ProcessSets
+    or lists of ranks, the same on every rank) are registered in order."""
     if comm is not None:
         raise NotImplementedError("init(comm=...): Nezha does not use MPI; start the job with "
                                   "nezharun")
@@ -55,9 +55,8 @@ def init(comm: Any = None, process_sets: Optional[Iterable[Any]] = None,
 
 
 def barrier(process_set: Any = global_process_set) -> None:
-    """Horovod's `barrier(process_set)`: returns when every rank has called it."""
-    check_process_set(process_set)
-    ops.barrier()
+    """Horovod's `barrier(process_set)`: returns when every rank (of the set) has called it."""
+    ops.barrier(process_set=process_set)
 
 
 def is_homogeneous() -> bool:

@@ -1,8 +1,9 @@
 """Collectives on numpy arrays and any buffer-protocol or DLPack object, sync and async.
 
 Every collective is identified across ranks by its ``name``. Without a name, one is generated from
-a per-process counter per operation type, so ranks must then call unnamed collectives in the same
-order (as with Horovod).
+a per-process counter per operation type (and process set), so ranks must then call unnamed
+collectives in the same order (as with Horovod). Each takes ``process_set=`` (process_sets.py): the
+collective then runs among that set's ranks only.
 """
 from __future__ import annotations
 
@@ -13,24 +14,32 @@ import numpy as np
 
 from . import _core
 from ._buffers import as_array, present
-from .basics import _engine, size
+from .basics import _engine, _state, size
 from .handle import Handle
+from .process_sets import global_process_set, process_set_id
 
 ReduceOp = _core.ReduceOp
 OpType = _core.OpType
 Sum, Average, Min, Max, Product = (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Min, ReduceOp.Max,
                                    ReduceOp.Product)
 
-_counters = {t: itertools.count() for t in ("allreduce", "grouped_allreduce", "allgather",
-                                            "broadcast", "alltoall", "reducescatter", "barrier")}
+_counters: dict = {}  # (operation type, process set id) -> count of unnamed calls
 
 
-def _auto_name(kind: str, name: Optional[str]) -> str:
+def _auto_name(kind: str, name: Optional[str], set_id: int = 0) -> str:
     if name is not None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         return name
-    return f"{kind}.noname.{next(_counters[kind])}"
+    # Per process set: only a set's members call its collectives, so one count per set keeps every
+    # member's names in step. Set ids restart with every init(), so do their counts.
+    key = (kind, set_id, _state.generation if set_id else 0)
+    counter = _counters.setdefault(key, itertools.count())
+    return f"{kind}.noname.{next(counter)}"
+
+
+def _set_size(set_id: int) -> int:
+    return size() if set_id == 0 else len(_engine().process_set_ranks(set_id))
 
 
 def _check_op(op: Any) -> ReduceOp:
@@ -60,35 +69,40 @@ def _engine_output(h: Any, like: np.ndarray) -> np.ndarray:
 
 def allreduce_async(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    out: Any = None) -> Handle:
+                    out: Any = None, process_set: Any = global_process_set) -> Handle:
     """Starts an allreduce; ``wait()`` returns the reduced array (``out`` if given; ``out`` may
     be ``tensor`` itself for an in-place reduction)."""
     op = _check_op(op)
-    name = _auto_name("allreduce", name)
+    set_id = process_set_id(process_set)
+    name = _auto_name("allreduce", name, set_id)
     arr, dtype = as_array(tensor)
     result = _output_like(arr, out, "out")
     h = _engine().submit(OpType.allreduce, name, arr, result, dtype, op,
-                         float(prescale_factor), float(postscale_factor))
+                         float(prescale_factor), float(postscale_factor), process_set=set_id)
     return Handle([h], lambda: present(result, dtype), [name])
 
 
 def allreduce(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0, out: Any = None):
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, out: Any = None,
+              process_set: Any = global_process_set):
     """Reduces ``tensor`` elementwise across all ranks (default: average) and returns the result
     on every rank, bit-identical everywhere."""
-    return allreduce_async(tensor, op, name, prescale_factor, postscale_factor, out).wait()
+    return allreduce_async(tensor, op, name, prescale_factor, postscale_factor, out,
+                           process_set).wait()
 
 
 def grouped_allreduce_async(tensors: Sequence[Any], op: ReduceOp = Average,
                             name: Optional[str] = None, prescale_factor: float = 1.0,
                             postscale_factor: float = 1.0,
-                            outs: Optional[Sequence[Any]] = None) -> Handle:
+                            outs: Optional[Sequence[Any]] = None,
+                            process_set: Any = global_process_set) -> Handle:
     """Starts an allreduce of several tensors negotiated as one unit; ``wait()`` returns a list."""
     op = _check_op(op)
+    set_id = process_set_id(process_set)
     tensors = list(tensors)
     if outs is not None and len(outs) != len(tensors):
         raise ValueError(f"got {len(outs)} outputs for {len(tensors)} tensors")
-    group = _auto_name("grouped_allreduce", name)
+    group = _auto_name("grouped_allreduce", name, set_id)
     # Every member is converted and checked before any is submitted, and the engine queues them as
     # one unit: a bad member never leaves the others in flight waiting for it.
     arrays, dtypes, results, names = [], [], [], []
@@ -99,62 +113,74 @@ def grouped_allreduce_async(tensors: Sequence[Any], op: ReduceOp = Average,
         results.append(_output_like(arr, None if outs is None else outs[i], f"outs[{i}]"))
         names.append(f"{group}.{i}")
     handles = _engine().submit_group(OpType.allreduce, group, names, arrays, results, dtypes, op,
-                                     float(prescale_factor), float(postscale_factor))
+                                     float(prescale_factor), float(postscale_factor),
+                                     process_set=set_id)
     presented = [present(r, d) for r, d in zip(results, dtypes)]
     return Handle(handles, lambda: presented, names)
 
 
 def grouped_allreduce(tensors: Sequence[Any], op: ReduceOp = Average, name: Optional[str] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      outs: Optional[Sequence[Any]] = None) -> List[np.ndarray]:
+                      outs: Optional[Sequence[Any]] = None,
+                      process_set: Any = global_process_set) -> List[np.ndarray]:
     """Allreduce of several tensors as one unit (fused together); returns a list of results."""
     return grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
-                                   outs).wait()
+                                   outs, process_set).wait()
 
 
 # --- allgather, broadcast, alltoall, reducescatter --------------------------------------------
 
-def allgather_async(tensor: Any, name: Optional[str] = None) -> Handle:
+def allgather_async(tensor: Any, name: Optional[str] = None,
+                    process_set: Any = global_process_set) -> Handle:
     """Starts an allgather; ``wait()`` returns the ranks' tensors concatenated along dim 0."""
-    name = _auto_name("allgather", name)
+    set_id = process_set_id(process_set)
+    name = _auto_name("allgather", name, set_id)
     arr, dtype = as_array(tensor)
     src = arr.reshape(1) if arr.ndim == 0 else arr
-    h = _engine().submit(OpType.allgather, name, src, None, dtype)
+    h = _engine().submit(OpType.allgather, name, src, None, dtype, process_set=set_id)
     return Handle([h], lambda: present(_engine_output(h, src), dtype), [name])
 
 
-def allgather(tensor: Any, name: Optional[str] = None) -> np.ndarray:
+def allgather(tensor: Any, name: Optional[str] = None,
+              process_set: Any = global_process_set) -> np.ndarray:
     """Concatenates every rank's tensor along the first dimension (which may differ per rank)."""
-    return allgather_async(tensor, name).wait()
+    return allgather_async(tensor, name, process_set).wait()
 
 
 def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None,
-                    out: Any = None) -> Handle:
-    """Starts a broadcast from ``root_rank``; ``wait()`` returns the root's tensor."""
-    name = _auto_name("broadcast", name)
+                    out: Any = None, process_set: Any = global_process_set) -> Handle:
+    """Starts a broadcast from ``root_rank`` (a rank of the job, in the process set if one is
+    given); ``wait()`` returns the root's tensor."""
+    set_id = process_set_id(process_set)
+    name = _auto_name("broadcast", name, set_id)
     n = size()
     if not isinstance(root_rank, (int, np.integer)) or not 0 <= int(root_rank) < n:
         raise ValueError(f"root_rank {root_rank!r} is out of range for {n} ranks")
+    if set_id and int(root_rank) not in process_set.ranks:
+        raise ValueError(f"root_rank {root_rank} is not in {process_set!r}")
     arr, dtype = as_array(tensor)
     result = _output_like(arr, out, "out")
     h = _engine().submit(OpType.broadcast, name, arr, result, dtype, Sum, 1.0, 1.0,
-                         int(root_rank))
+                         int(root_rank), process_set=set_id)
     return Handle([h], lambda: present(result, dtype), [name])
 
 
-def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, out: Any = None):
+def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, out: Any = None,
+              process_set: Any = global_process_set):
     """Copies ``root_rank``'s tensor to every rank and returns it."""
-    return broadcast_async(tensor, root_rank, name, out).wait()
+    return broadcast_async(tensor, root_rank, name, out, process_set).wait()
 
 
 def alltoall_async(tensor: Any, splits: Optional[Sequence[int]] = None,
-                   name: Optional[str] = None) -> Handle:
-    """Starts an alltoall; ``wait()`` returns ``(output, received_splits)``."""
-    name = _auto_name("alltoall", name)
+                   name: Optional[str] = None, process_set: Any = global_process_set) -> Handle:
+    """Starts an alltoall; ``wait()`` returns ``(output, received_splits)``. In a process set,
+    ``splits`` has one entry per member, in rank order."""
+    set_id = process_set_id(process_set)
+    name = _auto_name("alltoall", name, set_id)
     arr, dtype = as_array(tensor)
     if arr.ndim == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
-    n = size()
+    n = _set_size(set_id)
     rows = arr.shape[0]
     if splits is None:
         if rows % n:
@@ -166,44 +192,51 @@ def alltoall_async(tensor: Any, splits: Optional[Sequence[int]] = None,
         raise ValueError(f"splits has {len(splits)} entries; expected one per rank ({n})")
     if any(s < 0 for s in splits) or sum(splits) != rows:
         raise ValueError(f"splits {splits} must be non-negative and sum to dim 0 ({rows})")
-    h = _engine().submit(OpType.alltoall, name, arr, None, dtype, Sum, 1.0, 1.0, -1, splits)
+    h = _engine().submit(OpType.alltoall, name, arr, None, dtype, Sum, 1.0, 1.0, -1, splits,
+                         process_set=set_id)
     return Handle([h], lambda: (present(_engine_output(h, arr), dtype),
                                 np.asarray(h.received_splits, np.int64)),
                   [name])
 
 
 def alltoall(tensor: Any, splits: Optional[Sequence[int]] = None,
-             name: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray]:
+             name: Optional[str] = None,
+             process_set: Any = global_process_set) -> Tuple[np.ndarray, np.ndarray]:
     """Sends ``splits[r]`` rows of dim 0 to rank r (equal parts by default) and returns
     ``(received rows concatenated in rank order, rows received from each rank)``."""
-    return alltoall_async(tensor, splits, name).wait()
+    return alltoall_async(tensor, splits, name, process_set).wait()
 
 
 def reducescatter_async(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        process_set: Any = global_process_set) -> Handle:
     """Starts a reducescatter; ``wait()`` returns this rank's block of the reduction."""
     op = _check_op(op)
-    name = _auto_name("reducescatter", name)
+    set_id = process_set_id(process_set)
+    name = _auto_name("reducescatter", name, set_id)
     arr, dtype = as_array(tensor)
     src = arr.reshape(1) if arr.ndim == 0 else arr
     h = _engine().submit(OpType.reducescatter, name, src, None, dtype, op,
-                         float(prescale_factor), float(postscale_factor))
+                         float(prescale_factor), float(postscale_factor), process_set=set_id)
     return Handle([h], lambda: present(_engine_output(h, src), dtype), [name])
 
 
 def reducescatter(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  process_set: Any = global_process_set) -> np.ndarray:
     """Reduces across ranks and returns this rank's block of dim 0 (split as evenly as possible;
     lower ranks get the extra rows)."""
-    return reducescatter_async(tensor, op, name, prescale_factor, postscale_factor).wait()
+    return reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
+                               process_set).wait()
 
 
 # --- synchronisation --------------------------------------------------------------------------
 
-def barrier(timeout_s: Optional[float] = None) -> None:
-    """Returns once every rank has called barrier()."""
-    name = _auto_name("barrier", None)
-    h = _engine().submit(OpType.barrier, name)
+def barrier(timeout_s: Optional[float] = None, process_set: Any = global_process_set) -> None:
+    """Returns once every rank (of the process set, if given) has called barrier()."""
+    set_id = process_set_id(process_set)
+    name = _auto_name("barrier", None, set_id)
+    h = _engine().submit(OpType.barrier, name, process_set=set_id)
     Handle([h], lambda: None, [name]).wait(timeout_s)
 
 

@@ -1,10 +1,21 @@
-"""Horovod's process sets, for every adapter. Nezha runs each collective over all ranks, so only the
-set of every rank exists (the global set); a smaller one is refused with NotImplementedError when it
-is registered or used, instead of a script failing on a missing name."""
+"""Horovod's process sets, for every adapter: subsets of the job's ranks that run collectives among
+themselves. Each set's tensors are negotiated and fused apart from every other set's, and run over
+every rail restricted to the set's members (core/src/engine/process_sets.h).
+
+As in Horovod, registering and removing are collective: every rank of the job calls
+`add_process_set` with the same ranks in the same order (ranks outside the set too), and
+`init(process_sets=[...])` registers a list at start. The ranks then check that they registered the
+same set under the same id; a disagreement raises `ValueError` on every rank. A collective given a
+set this rank is not in raises `ValueError` naming the set.
+"""
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from typing import Any, List, Optional
 
+import numpy as np
+
+from . import basics
 from .basics import rank, size
 
 
@@ -12,6 +23,10 @@ class _GlobalProcessSet:
     """Every rank. Accepted wherever Horovod takes `process_set=`."""
 
     process_set_id = 0
+
+    @property
+    def ranks(self) -> List[int]:
+        return list(range(size()))
 
     def size(self) -> int:
         return size()
@@ -30,55 +45,107 @@ global_process_set = _GlobalProcessSet()
 
 
 class ProcessSet:
-    """Horovod's `ProcessSet(ranks)`: a list of ranks (an MPI communicator is refused)."""
+    """Horovod's `ProcessSet(ranks)`: a list of ranks (an MPI communicator is refused). It gets its
+    id when registered with `add_process_set` (or `init(process_sets=...)`)."""
 
     def __init__(self, ranks_or_comm: Any) -> None:
         if not isinstance(ranks_or_comm, (list, tuple, range)):
             raise NotImplementedError("ProcessSet from an MPI communicator: Nezha does not use "
                                       "MPI; pass a list of ranks")
         self.ranks = sorted(int(r) for r in ranks_or_comm)
-        self.process_set_id = None
+        self.process_set_id: Optional[int] = None
+        self._generation = -1  # the nezha.init() it was registered under
 
-    def _check_is_every_rank(self) -> None:
-        if self.ranks != list(range(size())):
-            raise NotImplementedError(
-                "process set of ranks %s: Nezha runs collectives over all %d ranks only (use the "
-                "global process set)" % (self.ranks, size()))
+    def _registered(self) -> bool:
+        return self.process_set_id is not None and self._generation == basics._state.generation
 
     def size(self) -> int:
         return len(self.ranks)
 
     def rank(self) -> int:
+        """This process's rank within the set; -1 if it is not a member."""
         return self.ranks.index(rank()) if rank() in self.ranks else -1
 
     def included(self) -> bool:
         return rank() in self.ranks
 
     def __repr__(self) -> str:
-        return "ProcessSet(ranks=%s)" % (self.ranks,)
+        return "ProcessSet(process_set_id=%s, ranks=%s)" % (self.process_set_id, self.ranks)
+
+
+_registered: List[ProcessSet] = []
+_agreements = itertools.count()
+
+
+def _agree(what: str, mine: List[int]) -> List[List[int]]:
+    """Every rank's `mine` (a list of ints), gathered over every rank of the job."""
+    from . import ops  # ops imports this module
+    row = np.array(mine, np.int64)
+    gathered = ops.allgather(row.reshape(1, -1) if row.size else row.reshape(0, 0),
+                             name="__nezha_process_sets.%s.%d" % (what, next(_agreements)))
+    return [list(map(int, r)) for r in gathered]
 
 
 def add_process_set(process_set: Any) -> ProcessSet:
-    """Registers a process set (a ProcessSet or a list of ranks); only the set of every rank is
-    supported, and it becomes the global set."""
+    """Registers a process set (a ProcessSet or a list of ranks) on this rank; every rank of the job
+    must call it with the same ranks, in the same order. Returns the registered ProcessSet."""
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
-    process_set._check_is_every_rank()
-    process_set.process_set_id = global_process_set.process_set_id
+    if process_set._registered():
+        raise ValueError("%r is registered already" % (process_set,))
+    for other in [global_process_set, *_live_sets()]:
+        if other.ranks == process_set.ranks:
+            raise ValueError("a process set of ranks %s exists already: %r" % (process_set.ranks, other))
+    engine = basics._engine()
+    set_id = engine.add_process_set(process_set.ranks)
+    # One fixed-length row per rank: the id, then the set's ranks as a membership mask.
+    mask = [1 if r in process_set.ranks else 0 for r in range(size())]
+    rows = _agree("add", [set_id, *mask])
+    if any(row != rows[0] for row in rows):
+        engine.remove_process_set(set_id)
+        described = "; ".join("rank %d: set %d of ranks %s" % (r, row[0], [i for i, m in enumerate(row[1:]) if m])
+                              for r, row in enumerate(rows))
+        raise ValueError("add_process_set: the ranks registered different process sets (%s); every "
+                         "rank must add the same sets in the same order" % described)
+    process_set.process_set_id = set_id
+    process_set._generation = basics._state.generation
+    _registered.append(process_set)
     return process_set
 
 
 def remove_process_set(process_set: Any) -> bool:
-    """The only set Nezha has (every rank) cannot be removed, so this returns False."""
-    return False
+    """Unregisters a process set on every rank (collective, like add_process_set). Returns False for
+    the global set, which cannot be removed, or for a set that is not registered."""
+    if process_set is None or process_set is global_process_set or not isinstance(process_set, ProcessSet):
+        return False
+    if not process_set._registered():
+        return False
+    rows = _agree("remove", [process_set.process_set_id])
+    if any(row != rows[0] for row in rows):
+        raise ValueError("remove_process_set: the ranks removed different process sets (ids %s)"
+                         % [row[0] for row in rows])
+    removed = basics._engine().remove_process_set(process_set.process_set_id)
+    _registered.remove(process_set)
+    process_set.process_set_id = None
+    return bool(removed)
 
 
-def check_process_set(process_set: Any) -> None:
-    """Raises NotImplementedError unless `process_set` is (equivalent to) the global set."""
+def _live_sets() -> List[ProcessSet]:
+    _registered[:] = [s for s in _registered if s._registered()]
+    return list(_registered)
+
+
+def process_set_id(process_set: Any) -> int:
+    """The engine's id for `process_set` (0: every rank). Raises ValueError for a set that is not
+    registered, or that does not include this rank."""
     if process_set is None or process_set is global_process_set:
-        return
-    if isinstance(process_set, ProcessSet):
-        process_set._check_is_every_rank()
-        return
-    raise NotImplementedError("Nezha supports only the global process set; got %r."
-                              % (process_set,))
+        return 0
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError("process_set must be a ProcessSet (or the global one); got %r" % (process_set,))
+    if not process_set._registered():
+        raise ValueError("%r is not registered: call add_process_set(...) on every rank first"
+                         % (process_set,))
+    if not process_set.included():
+        raise ValueError("rank %d is not in %r" % (rank(), process_set))
+    return int(process_set.process_set_id)
+

@@ -30,3 +30,11 @@ def test_nezha_imports_without_tensorflow_or_keras():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(240)
+def test_tensorflow_and_keras_process_sets():
+    expected = {"collectives eager", "collectives in tf.function", "gradients", "gradient tape",
+                "keras optimizer", "errors"}
+    output = run_workers("w_tf_process_sets.py", num_ranks=3, timeout_s=220, workers_dir=TF_WORKERS)
+    assert_every_rank_passed(output, 3, expected)

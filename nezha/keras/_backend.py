@@ -7,6 +7,7 @@ import numpy as np
 
 import nezha
 from nezha.compression import CastCompressor, NoneCompressor
+from nezha.process_sets import global_process_set
 
 
 def _cast_dtype(compression):
@@ -25,15 +26,16 @@ def _cast_dtype(compression):
                      % (compression,))
 
 
-def _reduce_raw(grads, op, prescale, postscale, name):
+def _reduce_raw(grads, op, prescale, postscale, name, process_set=global_process_set):
     backend = keras.backend.backend()
     if backend == "tensorflow":
         from nezha.tensorflow import mpi_ops
-        return mpi_ops.grouped_allreduce_raw(grads, name, op, prescale, postscale)
+        return mpi_ops.grouped_allreduce_raw(grads, name, op, prescale, postscale, process_set)
     if backend == "torch":
         import nezha.torch as hvd_torch
         return hvd_torch.grouped_allreduce(grads, op=op, prescale_factor=prescale,
-                                           postscale_factor=postscale, name=name)
+                                           postscale_factor=postscale, name=name,
+                                           process_set=process_set)
     if backend == "jax":
         try:
             import nezha.jax as hvd_jax
@@ -47,8 +49,10 @@ def _reduce_raw(grads, op, prescale, postscale, name):
     raise NotImplementedError("nezha.keras does not support the %r backend" % backend)
 
 
-def grouped_allreduce(grads, op, prescale, postscale, compression=None, name=None):
-    """`grads` (backend tensors, None kept) reduced over every rank, cast for the wire."""
+def grouped_allreduce(grads, op, prescale, postscale, compression=None, name=None,
+                      process_set=global_process_set):
+    """`grads` (backend tensors, None kept) reduced over every rank (of the process set), cast
+    for the wire."""
     wire = _cast_dtype(compression)
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
@@ -60,7 +64,7 @@ def grouped_allreduce(grads, op, prescale, postscale, compression=None, name=Non
         dtypes.append(dtype)
         sent.append(keras.ops.cast(g, wire) if wire and "float" in dtype and dtype != wire
                     else g)
-    reduced = _reduce_raw(sent, op, prescale, postscale, name)
+    reduced = _reduce_raw(sent, op, prescale, postscale, name, process_set)
     out = list(grads)
     for i, r, dtype in zip(present, reduced, dtypes):
         out[i] = keras.ops.cast(r, dtype) if keras.backend.standardize_dtype(r.dtype) != dtype \

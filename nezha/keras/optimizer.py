@@ -19,7 +19,7 @@ from nezha.compression import Compression
 from nezha.gradients import scale_factors
 from nezha.horovod_api import Average, resolve_op
 from nezha.keras import _backend
-from nezha.process_sets import check_process_set, global_process_set
+from nezha.process_sets import global_process_set, process_set_id
 
 
 class _DistributedOptimizer:
@@ -28,7 +28,8 @@ class _DistributedOptimizer:
     def _nezha_reduce(self, grads):
         prescale, postscale = scale_factors(self._nezha_op, self._nezha_predivide)
         return _backend.grouped_allreduce(list(grads), self._nezha_op, prescale, postscale,
-                                          self._nezha_compression)
+                                          self._nezha_compression,
+                                          process_set=self._nezha_process_set)
 
     @property
     def local_variables(self):
@@ -147,7 +148,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     averages the gradients over all ranks (Horovod's arguments; `num_groups`/`groups` accepted,
     the engine fuses a step's gradients in one submission; sparse gradients (TF's IndexedSlices of an
     Embedding) are always reduced dense, as with `sparse_as_dense=True`)."""
-    check_process_set(process_set)
+    process_set_id(process_set)  # registered, and this rank is in it
+    if keras.backend.backend() == "jax" and process_set is not global_process_set:
+        raise NotImplementedError("nezha.keras on the JAX backend reduces over every rank only "
+                                  "(nezha.jax has no process sets yet); got %r" % (process_set,))
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError("DistributedOptimizer expects a Keras 3 optimizer, got %s"
                         % type(optimizer).__name__)
@@ -173,4 +177,5 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     wrapped._nezha_passes = int(backward_passes_per_step)
     wrapped._nezha_average_aggregated = bool(average_aggregated_gradients)
     wrapped._nezha_reduced_outside = False
+    wrapped._nezha_process_set = process_set
     return wrapped

@@ -10,13 +10,13 @@ import tensorflow as tf
 
 from nezha.gradients import scale_factors
 from nezha.horovod_api import Average, resolve_op
-from nezha.process_sets import check_process_set, global_process_set
+from nezha.process_sets import global_process_set, process_set_id
 from nezha.tensorflow import functions, mpi_ops
 from nezha.tensorflow.compression import Compression
 
 
 def allreduce_gradients(grads, compression=Compression.none, sparse_as_dense=False, op=Average,
-                        gradient_predivide_factor=1.0, name=None):
+                        gradient_predivide_factor=1.0, name=None, process_set=global_process_set):
     """The list `grads` (None entries stay None) reduced over all ranks: Horovod's gradient rule
     (average split by gradient_predivide_factor around the sum)."""
     op = resolve_op(op, None)
@@ -31,12 +31,13 @@ def allreduce_gradients(grads, compression=Compression.none, sparse_as_dense=Fal
         if isinstance(g, tf.IndexedSlices):
             if not sparse_as_dense:
                 out[i] = functions.allreduce(g, op=op, prescale_factor=prescale,
-                                             postscale_factor=postscale)
+                                             postscale_factor=postscale, process_set=process_set)
                 continue
             out[i] = tf.convert_to_tensor(g)
         dense.append(i)
     pairs = [compression.compress(out[i]) for i in dense]
-    reduced = mpi_ops.grouped_allreduce_raw([p[0] for p in pairs], name, op, prescale, postscale)
+    reduced = mpi_ops.grouped_allreduce_raw([p[0] for p in pairs], name, op, prescale, postscale,
+                                            process_set)
     for i, r, (_, ctx) in zip(dense, reduced, pairs):
         out[i] = compression.decompress(r, ctx)
     return out
@@ -66,8 +67,9 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
                             compression=Compression.none, sparse_as_dense=False, op=Average,
                             gradient_predivide_factor=1.0, num_groups=0, groups=None,
                             process_set=global_process_set, scale_local_gradients=True):
-    """A tape like `gradtape` whose `gradient()` returns gradients averaged over all ranks."""
-    check_process_set(process_set)
+    """A tape like `gradtape` whose `gradient()` returns gradients averaged over all ranks (of
+    the process set)."""
+    process_set_id(process_set)
     resolve_op(op, None)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                {"gradient": _tape_gradient, "register_local_source": _register_local_source})
@@ -75,7 +77,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     tape.__dict__.update(gradtape.__dict__)
     tape._nezha_local_sources = []
     tape._nezha_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-                               gradient_predivide_factor=gradient_predivide_factor)
+                               gradient_predivide_factor=gradient_predivide_factor,
+                               process_set=process_set)
     return tape
 
 
@@ -87,7 +90,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
     """Horovod's TF DistributedOptimizer: a Keras optimizer (tf.keras.optimizers.* is Keras 3
     here) becomes nezha.keras's DistributedOptimizer; a tf.compat.v1.train.Optimizer gets its
     compute_gradients() averaged over ranks."""
-    check_process_set(process_set)
+    process_set_id(process_set)
     import keras
     if isinstance(optimizer, keras.optimizers.Optimizer):
         from nezha.keras.optimizer import DistributedOptimizer as KerasDistributedOptimizer
@@ -104,7 +107,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
         raise NotImplementedError("backward_passes_per_step > 1 with a tf.compat.v1 optimizer; "
                                   "use a Keras optimizer")
     options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-                   gradient_predivide_factor=gradient_predivide_factor)
+                   gradient_predivide_factor=gradient_predivide_factor, process_set=process_set)
 
     def compute_gradients(self, *args, **kwargs):
         pairs = super(self.__class__, self).compute_gradients(*args, **kwargs)

@@ -13,7 +13,7 @@ import tensorflow as tf
 import nezha
 from nezha.handle import Handle
 from nezha.horovod_api import Average, Sum
-from nezha.process_sets import check_process_set, global_process_set
+from nezha.process_sets import global_process_set, process_set_id
 from nezha.tensorflow._host import check_dtype, grad_name, host_call, op_name
 
 
@@ -46,8 +46,11 @@ def _rows_shape(tensor):
 
 # --- allreduce --------------------------------------------------------------------------------
 
-def grouped_allreduce_raw(tensors, name, op, prescale_factor, postscale_factor):
-    """One host call reducing every tensor (mixed dtypes allowed); differentiable."""
+def grouped_allreduce_raw(tensors, name, op, prescale_factor, postscale_factor,
+                          process_set=global_process_set):
+    """One host call reducing every tensor (mixed dtypes allowed) over the process set's ranks;
+    differentiable."""
+    process_set_id(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -62,7 +65,8 @@ def grouped_allreduce_raw(tensors, name, op, prescale_factor, postscale_factor):
             by_dtype.setdefault(a.dtype.str, []).append(i)
         handles = [(idx, nezha.grouped_allreduce_async(
                         [arrays[i] for i in idx], op=op, name="%s.%s" % (engine_name, key),
-                        prescale_factor=prescale_factor, postscale_factor=postscale_factor))
+                        prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                        process_set=process_set))
                    for key, idx in sorted(by_dtype.items())]
         results = [None] * len(arrays)
         for idx, handle in handles:
@@ -75,27 +79,30 @@ def grouped_allreduce_raw(tensors, name, op, prescale_factor, postscale_factor):
         return _with_shapes(outs, [x.shape for x in xs])
 
     def backward(dys):
-        return grouped_allreduce_raw(dys, grad_name(name), op, prescale_factor, postscale_factor)
+        return grouped_allreduce_raw(dys, grad_name(name), op, prescale_factor, postscale_factor,
+                                     process_set)
 
     return _differentiable(tensors, forward, backward)
 
 
-def allreduce_raw(tensor, name, op, prescale_factor, postscale_factor):
-    return grouped_allreduce_raw([tensor], name, op, prescale_factor, postscale_factor)[0]
+def allreduce_raw(tensor, name, op, prescale_factor, postscale_factor,
+                  process_set=global_process_set):
+    return grouped_allreduce_raw([tensor], name, op, prescale_factor, postscale_factor,
+                                 process_set)[0]
 
 
 # --- allgather --------------------------------------------------------------------------------
 
-def _row_counts(tensors, name):
-    """Every rank's dim 0 of each tensor: a list of int64 [size] tensors."""
+def _row_counts(tensors, name, process_set):
+    """Every rank's (of the set) dim 0 of each tensor: a list of int64 [set size] tensors."""
     counts = [tf.reshape(tf.cast(tf.shape(t)[0], tf.int64), [1]) for t in tensors]
-    return grouped_allgather(counts, name=grad_name(name, "rows"))
+    return grouped_allgather(counts, name=grad_name(name, "rows"), process_set=process_set)
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set):
     """Concatenates every rank's tensors along dim 0 (dim 0 may differ per rank); one host call."""
-    check_process_set(process_set)
+    process_set_id(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -104,7 +111,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
     engine_name = op_name("allgather", name)
 
     def gather_arrays(*arrays):
-        return Handle.gather([nezha.allgather_async(a, name="%s.%d" % (engine_name, i))
+        return Handle.gather([nezha.allgather_async(a, name="%s.%d" % (engine_name, i),
+                                                    process_set=process_set)
                               for i, a in enumerate(arrays)]).wait()
 
     def forward(xs):
@@ -112,10 +120,10 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
         return _with_shapes(outs, [_rows_shape(x) for x in xs])
 
     def backward(dys):
-        grads = [allreduce_raw(d, grad_name(name, "grad.%d" % i), Average, 1.0, 1.0)
+        grads = [allreduce_raw(d, grad_name(name, "grad.%d" % i), Average, 1.0, 1.0, process_set)
                  for i, d in enumerate(dys)]
-        counts = _row_counts(tensors, name)
-        me = nezha.rank()
+        counts = _row_counts(tensors, name, process_set)
+        me = process_set.rank()
         sliced = []
         for g, c, x in zip(grads, counts, tensors):
             start = tf.reduce_sum(c[:me])
@@ -140,8 +148,9 @@ def _check_root(root_rank):
     return int(root_rank)
 
 
-def grouped_broadcast_raw(tensors, root_rank, name):
+def grouped_broadcast_raw(tensors, root_rank, name, process_set=global_process_set):
     """Broadcasts several tensors from root_rank in one host call (not differentiable)."""
+    process_set_id(process_set)
     root_rank = _check_root(root_rank)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     for t in tensors:
@@ -149,7 +158,8 @@ def grouped_broadcast_raw(tensors, root_rank, name):
     engine_name = op_name("broadcast", name)
 
     def broadcast_arrays(*arrays):
-        return Handle.gather([nezha.broadcast_async(a, root_rank, name="%s.%d" % (engine_name, i))
+        return Handle.gather([nezha.broadcast_async(a, root_rank, name="%s.%d" % (engine_name, i),
+                                                    process_set=process_set)
                               for i, a in enumerate(arrays)]).wait()
 
     outs = host_call(broadcast_arrays, tensors, [t.dtype for t in tensors], "NezhaBroadcast")
@@ -159,15 +169,15 @@ def grouped_broadcast_raw(tensors, root_rank, name):
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
     """Horovod's broadcast: root_rank's `tensor` on every rank."""
-    check_process_set(process_set)
+    process_set_id(process_set)
     tensor = tf.convert_to_tensor(tensor)
     root_rank = _check_root(root_rank)
 
     def forward(xs):
-        return grouped_broadcast_raw(xs, root_rank, name)
+        return grouped_broadcast_raw(xs, root_rank, name, process_set)
 
     def backward(dys):
-        reduced = allreduce_raw(dys[0], grad_name(name), Average, 1.0, 1.0)
+        reduced = allreduce_raw(dys[0], grad_name(name), Average, 1.0, 1.0, process_set)
         return [reduced if nezha.rank() == root_rank else tf.zeros_like(reduced)]
 
     return _differentiable([tensor], forward, backward)[0]
@@ -179,7 +189,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
     """Horovod's alltoall: `splits[r]` rows of dim 0 go to rank r (equal parts by default).
     Returns the received rows, and the rows received from each rank when `splits` is given."""
-    check_process_set(process_set)
+    process_set_id(process_set)
     tensor = tf.convert_to_tensor(tensor)
     check_dtype(tensor, "alltoall")
     if tensor.shape.rank == 0:
@@ -191,18 +201,20 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
     def exchange(array, split_array):
         out, got = nezha.alltoall(array, splits=None if split_array.size == 0
-                                  else split_array.tolist(), name=engine_name)
+                                  else split_array.tolist(), name=engine_name,
+                                  process_set=process_set)
         return [out, got.astype(np.int32)]
 
     def forward(xs):
         out, got = host_call(exchange, [xs[0], splits_t], [xs[0].dtype, tf.int32],
                              "NezhaAlltoall")
-        got.set_shape([nezha.size()])
+        got.set_shape([process_set.size()])
         received.append(got)
         return _with_shapes([out], [_rows_shape(xs[0])])
 
     def backward(dys):
-        return [alltoall(dys[0], splits=received[0], name=grad_name(name))[0]]
+        return [alltoall(dys[0], splits=received[0], name=grad_name(name),
+                         process_set=process_set)[0]]
 
     out = _differentiable([tensor], forward, backward)[0]
     return (out, received[0]) if splits is not None else out
@@ -210,7 +222,9 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
 # --- reducescatter ----------------------------------------------------------------------------
 
-def grouped_reducescatter_raw(tensors, name, op, prescale_factor, postscale_factor):
+def grouped_reducescatter_raw(tensors, name, op, prescale_factor, postscale_factor,
+                              process_set=global_process_set):
+    process_set_id(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     for t in tensors:
         check_dtype(t, "reducescatter")
@@ -224,16 +238,17 @@ def grouped_reducescatter_raw(tensors, name, op, prescale_factor, postscale_fact
     def scatter_arrays(*arrays):
         return Handle.gather([nezha.reducescatter_async(
             a, op=op, name="%s.%d" % (engine_name, i), prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor) for i, a in enumerate(arrays)]).wait()
+            postscale_factor=postscale_factor, process_set=process_set)
+            for i, a in enumerate(arrays)]).wait()
 
     def forward(xs):
         outs = host_call(scatter_arrays, xs, [x.dtype for x in xs], "NezhaReducescatter")
         return _with_shapes(outs, [_rows_shape(x) for x in xs])
 
     def backward(dys):
-        factor = (nezha.size() if op == Sum else 1) * prescale_factor * postscale_factor
+        factor = (process_set.size() if op == Sum else 1) * prescale_factor * postscale_factor
         dys = [d * tf.cast(factor, d.dtype) if factor != 1 else d for d in dys]
-        return grouped_allgather(dys, name=grad_name(name))
+        return grouped_allgather(dys, name=grad_name(name), process_set=process_set)
 
     return _differentiable(tensors, forward, backward)
 

@@ -18,11 +18,11 @@ Backward ops are named after the forward op (`<name>.grad`) when it was named.
 
 import torch
 
-from nezha.basics import rank, size
+from nezha.basics import rank
 from nezha.compression import compress_all, decompress_all
 from nezha.handle import synchronize
 from nezha.horovod_api import Average, Max, Min, Product, Sum, resolve_op
-from nezha.process_sets import check_process_set, global_process_set
+from nezha.process_sets import global_process_set, process_set_id
 from nezha.torch import mpi_ops
 from nezha.torch.compression import Compression
 
@@ -33,12 +33,12 @@ def _grad_name(name, suffix="grad"):
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor):
-        ctx.op, ctx.name = op, name
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, process_set):
+        ctx.op, ctx.name, ctx.process_set = op, name, process_set
         ctx.scale = (prescale_factor, postscale_factor)
         result = synchronize(mpi_ops.allreduce_async(
             tensor, name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor))
+            postscale_factor=postscale_factor, process_set=process_set))
         if op in (Min, Max, Product):
             ctx.save_for_backward(tensor, result)
         return result
@@ -49,12 +49,12 @@ class _Allreduce(torch.autograd.Function):
         name = _grad_name(ctx.name)
         if ctx.op in (Sum, Average):
             grad = allreduce(grad_output, name=name, op=ctx.op, prescale_factor=pre,
-                             postscale_factor=post)
+                             postscale_factor=post, process_set=ctx.process_set)
         else:
             tensor, result = ctx.saved_tensors
-            grad = _selected_grad(ctx.op, allreduce(grad_output, name=name, op=Sum), tensor,
-                                  result)
-        return grad, None, None, None, None
+            grad = _selected_grad(ctx.op, allreduce(grad_output, name=name, op=Sum,
+                                                    process_set=ctx.process_set), tensor, result)
+        return grad, None, None, None, None, None
 
 
 def _selected_grad(op, summed, tensor, result):
@@ -67,21 +67,22 @@ def _selected_grad(op, summed, tensor, result):
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    """Reduces `tensor` over all ranks into a new tensor (differentiable)."""
-    check_process_set(process_set)
+    """Reduces `tensor` over all ranks (of the process set) into a new tensor (differentiable)."""
+    process_set_id(process_set)
     op = resolve_op(op, average)
     compressed, cctx = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, op, name, prescale_factor, postscale_factor)
+    reduced = _Allreduce.apply(compressed, op, name, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, cctx)
 
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op, name, prescale_factor, postscale_factor, *tensors):
+    def forward(ctx, op, name, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.op, ctx.name, ctx.scale = op, name, (prescale_factor, postscale_factor)
+        ctx.process_set = process_set
         results = tuple(synchronize(mpi_ops.grouped_allreduce_async(
             tensors, name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor)))
+            postscale_factor=postscale_factor, process_set=process_set)))
         if op not in (Sum, Average):
             ctx.save_for_backward(*tensors, *results)
         return results
@@ -92,162 +93,172 @@ class _GroupedAllreduce(torch.autograd.Function):
         if ctx.op in (Sum, Average):
             grads = synchronize(mpi_ops.grouped_allreduce_async(
                 grads, name=_grad_name(ctx.name), op=ctx.op, prescale_factor=ctx.scale[0],
-                postscale_factor=ctx.scale[1]))
+                postscale_factor=ctx.scale[1], process_set=ctx.process_set))
         else:
             saved = ctx.saved_tensors
             count = len(grads)
             summed = synchronize(mpi_ops.grouped_allreduce_async(
-                grads, name=_grad_name(ctx.name), op=Sum))
+                grads, name=_grad_name(ctx.name), op=Sum, process_set=ctx.process_set))
             grads = [_selected_grad(ctx.op, s, t, r)
                      for s, t, r in zip(summed, saved[:count], saved[count:])]
-        return (None, None, None, None) + tuple(grads)
+        return (None, None, None, None, None) + tuple(grads)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduces a list of tensors as one operation; returns a list of new tensors."""
-    check_process_set(process_set)
+    process_set_id(process_set)
     op = resolve_op(op, average)
     compressed, cctxs = compress_all(compression, tensors)
-    reduced = _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, *compressed)
+    reduced = _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, process_set,
+                                      *compressed)
     return decompress_all(compression, reduced, cctxs)
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
-        ctx.rows, ctx.name = (tensor.shape[0] if tensor.dim() else 1), name
-        return synchronize(mpi_ops.allgather_async(tensor, name=name))
+    def forward(ctx, tensor, name, process_set):
+        ctx.rows, ctx.name, ctx.process_set = (tensor.shape[0] if tensor.dim() else 1), name, process_set
+        return synchronize(mpi_ops.allgather_async(tensor, name=name, process_set=process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output, name=_grad_name(ctx.name), op=Average)
+        ps = ctx.process_set
+        grad = allreduce(grad_output, name=_grad_name(ctx.name), op=Average, process_set=ps)
         rows = torch.tensor([ctx.rows], dtype=torch.int64)
-        all_rows = synchronize(mpi_ops.allgather_async(rows, name=_grad_name(ctx.name, "rows")))
-        offset = int(all_rows[:rank()].sum())
-        return grad.narrow(0, offset, ctx.rows), None
+        all_rows = synchronize(mpi_ops.allgather_async(rows, name=_grad_name(ctx.name, "rows"),
+                                                       process_set=ps))
+        offset = int(all_rows[:ps.rank()].sum())
+        return grad.narrow(0, offset, ctx.rows), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenates every rank's `tensor` along dim 0 (differentiable)."""
-    check_process_set(process_set)
-    return _Allgather.apply(tensor, name)
+    process_set_id(process_set)
+    return _Allgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Allgathers each tensor of a list (differentiable); returns a list."""
-    check_process_set(process_set)
-    return [allgather(t, mpi_ops._member_name(name, i)) for i, t in enumerate(tensors)]
+    process_set_id(process_set)
+    return [allgather(t, mpi_ops._member_name(name, i), process_set) for i, t in enumerate(tensors)]
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root_rank, ctx.name = root_rank, name
-        return synchronize(mpi_ops.broadcast_async(tensor, root_rank, name=name))
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.name, ctx.process_set = root_rank, name, process_set
+        return synchronize(mpi_ops.broadcast_async(tensor, root_rank, name=name,
+                                                   process_set=process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output, name=_grad_name(ctx.name), op=Average)
+        grad = allreduce(grad_output, name=_grad_name(ctx.name), op=Average,
+                         process_set=ctx.process_set)
         if rank() != ctx.root_rank:
             grad = torch.zeros_like(grad)
-        return grad, None, None
+        return grad, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns root_rank's `tensor` on every rank as a new tensor (differentiable)."""
-    check_process_set(process_set)
-    return _Broadcast.apply(tensor, root_rank, name)
+    process_set_id(process_set)
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
+    def forward(ctx, tensor, splits, name, process_set):
         output, received_splits = synchronize(
-            mpi_ops.alltoall_async(tensor, splits=splits, name=name))
-        ctx.received_splits, ctx.name = received_splits, name
+            mpi_ops.alltoall_async(tensor, splits=splits, name=name, process_set=process_set))
+        ctx.received_splits, ctx.name, ctx.process_set = received_splits, name, process_set
         ctx.mark_non_differentiable(received_splits)
         return output, received_splits
 
     @staticmethod
     def backward(ctx, grad_output, _unused):
         grad, _ = synchronize(mpi_ops.alltoall_async(
-            grad_output.contiguous(), splits=ctx.received_splits, name=_grad_name(ctx.name)))
-        return grad, None, None
+            grad_output.contiguous(), splits=ctx.received_splits, name=_grad_name(ctx.name),
+            process_set=ctx.process_set))
+        return grad, None, None, None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Sends `splits[r]` rows to rank r (differentiable). Returns the gathered rows, and also the
     received splits when `splits` was given (as Horovod does)."""
-    check_process_set(process_set)
-    output, received_splits = _Alltoall.apply(tensor, splits, name)
+    process_set_id(process_set)
+    output, received_splits = _Alltoall.apply(tensor, splits, name, process_set)
     return output if splits is None else (output, received_splits)
 
 
-def _reducescatter_grad_factor(op, prescale_factor, postscale_factor):
+def _reducescatter_grad_factor(op, prescale_factor, postscale_factor, process_set):
     """What Horovod multiplies a reducescatter's incoming gradient by before allgathering it."""
-    factor = size() if op == Sum else 1
+    factor = process_set.size() if op == Sum else 1
     return factor * prescale_factor * postscale_factor
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor):
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, process_set):
         if op not in (Sum, Average):
             raise NotImplementedError("reducescatter is differentiable only for Sum and Average; "
                                       "use reducescatter_async for %s" % op)
-        ctx.name = name
-        ctx.factor = _reducescatter_grad_factor(op, prescale_factor, postscale_factor)
+        ctx.name, ctx.process_set = name, process_set
+        ctx.factor = _reducescatter_grad_factor(op, prescale_factor, postscale_factor, process_set)
         return synchronize(mpi_ops.reducescatter_async(
             tensor, name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor))
+            postscale_factor=postscale_factor, process_set=process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
         grad = grad_output * ctx.factor if ctx.factor != 1 else grad_output
-        grad = synchronize(mpi_ops.allgather_async(grad.contiguous(), name=_grad_name(ctx.name)))
-        return grad, None, None, None, None
+        grad = synchronize(mpi_ops.allgather_async(grad.contiguous(), name=_grad_name(ctx.name),
+                                                   process_set=ctx.process_set))
+        return grad, None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces `tensor` over all ranks; rank r gets block r of dim 0 (differentiable)."""
-    check_process_set(process_set)
+    process_set_id(process_set)
     mpi_ops.check_scatterable(tensor, "reducescatter")
     op = resolve_op(op, None)
     compressed, cctx = compression.compress(tensor)
-    reduced = _Reducescatter.apply(compressed, op, name, prescale_factor, postscale_factor)
+    reduced = _Reducescatter.apply(compressed, op, name, prescale_factor, postscale_factor,
+                                   process_set)
     return compression.decompress(reduced, cctx)
 
 
 class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op, name, prescale_factor, postscale_factor, *tensors):
+    def forward(ctx, op, name, prescale_factor, postscale_factor, process_set, *tensors):
         if op not in (Sum, Average):
             raise NotImplementedError("grouped_reducescatter is differentiable only for Sum and "
                                       "Average; use grouped_reducescatter_async for %s" % op)
-        ctx.name = name
-        ctx.factor = _reducescatter_grad_factor(op, prescale_factor, postscale_factor)
+        ctx.name, ctx.process_set = name, process_set
+        ctx.factor = _reducescatter_grad_factor(op, prescale_factor, postscale_factor, process_set)
         return tuple(synchronize(mpi_ops.grouped_reducescatter_async(
             list(tensors), name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor)))
+            postscale_factor=postscale_factor, process_set=process_set)))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         grads = [(g * ctx.factor if ctx.factor != 1 else g).contiguous() for g in grad_outputs]
-        gathered = synchronize(mpi_ops.grouped_allgather_async(grads, name=_grad_name(ctx.name)))
-        return (None, None, None, None) + tuple(gathered)
+        gathered = synchronize(mpi_ops.grouped_allgather_async(grads, name=_grad_name(ctx.name),
+                                                               process_set=ctx.process_set))
+        return (None, None, None, None, None) + tuple(gathered)
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """Reducescatters each tensor of a list as one operation (differentiable); returns a list."""
-    check_process_set(process_set)
+    process_set_id(process_set)
     tensors = list(tensors)
     for t in tensors:
         mpi_ops.check_scatterable(t, "grouped_reducescatter")
     op = resolve_op(op, None)
     compressed, cctxs = compress_all(compression, tensors)
-    reduced = _GroupedReducescatter.apply(op, name, prescale_factor, postscale_factor, *compressed)
+    reduced = _GroupedReducescatter.apply(op, name, prescale_factor, postscale_factor, process_set,
+                                          *compressed)
     return decompress_all(compression, reduced, cctxs)

@@ -13,7 +13,7 @@ import torch
 import nezha
 from nezha.handle import Handle, synchronize
 from nezha.horovod_api import Average, resolve_op
-from nezha.process_sets import check_process_set, global_process_set
+from nezha.process_sets import global_process_set, process_set_id
 from nezha.torch import _buffers
 
 
@@ -52,13 +52,15 @@ def _deliver(hosts_out, sources, targets):
     return list(targets)
 
 
-def _reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor, grouped):
+def _reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor, grouped,
+                  process_set=global_process_set):
+    process_set_id(process_set)  # refused before anything is staged
     what = "grouped_allreduce" if grouped else "allreduce"
     for t in tensors:
         _buffers.check_supported(t, what)
     if _buffers.needs_widening(tensors):
         return _widened_reduce_async(tensors, targets, name, op, prescale_factor,
-                                     postscale_factor, grouped)
+                                     postscale_factor, grouped, process_set)
     hosts_in = _buffers.stage_in(tensors)
     hosts_out = _outputs_for(tensors, hosts_in, targets)
     ins = [_buffers.engine_array(h) for h in hosts_in]
@@ -66,11 +68,11 @@ def _reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor,
     if grouped:
         engine_handle = nezha.grouped_allreduce_async(
             ins, op=op, name=_op_name(what, name), prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, outs=outs)
+            postscale_factor=postscale_factor, outs=outs, process_set=process_set)
     else:
         engine_handle = nezha.allreduce_async(
             ins[0], op=op, name=_op_name(what, name), prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, out=outs[0])
+            postscale_factor=postscale_factor, out=outs[0], process_set=process_set)
 
     def finish(_):
         results = _deliver(hosts_out, tensors, targets)
@@ -79,10 +81,12 @@ def _reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor,
     return engine_handle.then(finish)
 
 
-def _widened_reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor, grouped):
+def _widened_reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor, grouped,
+                          process_set):
     """bf16 reduction without an engine-visible bf16 dtype: reduce float32 copies in place."""
     wide = _buffers.widen_bfloat16(tensors)
-    inner = _reduce_async(wide, wide, name, op, prescale_factor, postscale_factor, grouped)
+    inner = _reduce_async(wide, wide, name, op, prescale_factor, postscale_factor, grouped,
+                          process_set)
 
     def finish(results):
         results = results if grouped else [results]
@@ -100,7 +104,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Horovod's sparse reduction: every rank's indices and values are allgathered (their counts
     differ per rank) and summed by coalescing. Returns a handle that is also a function to call
     for the reduced sparse tensor, as Horovod's."""
-    check_process_set(process_set)
+    process_set_id(process_set)
     if not tensor.is_sparse:
         raise TypeError("sparse_allreduce_async expects a sparse tensor; use allreduce_async")
     op = resolve_op(op, None)
@@ -111,28 +115,28 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     def combine(gathered):
         indices, values = gathered
         if op == Average:
-            values = values / nezha.size()
+            values = values / process_set.size()
         return torch.sparse_coo_tensor(indices.t(), values, grad.shape).coalesce()
 
-    return Handle.gather([allgather_async(grad.indices().t().contiguous(), name=name + ".indices"),
-                          allgather_async(grad.values().contiguous(), name=name + ".values")],
+    return Handle.gather([allgather_async(grad.indices().t().contiguous(), name=name + ".indices",
+                                          process_set=process_set),
+                          allgather_async(grad.values().contiguous(), name=name + ".values",
+                                          process_set=process_set)],
                          combine)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing `tensor` over all ranks into a new tensor; `tensor` is not modified."""
-    check_process_set(process_set)
     return _reduce_async([tensor], None, name, resolve_op(op, average), prescale_factor,
-                         postscale_factor, grouped=False)
+                         postscale_factor, grouped=False, process_set=process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing `tensor` over all ranks in place."""
-    check_process_set(process_set)
     return _reduce_async([tensor], [tensor], name, resolve_op(op, average), prescale_factor,
-                         postscale_factor, grouped=False)
+                         postscale_factor, grouped=False, process_set=process_set)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -145,17 +149,15 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing a list of tensors as one operation; the handle's result is a list."""
-    check_process_set(process_set)
     return _reduce_async(list(tensors), None, name, resolve_op(op, average), prescale_factor,
-                         postscale_factor, grouped=True)
+                         postscale_factor, grouped=True, process_set=process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
-    check_process_set(process_set)
     tensors = list(tensors)
     return _reduce_async(tensors, tensors, name, resolve_op(op, average), prescale_factor,
-                         postscale_factor, grouped=True)
+                         postscale_factor, grouped=True, process_set=process_set)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -166,12 +168,13 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts concatenating every rank's `tensor` along dim 0 (dim 0 may differ per rank)."""
-    check_process_set(process_set)
+    process_set_id(process_set)
     _buffers.check_supported(tensor, "allgather")
     source = tensor.reshape(1) if tensor.dim() == 0 else tensor
     (host_in,) = _buffers.stage_in([source])
     engine_handle = nezha.allgather_async(_buffers.engine_array(host_in),
-                                          name=_op_name("allgather", name))
+                                          name=_op_name("allgather", name),
+                                          process_set=process_set)
 
     def finish(result):
         return _buffers.to_device_of(_buffers.tensor_from_engine(result, tensor.dtype), tensor)
@@ -181,7 +184,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Starts one allgather per tensor; the handle's result is the list of gathered tensors."""
-    check_process_set(process_set)
+    process_set_id(process_set)
     tensors = list(tensors)
     for t in tensors:  # all checked before any is submitted, so a refusal leaves nothing in flight
         _buffers.check_supported(t, "grouped_allgather")
@@ -189,14 +192,14 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
                           for i, t in enumerate(tensors)])
 
 
-def _broadcast_async(tensor, target, root_rank, name):
+def _broadcast_async(tensor, target, root_rank, name, process_set):
     _buffers.check_supported(tensor, "broadcast")
     (host_in,) = _buffers.stage_in([tensor])
     targets = None if target is None else [target]
     (host_out,) = _outputs_for([tensor], [host_in], targets)
     engine_handle = nezha.broadcast_async(
         _buffers.engine_array(host_in), root_rank, name=_op_name("broadcast", name),
-        out=_buffers.engine_array(host_out))
+        out=_buffers.engine_array(host_out), process_set=process_set)
 
     def finish(_):
         return _deliver([host_out], [tensor], targets)[0]
@@ -206,14 +209,14 @@ def _broadcast_async(tensor, target, root_rank, name):
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts broadcasting root_rank's `tensor` into a new tensor on every rank."""
-    check_process_set(process_set)
-    return _broadcast_async(tensor, None, root_rank, name)
+    process_set_id(process_set)
+    return _broadcast_async(tensor, None, root_rank, name, process_set)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts broadcasting root_rank's `tensor` into `tensor` on every rank."""
-    check_process_set(process_set)
-    return _broadcast_async(tensor, tensor, root_rank, name)
+    process_set_id(process_set)
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
@@ -233,12 +236,13 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
     The handle's result is `(output, received_splits)`, received_splits an int32 CPU tensor.
     """
-    check_process_set(process_set)
+    process_set_id(process_set)
     _buffers.check_supported(tensor, "alltoall")
     (host_in,) = _buffers.stage_in([tensor])
     engine_handle = nezha.alltoall_async(_buffers.engine_array(host_in),
                                          splits=_splits_list(splits),
-                                         name=_op_name("alltoall", name))
+                                         name=_op_name("alltoall", name),
+                                         process_set=process_set)
 
     def finish(result):
         output, received = result
@@ -262,7 +266,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts reducing `tensor` over all ranks; rank r receives block r of dim 0 (lower ranks get
     the extra rows when dim 0 does not divide evenly)."""
-    check_process_set(process_set)
+    process_set_id(process_set)
     op = resolve_op(op, None)
     check_scatterable(tensor, "reducescatter")
     if _buffers.needs_widening([tensor]):
@@ -272,7 +276,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     (host_in,) = _buffers.stage_in([tensor])
     engine_handle = nezha.reducescatter_async(
         _buffers.engine_array(host_in), op=op, name=_op_name("reducescatter", name),
-        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+        prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+        process_set=process_set)
 
     def finish(result):
         return _buffers.to_device_of(_buffers.tensor_from_engine(result, tensor.dtype), tensor)
@@ -284,7 +289,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Starts one reducescatter per tensor; the handle's result is the list of this rank's blocks.
     Every tensor is checked before any is submitted (a 0-d one raises ValueError, as in Horovod)."""
-    check_process_set(process_set)
+    process_set_id(process_set)
     tensors = list(tensors)
     for t in tensors:
         check_scatterable(t, "grouped_reducescatter")

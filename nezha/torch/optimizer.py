@@ -12,11 +12,10 @@ from contextlib import contextmanager
 
 import torch
 
-from nezha.basics import size
 from nezha.compression import compress_all, decompress_all
 from nezha.gradients import GradientReducer, name_parameters
 from nezha.horovod_api import Average, resolve_op
-from nezha.process_sets import check_process_set, global_process_set
+from nezha.process_sets import global_process_set, process_set_id
 from nezha.torch import mpi_ops
 from nezha.torch.compression import Compression
 
@@ -33,8 +32,9 @@ class _DistributedOptimizerMixin:
     torch's gradients to it and reads and writes them."""
 
     def _nezha_setup(self, named_parameters, compression, backward_passes_per_step, op,
-                     gradient_predivide_factor, groups, sparse_as_dense):
+                     gradient_predivide_factor, groups, sparse_as_dense, process_set):
         self._compression = compression
+        self._process_set = process_set  # gradients are reduced among its ranks
         self.sparse_as_dense = sparse_as_dense
         params = [group["params"] for group in self.param_groups]
         self._reducer = GradientReducer(
@@ -45,7 +45,7 @@ class _DistributedOptimizerMixin:
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles = []
-        if size() > 1:
+        if process_set.size() > 1:
             for p in self._reducer.trainable:
                 self._hook_handles.append(
                     p.register_post_accumulate_grad_hook(self._reducer.ready))
@@ -61,19 +61,22 @@ class _DistributedOptimizerMixin:
             if p.grad is None:  # unused on this rank; another rank may have used it
                 p.grad = torch.zeros_like(p)
         if len(bucket) == 1 and bucket[0].grad.is_sparse and not self.sparse_as_dense:
-            return mpi_ops.sparse_allreduce_async(bucket[0].grad, name, op).then(lambda g: [g])
+            return mpi_ops.sparse_allreduce_async(bucket[0].grad, name, op,
+                                                  self._process_set).then(lambda g: [g])
         # sparse_as_dense: a dense copy is reduced; _finish hands the result back as a sparse
         # gradient (optimizers such as SparseAdam accept nothing else), as Horovod does.
         grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in bucket]
         compressed, ctxs = compress_all(self._compression, grads)
         if len(bucket) == 1:
             handle = mpi_ops.allreduce_async_(compressed[0], name=name, op=op,
-                                              prescale_factor=prescale, postscale_factor=postscale)
+                                              prescale_factor=prescale, postscale_factor=postscale,
+                                              process_set=self._process_set)
             handle = handle.then(lambda result: [result])
         else:
             handle = mpi_ops.grouped_allreduce_async_(compressed, name=name, op=op,
                                                       prescale_factor=prescale,
-                                                      postscale_factor=postscale)
+                                                      postscale_factor=postscale,
+                                                      process_set=self._process_set)
         return handle.then(lambda results: decompress_all(self._compression, results, ctxs))
 
     @staticmethod
@@ -90,7 +93,7 @@ class _DistributedOptimizerMixin:
 
     def synchronize(self):
         """Waits until every gradient is averaged over ranks (submitting any not yet submitted)."""
-        if size() > 1:
+        if self._process_set.size() > 1:
             self._reducer.synchronize()
         self._synchronized = True
 
@@ -139,12 +142,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     param_groups, so `isinstance` checks, LR schedulers and GradScaler keep working.
     """
     op = resolve_op(op, None)  # refuses Adasum
-    check_process_set(process_set)
+    process_set_id(process_set)  # registered, and this rank is in it
     if num_groups and groups is None:
         groups = num_groups
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizerMixin, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._nezha_setup(named_parameters, compression, backward_passes_per_step, op,
-                         gradient_predivide_factor, groups, sparse_as_dense)
+                         gradient_predivide_factor, groups, sparse_as_dense, process_set)
     return wrapped

@@ -32,18 +32,27 @@ def objects():
 
 
 def process_sets_and_horovod_names():
-    everyone = process_sets.add_process_set(list(range(SIZE)))
-    assert everyone.size() == SIZE and everyone.rank() == RANK and everyone.included()
-    assert nezha.allgather_object(RANK, process_set=everyone) == list(range(SIZE))
-    horovod_api.barrier(everyone)
-    for attempt in (lambda: process_sets.add_process_set([0]),
-                    lambda: nezha.broadcast_object(1, process_set=process_sets.ProcessSet([0]))):
-        try:
-            attempt()
-            raise AssertionError("a process set of rank 0 only was accepted")
-        except NotImplementedError as error:
-            assert "[0]" in str(error), error
-    assert not process_sets.remove_process_set(everyone)
+    # Horovod: the set of every rank exists already (the global one); a set of rank 0 alone works,
+    # and only for rank 0; an unregistered set is refused, naming it.
+    try:
+        process_sets.add_process_set(list(range(SIZE)))
+        raise AssertionError("a duplicate of the global process set was accepted")
+    except ValueError as error:
+        assert "exists already" in str(error), error
+    alone = process_sets.add_process_set([0])
+    assert alone.size() == 1 and alone.rank() == (0 if RANK == 0 else -1) and alone.included() == (RANK == 0)
+    if RANK == 0:
+        assert nezha.allgather_object(RANK, process_set=alone) == [0]
+        horovod_api.barrier(alone)
+    assert nezha.allgather_object(RANK, process_set=process_sets.global_process_set) == list(range(SIZE))
+    horovod_api.barrier(process_sets.global_process_set)
+    try:
+        nezha.broadcast_object(1, process_set=process_sets.ProcessSet([0]))
+        raise AssertionError("an unregistered process set was accepted")
+    except ValueError as error:
+        assert "[0]" in str(error) and "not registered" in str(error), error
+    assert process_sets.remove_process_set(alone)
+    assert not process_sets.remove_process_set(process_sets.global_process_set)
     assert horovod_api.resolve_op(None, False) == nezha.Sum
     assert horovod_api.resolve_op(None, None) == nezha.Average
     for bad in (lambda: horovod_api.resolve_op(horovod_api.Adasum, None),

@@ -321,7 +321,8 @@ PYBIND11_MODULE(_core, m) {
       .def("shutdown", &Engine::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("submit", [](Engine& e, OpType type, const std::string& name, std::optional<py::buffer> input,
                         std::optional<py::buffer> output, std::optional<DataType> dtype, ReduceOp op,
-                        double prescale, double postscale, int root, std::vector<int64_t> splits) {
+                        double prescale, double postscale, int root, std::vector<int64_t> splits,
+                        int32_t process_set) {
              bindings::release_deferred();  // views the engine let go of on its threads meanwhile
              TensorEntry entry = make_entry(type, name, input, output, dtype);
              entry.req.op = op;
@@ -329,18 +330,20 @@ PYBIND11_MODULE(_core, m) {
              entry.req.postscale = postscale;
              entry.req.root = root;
              entry.req.splits = std::move(splits);
+             entry.req.process_set = process_set;
              return e.enqueue(std::move(entry));
            }, py::arg("type"), py::arg("name"), py::arg("input") = py::none(),
            py::arg("output") = py::none(), py::arg("dtype") = py::none(),
            py::arg("op") = ReduceOp::kSum, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
            py::arg("root") = -1, py::arg("splits") = std::vector<int64_t>{},
+           py::arg("process_set") = 0,
            "Submits one tensor; returns an OpHandle. The operation keeps its buffers alive until "
            "the engine is done with them, whether or not the handle is kept.")
       .def("submit_group", [](Engine& e, OpType type, const std::string& group,
                               const std::vector<std::string>& names, const std::vector<py::buffer>& inputs,
                               const std::vector<std::optional<py::buffer>>& outputs,
                               const std::vector<std::optional<DataType>>& dtypes, ReduceOp op,
-                              double prescale, double postscale) {
+                              double prescale, double postscale, int32_t process_set) {
              bindings::release_deferred();
              const size_t n = names.size();
              if (inputs.size() != n || outputs.size() != n || dtypes.size() != n)
@@ -354,13 +357,21 @@ PYBIND11_MODULE(_core, m) {
                req.postscale = postscale;
                req.group = group;
                req.group_size = static_cast<int32_t>(n);
+               req.process_set = process_set;
              }
              return e.enqueue_all(std::move(entries));
            }, py::arg("type"), py::arg("group"), py::arg("names"), py::arg("inputs"),
            py::arg("outputs"), py::arg("dtypes"), py::arg("op") = ReduceOp::kSum,
-           py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
+           py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("process_set") = 0,
            "Submits a group's members as one unit: every member is queued or, if any is invalid, none "
            "is. Returns one OpHandle per member.")
+      .def("add_process_set", &Engine::add_process_set, py::arg("ranks"),
+           "Registers a process set on this rank (every rank registers the same sets in the same "
+           "order); returns its id.")
+      .def("remove_process_set", &Engine::remove_process_set, py::arg("id"),
+           "Forgets a process set; False if there was none. Refused while its tensors are in flight.")
+      .def("process_set_ranks", &Engine::process_set_ranks, py::arg("id"))
+      .def("process_set_ids", &Engine::process_set_ids)
       .def("rail_stats", [](const Engine& e) {
         py::list out;
         for (const auto& s : e.rail_stats()) {

@@ -45,6 +45,7 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
     throw InvalidArgument("rank " + std::to_string(config_.rank) + " is out of range for size " +
                           std::to_string(config_.size));
   if (config_.rails.empty()) config_.rails.push_back({"lo", "127.0.0.1", "tcp", {}});
+  process_sets_ = std::make_unique<ProcessSetTable>(config_.size);
   // The control channel has its own connections on every rail's address (or the control address for
   // a rail without one): negotiation never queues behind bulk data, and losing a rail (rail 0
   // included) does not cut it.
@@ -143,6 +144,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   eo.logstep_max_bytes = config_.logstep_max_bytes;
   eo.failover = failover;
   eo.stall_s = config_.rail_stall_ms / 1000.0;
+  eo.process_sets = process_sets_.get();
   ExecutorHooks hooks;
   if (failover) {
     hooks.on_rail_error = [this](int rail, const std::string& what, bool stalled, uint64_t seq) {
@@ -168,6 +170,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
     co.cycle_time_s = config_.cycle_time_ms / 1000.0;
     co.stall_check_s = config_.stall_check_s;
     co.stall_shutdown_s = config_.stall_shutdown_s;
+    co.process_sets = process_sets_.get();
     coordinator_ = std::make_unique<Coordinator>(co);
     if (failover) {
       multirail::RailHealthOptions ho;
@@ -228,6 +231,17 @@ std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEnt
       throw InvalidArgument("tensor names must be 1 to 4096 characters long, got " +
                             std::to_string(entry.req.name.size()));
     }
+    if (entry.req.process_set != 0) {
+      const int32_t id = entry.req.process_set;
+      auto members = process_sets_->members(id);
+      const std::string what = std::string(op_type_name(entry.req.type)) + " of tensor '" + entry.req.name + "'";
+      if (!members) throw InvalidArgument(what + ": process set " + std::to_string(id) + " is not registered");
+      if (entry.req.type == OpType::kJoin) throw InvalidArgument("join() is for every rank; it takes no process set");
+      if (!std::binary_search(members->begin(), members->end(), config_.rank))
+        throw InvalidArgument(what + ": rank " + std::to_string(config_.rank) + " is not in process set " +
+                              std::to_string(id) + " (" + members_str(*members) + ")");
+      entry.req.name = process_set_name(entry.req.name, id);
+    }
     entry.req.check_scaling();
   }
   std::vector<std::shared_ptr<OpHandle>> handles;
@@ -254,6 +268,24 @@ std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEnt
   }
   wake();
   return handles;
+}
+
+int32_t Engine::add_process_set(std::vector<int> ranks) { return process_sets_->add(std::move(ranks)); }
+
+bool Engine::remove_process_set(int32_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string busy;
+  for (const auto& [name, entry] : in_flight_)
+    if (entry.req.process_set == id && id != 0) busy += (busy.empty() ? "'" : ", '") + name + "'";
+  if (!busy.empty())
+    throw InvalidArgument("process set " + std::to_string(id) + " still has tensors in flight: " + busy);
+  return process_sets_->remove(id);
+}
+
+std::vector<int> Engine::process_set_ranks(int32_t id) const {
+  auto members = process_sets_->members(id);
+  if (!members) throw InvalidArgument("process set " + std::to_string(id) + " is not registered");
+  return *members;
 }
 
 void Engine::shutdown() {

@@ -37,6 +37,7 @@
 #include "engine/execution/executor.h"
 #include "engine/negotiation/message_codec.h"
 #include "engine/handle.h"
+#include "engine/process_sets.h"
 #include "engine/failover/rail_failover.h"
 #include "engine/request.h"
 #include "engine/timeline.h"
@@ -126,6 +127,15 @@ class Engine {
   // one throws as enqueue() would).
   std::vector<std::shared_ptr<OpHandle>> enqueue_all(std::vector<TensorEntry> entries);
 
+  // Process sets (process_sets.h). Every rank registers the same sets in the same order, so ids
+  // agree (the Python layer checks that they do). A set with tensors in flight on this rank cannot
+  // be removed (InvalidArgument naming them).
+  int32_t add_process_set(std::vector<int> ranks);
+  bool remove_process_set(int32_t id);
+  // The members of set `id`, in rank order; InvalidArgument if no such set.
+  std::vector<int> process_set_ranks(int32_t id) const;
+  std::vector<int32_t> process_set_ids() const { return process_sets_->ids(); }
+
   // Finishes local work, agrees with the other ranks to stop (bounded by timeout_s), closes.
   void shutdown();
 
@@ -176,6 +186,7 @@ class Engine {
   bool failover_needed() const { return config_.rail_failover && rails_.size() > 1 && config_.size > 1; }
 
   EngineConfig config_;
+  std::unique_ptr<ProcessSetTable> process_sets_;  // read by the coordinator and the executor
   std::unique_ptr<ControlChannel> control_;
   std::vector<std::unique_ptr<transport::Rail>> rails_;  // built by transport::make_rail()
   std::unique_ptr<Executor> executor_;

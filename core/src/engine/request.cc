@@ -23,7 +23,8 @@ const char* op_type_name(OpType t) {
 bool Request::same_metadata(const Request& o) const {
   return type == o.type && name == o.name && dtype == o.dtype && shape == o.shape && op == o.op &&
          prescale == o.prescale && postscale == o.postscale && root == o.root &&
-         splits == o.splits && group == o.group && group_size == o.group_size;
+         splits == o.splits && group == o.group && group_size == o.group_size &&
+         process_set == o.process_set;
 }
 
 void Request::check_scaling() const {

@@ -40,6 +40,9 @@ struct Request {
   std::vector<int64_t> splits;    // alltoall: rows of dim 0 sent to each rank
   std::string group;              // grouped allreduce: all members are negotiated as one unit
   int32_t group_size = 0;
+  // The process set it runs in (process_sets.h): 0 is every rank of the job. The engine qualifies
+  // the name of a tensor of another set (process_set_name()), so sets never match each other's.
+  int32_t process_set = 0;
   // Response cache: >= 0 means "the same metadata I sent last time under this name"; only the name
   // and this id travel, and the coordinator skips validation (see coordinator.h).
   int32_t cache_id = -1;
@@ -78,6 +81,7 @@ struct Response {
   // Done by rank 0 from the requests' inline inputs (engine/negotiation/control_inline.h): the
   // result (an allreduce's scaled); every rank copies it out and no rail runs. Empty: the rails.
   std::string inline_result;
+  int32_t process_set = 0;              // every name is of this set; its members execute it
 };
 
 // `shape` with its first dimension set to `rows` (a scalar counts as one row): the shape of an
@@ -86,6 +90,12 @@ inline std::vector<int64_t> with_rows(const std::vector<int64_t>& shape, int64_t
   std::vector<int64_t> s = shape.empty() ? std::vector<int64_t>{1} : shape;
   s[0] = rows;
   return s;
+}
+
+// The name a tensor of process set `set` travels under: another set's tensor of the same name is
+// another tensor (Horovod keeps one queue per set). The set's id in it makes errors say which set.
+inline std::string process_set_name(const std::string& name, int32_t set) {
+  return set == 0 ? name : name + "@process_set_" + std::to_string(set);
 }
 
 // The factor a reduction's result is multiplied by once: the user's postscale, and Average's 1/size.

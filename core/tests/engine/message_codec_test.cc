@@ -25,6 +25,7 @@ Request full_request() {
   r.splits = {1, 4, 2};
   r.group = "bucket-1";
   r.group_size = 5;
+  r.process_set = 3;
   r.cache_id = -1;
   r.inline_input = std::string("\x01\0\x02\xff", 4);
   return r;
@@ -49,6 +50,7 @@ Response full_response() {
   r.plan = {{0, 0, 100}, {1, 100, 1ULL << 33}};
   r.error = "";
   r.inline_result = std::string("\0\0\x80\x3f", 4);
+  r.process_set = 7;
   return r;
 }
 
@@ -64,6 +66,7 @@ void expect_same(const Request& a, const Request& b) {
   EXPECT_EQ(a.splits, b.splits);
   EXPECT_EQ(a.group, b.group);
   EXPECT_EQ(a.group_size, b.group_size);
+  EXPECT_EQ(a.process_set, b.process_set);
   EXPECT_EQ(a.cache_id, b.cache_id);
   EXPECT_EQ(a.inline_input, b.inline_input);
 }
@@ -91,6 +94,7 @@ void expect_same(const Response& a, const Response& b) {
   }
   EXPECT_EQ(a.error, b.error);
   EXPECT_EQ(a.inline_result, b.inline_result);
+  EXPECT_EQ(a.process_set, b.process_set);
 }
 
 RequestList sample_request_list() {

@@ -1,6 +1,8 @@
 // Engine: executing what negotiation agreed (in stream order, on every rank): rail calibration
 // before user traffic, responses handed to the executor, results rank 0 computed inline.
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "common/logging.h"
 #include "engine/engine.h"
@@ -35,6 +37,15 @@ void Engine::execute_locally(const ResponseList& list, bool from_round) {
   for (const RailEvent& e : list.rail_events) apply_rail_event(e);
   if (!list.watermark.empty() && executor_) executor_->trim(list.watermark);
   for (const Response& resp : list.responses) {
+    if (resp.process_set != 0) {
+      auto members = process_sets_->members(resp.process_set);
+      if (members && !std::binary_search(members->begin(), members->end(), config_.rank)) {
+        // Another set's operation: its members run it; this rank steps its rails' operation
+        // counters past it so that every rank's stay equal.
+        if (resp.kind == Response::Kind::kExecute && resp.inline_result.empty()) executor_->skip(resp);
+        continue;
+      }
+    }
     if (resp.type == OpType::kAllreduce) rail_table_->record_plan(resp.plan);
     std::vector<TensorEntry> entries;
     {

@@ -6,11 +6,13 @@
 #include <cstring>
 #include <future>
 #include <mutex>
+#include <optional>
 
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
 #include "common/error.h"
 #include "common/logging.h"
+#include "transport/group_rail.h"
 
 namespace nezha::engine {
 
@@ -51,6 +53,13 @@ void Executor::execute(const Response& resp, std::vector<TensorEntry> entries) {
       if (e.handle) e.handle->complete(resp.error);
     return;
   }
+  if (resp.process_set != 0 && !(opt_.process_sets && opt_.process_sets->members(resp.process_set))) {
+    const std::string why = std::string(op_type_name(resp.type)) + " of " + names_str(resp) + ": process set " +
+                            std::to_string(resp.process_set) + " is not registered on rank " + std::to_string(opt_.rank);
+    for (auto& e : entries)
+      if (e.handle) e.handle->complete(why);
+    return;
+  }
   switch (resp.type) {
     case OpType::kAllreduce:
       run_allreduce(resp, std::move(entries));
@@ -67,6 +76,41 @@ void Executor::execute(const Response& resp, std::vector<TensorEntry> entries) {
     default:
       run_on_one_rail(resp, std::move(entries));
   }
+}
+
+std::shared_ptr<const std::vector<int>> Executor::members_of(const Response& resp) const {
+  if (resp.process_set == 0) return nullptr;
+  auto members = opt_.process_sets ? opt_.process_sets->members(resp.process_set) : nullptr;
+  if (!members)
+    throw NezhaError("process set " + std::to_string(resp.process_set) + " is not registered on rank " +
+                     std::to_string(opt_.rank));
+  return members;
+}
+
+void Executor::skip(const Response& resp) {
+  std::vector<int> rails;
+  if (resp.type == OpType::kAllreduce) {
+    for (const auto& share : resp.plan) rails.push_back(share.rail);
+    if (rails.empty()) rails.push_back(0);
+  } else if (resp.type != OpType::kBarrier && resp.type != OpType::kJoin) {
+    rails.push_back(resp.plan.empty() ? 0 : resp.plan[0].rail);
+  }
+  for (int rail : rails) {
+    auto rec = std::make_shared<ShareRecord>();
+    rec->skipped = true;
+    rec->share = {rail, 0, 0};
+    rec->seq = seq_[rail]++;
+    if (opt_.failover) {
+      std::lock_guard<std::mutex> lock(ledger_mu_);
+      ledger_[rail].push_back(rec);
+    }
+    post_share(std::move(rec), false);
+  }
+}
+
+void Executor::run_skipped(ShareRecord& rec) {
+  record_started(rec, nullptr, 0);
+  record_done(rec);
 }
 
 collectives::CollectiveOptions Executor::options(uint64_t seq, double timeout_s) const {
@@ -111,7 +155,8 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
   auto job = std::make_shared<AllreduceJob>();
   job->resp = resp;
   job->entries = std::move(entries);
-  job->size = opt_.size;
+  job->members = members_of(resp);
+  job->size = job->members ? static_cast<int>(job->members->size()) : opt_.size;
   const size_t esize = dtype_size(resp.dtype);
   size_t total = 0;
   for (int64_t c : resp.counts) total += static_cast<size_t>(c);
@@ -157,7 +202,8 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
 void Executor::post_share(std::shared_ptr<ShareRecord> rec, bool may_inline) {
   const int r = rec->share.rail;
   auto run = [this, rec]() {
-    if (rec->single) run_single_record(*rec);
+    if (rec->skipped) run_skipped(*rec);
+    else if (rec->single) run_single_record(*rec);
     else run_share(*rec);
   };
   if (!(may_inline && workers_[r]->try_run_inline(run))) workers_[r]->post(std::move(run));
@@ -167,6 +213,8 @@ void Executor::run_share(ShareRecord& rec) {
   AllreduceJob& job = *rec.job;
   const int r = rec.share.rail;
   transport::Rail* rail = rails_[r];
+  std::optional<transport::GroupRail> set_view;  // a process set's operation: among its members
+  if (job.members) rail = &set_view.emplace(*rail, *job.members);
   const size_t esize = dtype_size(job.resp.dtype);
   const size_t bytes = rec.share.count * esize;
   uint8_t* target = job.data + rec.share.offset * esize;

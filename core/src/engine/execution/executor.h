@@ -25,6 +25,7 @@
 #include "collectives/collectives.h"
 #include "engine/execution/buffer_pool.h"
 #include "engine/handle.h"
+#include "engine/process_sets.h"
 #include "engine/failover/rail_watchdog.h"
 #include "engine/execution/rail_worker.h"
 #include "engine/request.h"
@@ -56,6 +57,8 @@ struct ExecutorOptions {
   size_t inline_max_bytes = 65536;  // allreduces up to this size may run on the engine thread
   bool failover = false;            // keep input copies so a failed rail's shares can be redone
   double stall_s = 0.1;  // minimum silence limit of a busy rail (RailWatchdog adapts it upwards)
+  // Members of the process sets responses name (process_sets.h); null: only the global set.
+  const ProcessSetTable* process_sets = nullptr;
 };
 
 // Failover hooks, called from rail workers and the watchdog (any thread; must not block).
@@ -81,8 +84,12 @@ class Executor {
   ~Executor();
 
   // entries[i] belongs to resp.names[i]; an entry with no handle means this rank has joined and
-  // takes part with zeros.
+  // takes part with zeros. An operation of a process set runs among its members, over views of the
+  // rails (transport::GroupRail).
   void execute(const Response& resp, std::vector<TensorEntry> entries);
+  // A process set's operation this rank is not a member of: takes the same operation numbers on
+  // the same rails as the members (so later operations pair up), in order, and moves no data.
+  void skip(const Response& resp);
 
   // Times a float32 allreduce of `bytes` on one rail (all ranks call it in the same order) and
   // reports it to the observer: how the cost model learns every rail before real traffic.
@@ -120,8 +127,15 @@ class Executor {
   void post_share(std::shared_ptr<ShareRecord> rec, bool may_inline);
   void run_share(ShareRecord& rec);          // an allreduce share
   void run_single_record(ShareRecord& rec);  // a one-rail collective
-  void run_single(const Response& resp, const TensorEntry& e, transport::Rail& rail, uint64_t seq,
-                  const void* input, void* output, OpResult& res);
+  void run_skipped(ShareRecord& rec);        // another process set's: counts as done
+  // `rail`: the operation's rail, or its process set's view of it (rank() and size() in the set;
+  // `members` the set's job ranks, null for every rank).
+  void run_single(const Response& resp, const TensorEntry& e, transport::Rail& rail,
+                  const std::vector<int>* members, uint64_t seq, const void* input, void* output,
+                  OpResult& res);
+  // The members of resp's process set; null for the global set. Throws NezhaError for a set this
+  // rank does not know.
+  std::shared_ptr<const std::vector<int>> members_of(const Response& resp) const;
   static size_t single_input_bytes(const SingleJob& job);
   void part_done(AllreduceJob& job);
   // One share of `job` failed for good: the job's first error is `what`; counts as done.

@@ -25,6 +25,7 @@ inline std::string names_str(const Response& r) {
 struct Executor::SingleJob {
   Response resp;
   TensorEntry entry;
+  std::shared_ptr<const std::vector<int>> members;  // its process set's; null: every rank
   std::atomic<bool> finished{false};
 };
 
@@ -34,7 +35,8 @@ struct Executor::AllreduceJob {
   std::vector<TensorEntry> entries;
   BufferPool::Buffer fusion;      // empty when a lone tensor is reduced in its own output
   uint8_t* data = nullptr;
-  int size = 1;
+  int size = 1;  // ranks taking part: the job's, or the process set's
+  std::shared_ptr<const std::vector<int>> members;  // its process set's; null: every rank
   std::atomic<int> parts_left{0};
   std::mutex mu;
   std::string error;
@@ -55,6 +57,7 @@ struct Executor::ShareRecord {
   BufferPool::Buffer original;
   size_t original_bytes = 0;
   SavedRanges saved;
+  bool skipped = false;       // another process set's operation: no data, done at once
   bool is_redo = false;       // restores the input before running
   bool into_scratch = false;  // this rank had completed it: run for the others, keep nothing
 };

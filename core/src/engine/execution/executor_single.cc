@@ -1,6 +1,7 @@
 // Executor: collectives that run whole on one rail (broadcast, allgather, alltoall,
 // reducescatter). With failover they are kept in the rail's ledger like allreduce shares, with a
 // copy of their input, so a rail failure redoes them on another rail (executor_failover.cc).
+#include <algorithm>
 #include <cstring>
 
 #include "collectives/collectives.h"
@@ -9,6 +10,7 @@
 #include "common/logging.h"
 #include "engine/execution/executor.h"
 #include "engine/execution/executor_jobs.h"
+#include "transport/group_rail.h"
 
 namespace nezha::engine {
 
@@ -17,6 +19,7 @@ void Executor::run_on_one_rail(const Response& resp, std::vector<TensorEntry> en
   rec->single = std::make_shared<SingleJob>();
   rec->single->resp = resp;
   rec->single->entry = std::move(entries.at(0));
+  rec->single->members = members_of(resp);
   rec->share.rail = resp.plan.empty() ? 0 : resp.plan[0].rail;
   rec->seq = seq_[rec->share.rail]++;
   if (opt_.failover) {
@@ -63,7 +66,12 @@ void Executor::run_single_record(ShareRecord& rec) {
   const std::string what = std::string(op_type_name(resp.type)) + " of " + names_str(resp);
   if (watchdog_) watchdog_->begin(r, what);
   try {
-    run_single(resp, e, *rails_[r], rec.seq, input, output, res);
+    if (job.members) {
+      transport::GroupRail set_view(*rails_[r], *job.members);
+      run_single(resp, e, set_view, job.members.get(), rec.seq, input, output, res);
+    } else {
+      run_single(resp, e, *rails_[r], nullptr, rec.seq, input, output, res);
+    }
     if (watchdog_) watchdog_->end(r, true);
     record_done(rec);
     if (!rec.into_scratch && !job.finished.exchange(true)) e.handle->complete();
@@ -80,16 +88,21 @@ void Executor::run_single_record(ShareRecord& rec) {
 }
 
 void Executor::run_single(const Response& resp, const TensorEntry& e, transport::Rail& rail,
-                          uint64_t seq, const void* input, void* output, OpResult& res) {
+                          const std::vector<int>* members, uint64_t seq, const void* input,
+                          void* output, OpResult& res) {
   collectives::CollectiveOptions copt = options(seq, opt_.timeout_s);
   const size_t esize = dtype_size(resp.dtype);
-  const int me = opt_.rank, n = opt_.size;
+  // Ranks of the rail (a process set's view: of the set); the root is named by its job rank.
+  const int me = rail.rank(), n = rail.size();
   const std::vector<int64_t>& shape = e.req.shape;
   switch (resp.type) {
     case OpType::kBroadcast: {
       size_t bytes = static_cast<size_t>(resp.counts[0]) * esize;
-      if (me == resp.root && output != input) std::memcpy(output, input, bytes);
-      collectives::broadcast(rail, output, bytes, resp.root, copt);
+      const int root = members ? static_cast<int>(std::find(members->begin(), members->end(), resp.root) -
+                                                  members->begin())
+                               : resp.root;
+      if (me == root && output != input) std::memcpy(output, input, bytes);
+      collectives::broadcast(rail, output, bytes, root, copt);
       break;
     }
     case OpType::kAllgather: {

@@ -101,6 +101,18 @@ void Executor::redo(int rail, uint64_t first, int target) {
   }
   size_t redo_bytes = 0;
   for (auto& old : moved) {
+    if (old->skipped) {  // another process set's: takes its number on the target rail, as there
+      auto rec = std::make_shared<ShareRecord>();
+      rec->skipped = true;
+      rec->share = {target, 0, 0};
+      {
+        std::lock_guard<std::mutex> lock(ledger_mu_);
+        rec->seq = seq_[target]++;
+        ledger_[target].push_back(rec);
+      }
+      post_share(std::move(rec), false);
+      continue;
+    }
     if (old->single && old->single->finished && old->state != ShareRecord::State::kDone) continue;
     const size_t esize = old->job ? dtype_size(old->job->resp.dtype) : 1;
     const size_t bytes = old->job ? old->share.count * esize : single_input_bytes(*old->single);

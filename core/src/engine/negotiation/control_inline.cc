@@ -59,8 +59,9 @@ size_t control_inline_max_input_bytes(size_t limit_bytes, int size) {
 }
 
 bool wants_inline_input(const Request& req, size_t limit_bytes, int rank, int size) {
-  const bool carries = req.type == OpType::kAllreduce || req.type == OpType::kAllgather ||
-                       (req.type == OpType::kBroadcast && req.root == rank);
+  // Never for a process set: rank 0 may not be among its members.
+  const bool carries = req.process_set == 0 && (req.type == OpType::kAllreduce || req.type == OpType::kAllgather ||
+                       (req.type == OpType::kBroadcast && req.root == rank));
   size_t max_bytes = control_inline_max_input_bytes(limit_bytes, size);
   // An allgather's result, every rank's input, goes back to each of the others: what rank 0 sends
   // stays within the limit too.

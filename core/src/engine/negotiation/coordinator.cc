@@ -83,10 +83,25 @@ void Coordinator::submit(int rank, std::vector<Request> requests, Clock::time_po
         continue;
       }
     }
+    std::shared_ptr<const std::vector<int>> members;
+    if (req.process_set != 0) {
+      members = opt_.process_sets ? opt_.process_sets->members(req.process_set) : nullptr;
+      if (!members) {
+        fail_request(req, "tensor '" + req.name + "': process set " + std::to_string(req.process_set) +
+                              " is not registered on rank 0 (add_process_set must be called on every rank)");
+        continue;
+      }
+      if (!std::binary_search(members->begin(), members->end(), rank)) {
+        fail_request(req, "tensor '" + req.name + "': rank " + std::to_string(rank) + " is not in process set " +
+                              std::to_string(req.process_set) + " (" + members_str(*members) + ")");
+        continue;
+      }
+    }
     Pending& p = pending_[req.name];
     if (p.by_rank.empty()) {
       p.by_rank.resize(opt_.size);
       p.from_cache.resize(opt_.size, false);
+      p.members = std::move(members);
       p.first_seen = now;
     }
     if (p.by_rank[rank]) {
@@ -108,7 +123,23 @@ void Coordinator::add_join(int rank) {
   }
 }
 
+void Coordinator::fail_request(const Request& req, const std::string& error) {
+  Response r;
+  r.kind = Response::Kind::kError;
+  r.type = req.type;
+  r.names = {req.name};
+  r.cache_ids = {-1};
+  r.error = error;
+  r.process_set = req.process_set;
+  failed_.push_back(std::move(r));
+}
+
 bool Coordinator::complete(const Pending& p) const {
+  if (p.members) {  // a process set: its members only (join() is for the whole job)
+    for (int r : *p.members)
+      if (!p.by_rank[r]) return false;
+    return true;
+  }
   int covered = 0;
   for (int r = 0; r < opt_.size; ++r) covered += (p.by_rank[r] || joined_[r]) ? 1 : 0;
   return covered == opt_.size;
@@ -151,10 +182,10 @@ std::optional<std::string> Coordinator::validate(const std::string& name, const 
   std::vector<int> joined_ranks;
   for (int r = 0; r < opt_.size; ++r) {
     if (p.by_rank[r] && !first) first = &*p.by_rank[r];
-    if (!p.by_rank[r]) joined_ranks.push_back(r);
+    if (!p.by_rank[r] && !p.members) joined_ranks.push_back(r);
   }
   if (!first) return "tensor '" + name + "': no rank submitted it";
-  bool all_cached = joined_ranks.empty() &&
+  bool all_cached = joined_ranks.empty() && !p.members &&
                     std::all_of(p.from_cache.begin(), p.from_cache.end(), [](bool b) { return b; });
   if (all_cached) return std::nullopt;  // validated when it was cached
 
@@ -191,13 +222,18 @@ std::optional<std::string> Coordinator::validate(const std::string& name, const 
     if (first->root < 0 || first->root >= opt_.size)
       return "tensor '" + name + "': root rank " + std::to_string(first->root) +
              " is out of range for " + std::to_string(opt_.size) + " ranks";
+    if (p.members && !std::binary_search(p.members->begin(), p.members->end(), first->root))
+      return "tensor '" + name + "': root rank " + std::to_string(first->root) + " is not in process set " +
+             std::to_string(first->process_set) + " (" + members_str(*p.members) + ")";
   }
   if (first->type == OpType::kAlltoall) {
+    const int n = p.members ? static_cast<int>(p.members->size()) : opt_.size;
     for (int r = 0; r < opt_.size; ++r) {
+      if (!by[r]) continue;
       const Request& q = *by[r];
-      if (static_cast<int>(q.splits.size()) != opt_.size)
+      if (static_cast<int>(q.splits.size()) != n)
         return "tensor '" + name + "': rank " + std::to_string(r) + " gave " +
-               std::to_string(q.splits.size()) + " splits for " + std::to_string(opt_.size) + " ranks";
+               std::to_string(q.splits.size()) + " splits for " + std::to_string(n) + " ranks";
     }
   }
   return std::nullopt;
@@ -213,6 +249,8 @@ Response Coordinator::build(const std::string& name, Pending& p) {
       if (r) { resp.type = r->type; break; }
     resp.cache_ids = {-1};
     for (const auto& r : p.by_rank)
+      if (r) { resp.process_set = r->process_set; break; }
+    for (const auto& r : p.by_rank)
       if (r && !r->group.empty()) fail_group(r->group, resp.error);
     return resp;
   }
@@ -225,6 +263,8 @@ Response Coordinator::build(const std::string& name, Pending& p) {
   resp.prescale = first->prescale;
   resp.postscale = first->postscale;
   resp.root = first->root;
+  resp.process_set = first->process_set;
+  const int n = p.members ? static_cast<int>(p.members->size()) : opt_.size;
   switch (first->type) {
     case OpType::kAllreduce:
     case OpType::kBroadcast:
@@ -232,25 +272,26 @@ Response Coordinator::build(const std::string& name, Pending& p) {
       break;
     case OpType::kAllgather:
       resp.row_elements = {first->row_elements()};
-      for (const auto& r : p.by_rank) resp.rank_rows.push_back(r->shape.empty() ? 1 : r->shape[0]);
+      for (const auto& r : p.by_rank)  // a process set: its members', in rank order
+        if (r) resp.rank_rows.push_back(r->shape.empty() ? 1 : r->shape[0]);
       break;
     case OpType::kAlltoall:
       resp.row_elements = {first->row_elements()};
       for (const auto& r : p.by_rank)
-        resp.splits_matrix.insert(resp.splits_matrix.end(), r->splits.begin(), r->splits.end());
+        if (r) resp.splits_matrix.insert(resp.splits_matrix.end(), r->splits.begin(), r->splits.end());
       break;
     case OpType::kReducescatter: {
       resp.counts = {first->num_elements()};
       resp.row_elements = {first->row_elements()};
       int64_t rows = first->shape.empty() ? 1 : first->shape[0];
-      for (int r = 0; r < opt_.size; ++r)
-        resp.rank_rows.push_back(rows / opt_.size + (r < rows % opt_.size ? 1 : 0));
+      for (int r = 0; r < n; ++r) resp.rank_rows.push_back(rows / n + (r < rows % n ? 1 : 0));
       break;
     }
     default:
       break;
   }
   remember(name, p, resp);
+  if (p.members) return resp;  // never done inline: rank 0 may not even be a member
   try {
     resp.inline_result = inline_result_of(resp, p.by_rank);
   } catch (const std::exception& e) {  // the rails report it for this tensor, the engine goes on
@@ -261,7 +302,8 @@ Response Coordinator::build(const std::string& name, Pending& p) {
 
 void Coordinator::remember(const std::string& name, const Pending& p, Response& r) {
   int32_t id = -1;
-  bool everyone = std::all_of(p.by_rank.begin(), p.by_rank.end(), [](const auto& q) { return q.has_value(); });
+  bool everyone = !p.members &&
+                  std::all_of(p.by_rank.begin(), p.by_rank.end(), [](const auto& q) { return q.has_value(); });
   if (everyone) {
     auto it = cache_index_.find(name);
     if (it != cache_index_.end()) {
@@ -292,7 +334,8 @@ std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
     if (fusable && !out.empty()) {
       Response& last = out.back();
       if (last.kind == Response::Kind::kExecute && last.type == OpType::kAllreduce &&
-          last.inline_result.empty() && last.dtype == r.dtype && last.op == r.op && last.prescale == r.prescale &&
+          last.inline_result.empty() && last.process_set == r.process_set && last.dtype == r.dtype &&
+          last.op == r.op && last.prescale == r.prescale &&
           last.postscale == r.postscale && out_bytes + bytes <= opt_.fusion_threshold) {
         last.names.push_back(r.names[0]);
         last.counts.push_back(r.counts[0]);
@@ -426,8 +469,13 @@ std::optional<Clock::time_point> Coordinator::next_wakeup(Clock::time_point now)
 
 std::string Coordinator::missing_ranks(const Pending& p) const {
   std::vector<int> missing;
-  for (int r = 0; r < opt_.size; ++r)
-    if (!p.by_rank[r] && !joined_[r]) missing.push_back(r);
+  if (p.members) {
+    for (int r : *p.members)
+      if (!p.by_rank[r]) missing.push_back(r);
+  } else {
+    for (int r = 0; r < opt_.size; ++r)
+      if (!p.by_rank[r] && !joined_[r]) missing.push_back(r);
+  }
   if (!missing.empty())
     return ranks_str(missing) + (missing.size() == 1 ? " has" : " have") + " not submitted it";
   // Every rank submitted it: it waits for the other members of its group.

@@ -14,6 +14,9 @@
 // Small allreduces, broadcasts and allgathers (control_inline.h) arrive with their inputs; their
 // response carries the result rank 0 computed, is never fused with others, and is never held.
 //
+// Process sets (process_sets.h): a tensor of set S is ready when every member of S submitted it; it
+// is validated among them, fused only with tensors of S, never cached and never done inline.
+//
 // Response cache. Once a tensor has gone through negotiation, each rank remembers the id the
 // coordinator gave it; the next submission with identical metadata sends only (name, id). When
 // every rank submits by id, validation and metadata transfer are skipped.
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "engine/process_sets.h"
 #include "engine/request.h"
 
 namespace nezha::engine {
@@ -38,6 +42,7 @@ struct CoordinatorOptions {
   double stall_check_s = 60;
   double stall_shutdown_s = 0;  // 0: never fail stalled tensors
   size_t cache_capacity = 4096;
+  const ProcessSetTable* process_sets = nullptr;  // null: only the global set exists
 };
 
 class Coordinator {
@@ -68,12 +73,15 @@ class Coordinator {
   struct Pending {
     std::vector<std::optional<Request>> by_rank;
     std::vector<bool> from_cache;
+    std::shared_ptr<const std::vector<int>> members;  // of its process set; null: every rank
     int submitted = 0;
     Clock::time_point first_seen;
     bool stall_warned = false;
   };
 
   void add_join(int rank);
+  // An error response for `req` (a tensor that cannot be negotiated), sent with the next batch.
+  void fail_request(const Request& req, const std::string& error);
   void promote_ready(Clock::time_point now);
   bool complete(const Pending& p) const;
   std::optional<std::string> validate(const std::string& name, const Pending& p) const;

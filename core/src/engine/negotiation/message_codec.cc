@@ -110,6 +110,7 @@ void put_request(Writer& w, const Request& r) {
   w.put_vector<int64_t>(r.splits);
   w.put_string(r.group);
   w.put<int32_t>(r.group_size);
+  w.put<int32_t>(r.process_set);
 }
 
 Request get_request(Reader& rd) {
@@ -128,6 +129,7 @@ Request get_request(Reader& rd) {
   r.splits = rd.get_vector<int64_t>();
   r.group = rd.get_string();
   r.group_size = rd.get<int32_t>();
+  r.process_set = rd.get<int32_t>();
   return r;
 }
 
@@ -155,6 +157,7 @@ void put_response(Writer& w, const Response& r) {
   }
   w.put_string(r.error);
   w.put_string(r.inline_result);
+  w.put<int32_t>(r.process_set);
 }
 
 Response get_response(Reader& rd) {
@@ -184,6 +187,7 @@ Response get_response(Reader& rd) {
   }
   r.error = rd.get_string();
   r.inline_result = rd.get_string();
+  r.process_set = rd.get<int32_t>();
   return r;
 }
 
