@@ -158,6 +158,12 @@ class Executor {
   bool record_lost(ShareRecord& rec, const std::string& what);
   void run_allreduce(const Response& resp, std::vector<TensorEntry> entries);
   void run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries);
+  // Striped broadcast, allgather, alltoall, reducescatter (executor_striped.cc): one record per
+  // share of the plan, each carrying its part of every block; the input of a part is packed into
+  // one contiguous buffer (kept for a redo), its result unpacked into the operation's output.
+  void run_striped(const Response& resp, std::vector<TensorEntry> entries);
+  void run_striped_part(ShareRecord& rec);
+  void striped_part_done(SingleJob& job, const std::string& error);
   static void finish_allreduce(AllreduceJob& job);
 
   ExecutorOptions opt_;

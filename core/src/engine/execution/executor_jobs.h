@@ -21,12 +21,18 @@ inline std::string names_str(const Response& r) {
   return s;
 }
 
-// A collective that runs whole on one rail (broadcast, allgather, alltoall, reducescatter).
+// A broadcast, allgather, alltoall or reducescatter: whole on one rail, or striped over several
+// (resp.plan has a share per rail; each carries its part of every block, striped_parts.h).
 struct Executor::SingleJob {
   Response resp;
   TensorEntry entry;
   std::shared_ptr<const std::vector<int>> members;  // its process set's; null: every rank
   std::atomic<bool> finished{false};
+  // Striped: parts not yet done (each part counts once: done, failed for good, or skipped by
+  // fail_all), and the first error; the handle completes when the count reaches zero.
+  std::atomic<int> parts_left{1};
+  std::mutex mu;
+  std::string error;
 };
 
 // One (possibly fused) allreduce in flight, shared by the rail jobs that carry its shares.
@@ -58,6 +64,7 @@ struct Executor::ShareRecord {
   size_t original_bytes = 0;
   SavedRanges saved;
   bool skipped = false;       // another process set's operation: no data, done at once
+  bool striped = false;       // single: one rail's part of a striped collective
   bool is_redo = false;       // restores the input before running
   bool into_scratch = false;  // this rank had completed it: run for the others, keep nothing
 };

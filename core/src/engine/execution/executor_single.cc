@@ -15,6 +15,10 @@
 namespace nezha::engine {
 
 void Executor::run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries) {
+  if (resp.plan.size() > 1) {
+    run_striped(resp, std::move(entries));
+    return;
+  }
   auto rec = std::make_shared<ShareRecord>();
   rec->single = std::make_shared<SingleJob>();
   rec->single->resp = resp;
@@ -38,6 +42,10 @@ size_t Executor::single_input_bytes(const SingleJob& job) {
 }
 
 void Executor::run_single_record(ShareRecord& rec) {
+  if (rec.striped) {
+    run_striped_part(rec);
+    return;
+  }
   SingleJob& job = *rec.single;
   TensorEntry& e = job.entry;
   const Response& resp = job.resp;

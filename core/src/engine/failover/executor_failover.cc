@@ -115,10 +115,15 @@ void Executor::redo(int rail, uint64_t first, int target) {
     }
     if (old->single && old->single->finished && old->state != ShareRecord::State::kDone) continue;
     const size_t esize = old->job ? dtype_size(old->job->resp.dtype) : 1;
-    const size_t bytes = old->job ? old->share.count * esize : single_input_bytes(*old->single);
+    // A striped part's input is packed from the caller's buffers when it first runs (never
+    // overwritten: outputs are separate); it has a copy once it has started.
+    const size_t bytes = old->job      ? old->share.count * esize
+                         : old->striped ? 0
+                                        : single_input_bytes(*old->single);
     auto rec = std::make_shared<ShareRecord>();
     rec->job = old->job;
     rec->single = old->single;
+    rec->striped = old->striped;
     rec->share = old->share;
     rec->share.rail = target;
     rec->is_redo = true;
@@ -138,7 +143,7 @@ void Executor::redo(int rail, uint64_t first, int target) {
         rec->original = originals_.acquire(bytes);
         if (!old->job) std::memcpy(rec->original.data(), old->single->entry.input, bytes);
       }
-      rec->original_bytes = bytes;
+      rec->original_bytes = old->striped ? old->original_bytes : bytes;
       rec->seq = seq_[target]++;
       ledger_[target].push_back(rec);
     }
@@ -179,7 +184,9 @@ void Executor::fail_all(const std::string& reason) {
   // run_single_record see fatal_), when no rail touches the buffers any more. A lost share waits
   // for a redo that will not come now, and nothing touches it: fail it here.
   for (auto& rec : lost) {
-    if (rec->single) {
+    if (rec->striped) {
+      striped_part_done(*rec->single, fatal_error(rec->single->resp));
+    } else if (rec->single) {
       SingleJob& job = *rec->single;
       if (!job.finished.exchange(true)) job.entry.handle->complete(fatal_error(job.resp));
     } else {

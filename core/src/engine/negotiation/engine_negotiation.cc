@@ -72,12 +72,35 @@ void Engine::send_requests(RequestList list, bool send_shutdown) {
   }
 }
 
+namespace {
+// The elements a plan splits: what the operation moves per rank, about (an allgather's or
+// alltoall's blocks differ per rank; each share carries the same fraction of every block).
+size_t planned_elements(const Response& r) {
+  size_t count = 0;
+  switch (r.type) {
+    case OpType::kAllgather:
+      for (int64_t rows : r.rank_rows) count += static_cast<size_t>(rows);
+      return r.row_elements.empty() ? count : count * static_cast<size_t>(r.row_elements[0]);
+    case OpType::kAlltoall: {  // every pair's rows; per rank, on average
+      for (int64_t rows : r.splits_matrix) count += static_cast<size_t>(rows);
+      size_t ranks = 1;
+      while (ranks * ranks < r.splits_matrix.size()) ++ranks;
+      return count * static_cast<size_t>(r.row_elements.empty() ? 1 : r.row_elements[0]) / ranks;
+    }
+    default:
+      for (int64_t c : r.counts) count += static_cast<size_t>(c);
+      return count;
+  }
+}
+}  // namespace
+
 std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
   if (r.kind != Response::Kind::kExecute) return {};
   multirail::OpToPlan op;
-  for (int64_t c : r.counts) op.count += static_cast<size_t>(c);
+  op.count = planned_elements(r);
   op.elem_size = dtype_size(r.dtype);
-  op.splittable = r.type == OpType::kAllreduce;
+  // Every collective that moves data is striped (executor_striped.cc for all but allreduce).
+  op.splittable = op.count > 0 && r.type != OpType::kBarrier && r.type != OpType::kJoin;
   multirail::Plan plan = rail_table_->plan(op, multirail::PlanSource::kNegotiation, {},
                                            [this](int rail, size_t bytes) {
                                              NZ_LOG(Debug) << rank_prefix(config_.rank) << "probing rail '"

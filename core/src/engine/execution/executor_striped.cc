@@ -1,0 +1,265 @@
+// Executor: broadcast, allgather, alltoall and reducescatter striped over several rails.
+//
+// The plan gives each rail a share of the operation; the share carries the same proportion of
+// every block the operation moves (striped_parts.h), so every rail finishes together as with an
+// allreduce. Each share is a record in its rail's ledger like any other: its input, packed into one
+// contiguous buffer, is copied when it first runs, and a share lost with its rail is redone on a
+// survivor from that copy (inputs are never overwritten: every output here is separate, an in-place
+// broadcast's receivers excepted, and receivers need no input). A rank that had completed a share
+// takes part in its redo into scratch memory, leaving what it delivered alone.
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "collectives/collectives.h"
+#include "collectives/reduce.h"
+#include "common/error.h"
+#include "common/logging.h"
+#include "engine/execution/executor.h"
+#include "engine/execution/executor_jobs.h"
+#include "engine/execution/striped_parts.h"
+#include "transport/group_rail.h"
+
+namespace nezha::engine {
+namespace {
+
+// The plan's total, the denominator of every part (the shares tile [0, total)).
+size_t plan_total(const Response& resp) {
+  size_t total = 0;
+  for (const auto& s : resp.plan) total += s.count;
+  return total;
+}
+
+// This rank's index among the ranks taking part, and their number.
+std::pair<int, int> place(const std::vector<int>* members, int rank, int size) {
+  if (!members) return {rank, size};
+  const auto it = std::find(members->begin(), members->end(), rank);
+  return {static_cast<int>(it - members->begin()), static_cast<int>(members->size())};
+}
+
+}  // namespace
+
+void Executor::run_striped(const Response& resp, std::vector<TensorEntry> entries) {
+  auto job = std::make_shared<SingleJob>();
+  job->resp = resp;
+  job->entry = std::move(entries.at(0));
+  job->members = members_of(resp);
+  job->parts_left = static_cast<int>(resp.plan.size());
+  // The output is sized (and its shape set) before any part writes its range of it.
+  const auto [me, n] = place(job->members.get(), opt_.rank, opt_.size);
+  const size_t esize = dtype_size(resp.dtype);
+  OpResult& res = job->entry.handle->result();
+  const std::vector<int64_t>& shape = job->entry.req.shape;
+  if (resp.type == OpType::kAllgather) {
+    int64_t rows = 0;
+    for (int64_t r : resp.rank_rows) rows += r;
+    res.output.resize(static_cast<size_t>(rows * resp.row_elements[0]) * esize);
+    res.output_shape = with_rows(shape, rows);
+  } else if (resp.type == OpType::kAlltoall) {
+    int64_t rows = 0;
+    res.received_splits.assign(n, 0);
+    for (int i = 0; i < n; ++i) rows += (res.received_splits[i] = resp.splits_matrix[i * n + me]);
+    res.output.resize(static_cast<size_t>(rows * resp.row_elements[0]) * esize);
+    res.output_shape = with_rows(shape, rows);
+  } else if (resp.type == OpType::kReducescatter) {
+    res.output.resize(static_cast<size_t>(resp.rank_rows[me] * resp.row_elements[0]) * esize);
+    res.output_shape = with_rows(shape, resp.rank_rows[me]);
+  }
+  for (const auto& share : resp.plan) {
+    auto rec = std::make_shared<ShareRecord>();
+    rec->single = job;
+    rec->striped = true;
+    rec->share = share;
+    rec->seq = seq_[share.rail]++;
+    if (opt_.failover) {
+      std::lock_guard<std::mutex> lock(ledger_mu_);
+      ledger_[share.rail].push_back(rec);
+    }
+    post_share(std::move(rec), false);
+  }
+}
+
+void Executor::striped_part_done(SingleJob& job, const std::string& error) {
+  if (!error.empty()) {
+    std::lock_guard<std::mutex> lock(job.mu);
+    if (job.error.empty()) job.error = error;
+  }
+  if (--job.parts_left == 0 && !job.finished.exchange(true)) {
+    if (!job.error.empty()) NZ_LOG(Error) << job.error;
+    job.entry.handle->complete(job.error);
+  }
+}
+
+void Executor::run_striped_part(ShareRecord& rec) {
+  SingleJob& job = *rec.single;
+  const Response& resp = job.resp;
+  TensorEntry& e = job.entry;
+  const int r = rec.share.rail;
+  if (job.finished && !rec.into_scratch) return;
+  if (fatal_) {  // fail_all: skipped, counted as failed
+    if (!rec.into_scratch) striped_part_done(job, fatal_error(resp));
+    return;
+  }
+  std::optional<transport::GroupRail> set_view;
+  transport::Rail* rail = rails_[r];
+  if (job.members) rail = &set_view.emplace(*rail, *job.members);
+  const int me = rail->rank(), n = rail->size();
+  const size_t esize = dtype_size(resp.dtype);
+  const size_t total = plan_total(resp);
+  auto part = [&](size_t block) { return block_part(block, rec.share.offset, rec.share.count, total); };
+  const auto* in = static_cast<const uint8_t*>(e.input);
+  OpResult& res = e.handle->result();
+  const std::string what = std::string(op_type_name(resp.type)) + " of " + names_str(resp);
+  collectives::CollectiveOptions copt = options(rec.seq, opt_.timeout_s);
+
+  // The part's input, packed (kept for a redo on its first run), and where its result goes.
+  BufferPool::Buffer packed, scratch;
+  const uint8_t* input = nullptr;
+  size_t input_bytes = 0;
+  std::vector<BlockPart> send_parts(n), recv_parts(n);
+  std::vector<size_t> send_offsets(n, 0), recv_offsets(n, 0);  // of each block, in elements
+  size_t row = resp.row_elements.empty() ? 1 : static_cast<size_t>(resp.row_elements[0]);
+  int root = -1;
+  switch (resp.type) {
+    case OpType::kBroadcast: {
+      root = resp.root;
+      if (job.members)
+        root = static_cast<int>(std::find(job.members->begin(), job.members->end(), resp.root) - job.members->begin());
+      const BlockPart p = part(static_cast<size_t>(resp.counts[0]));
+      send_parts[0] = p;
+      if (me == root) {
+        input = in + p.begin * esize;
+        input_bytes = p.count * esize;
+      }
+      break;
+    }
+    case OpType::kAllgather: {
+      size_t off = 0;
+      for (int i = 0; i < n; ++i) {
+        const size_t block = static_cast<size_t>(resp.rank_rows[i]) * row;
+        recv_parts[i] = part(block);
+        recv_offsets[i] = off;
+        off += block;
+      }
+      input = in + recv_parts[me].begin * esize;
+      input_bytes = recv_parts[me].count * esize;
+      break;
+    }
+    case OpType::kReducescatter:
+    case OpType::kAlltoall: {
+      // Blocks of the input in rank order: reducescatter's rows per rank, alltoall's splits.
+      size_t off = 0, roff = 0;
+      for (int i = 0; i < n; ++i) {
+        const size_t block = resp.type == OpType::kReducescatter
+                                 ? static_cast<size_t>(resp.rank_rows[i]) * row
+                                 : static_cast<size_t>(resp.splits_matrix[me * n + i]) * row;
+        send_parts[i] = part(block);
+        send_offsets[i] = off;
+        off += block;
+        if (resp.type == OpType::kAlltoall) {
+          const size_t rblock = static_cast<size_t>(resp.splits_matrix[i * n + me]) * row;
+          recv_parts[i] = part(rblock);
+          recv_offsets[i] = roff;
+          roff += rblock;
+        }
+      }
+      for (const auto& p : send_parts) input_bytes += p.count * esize;
+      if (!rec.original.data()) {  // first run: pack from the caller's input
+        packed = pool_.acquire(input_bytes);
+        size_t at = 0;
+        for (int i = 0; i < n; ++i) {
+          std::memcpy(packed.data() + at, in + (send_offsets[i] + send_parts[i].begin) * esize,
+                      send_parts[i].count * esize);
+          at += send_parts[i].count * esize;
+        }
+        input = packed.data();
+      }
+      break;
+    }
+    default:
+      throw NezhaError(std::string("unexpected striped operation ") + op_type_name(resp.type));
+  }
+  record_started(rec, input, input_bytes);
+  if (rec.original.data() && input_bytes > 0) input = rec.original.data();  // a redo: the kept copy
+
+  if (watchdog_) watchdog_->begin(r, what);
+  try {
+    switch (resp.type) {
+      case OpType::kBroadcast: {
+        const size_t bytes = send_parts[0].count * esize;
+        uint8_t* target = static_cast<uint8_t*>(e.output) + send_parts[0].begin * esize;
+        if (rec.into_scratch) {
+          scratch = pool_.acquire(bytes);
+          target = scratch.data();
+        }
+        if (me == root && target != input) std::memcpy(target, input, bytes);
+        collectives::broadcast(*rail, target, bytes, root, copt);
+        break;
+      }
+      case OpType::kAllgather: {
+        std::vector<size_t> bytes(n);
+        size_t sum = 0;
+        for (int i = 0; i < n; ++i) sum += (bytes[i] = recv_parts[i].count * esize);
+        scratch = pool_.acquire(sum);
+        collectives::allgatherv(*rail, input, scratch.data(), bytes, copt);
+        if (!rec.into_scratch) {
+          size_t at = 0;
+          for (int i = 0; i < n; ++i) {
+            std::memcpy(res.output.data() + (recv_offsets[i] + recv_parts[i].begin) * esize,
+                        scratch.data() + at, bytes[i]);
+            at += bytes[i];
+          }
+        }
+        break;
+      }
+      case OpType::kReducescatter: {
+        std::vector<size_t> counts(n);
+        for (int i = 0; i < n; ++i) counts[i] = send_parts[i].count;
+        BufferPool::Buffer work = pool_.acquire(input_bytes);  // reducescatterv clobbers its input
+        std::memcpy(work.data(), input, input_bytes);
+        size_t work_count = input_bytes / esize;
+        if (resp.prescale != 1.0) collectives::scale(work.data(), work_count, resp.dtype, resp.prescale);
+        scratch = pool_.acquire(counts[me] * esize);
+        collectives::reducescatterv(*rail, work.data(), scratch.data(), counts, resp.dtype, resp.op, copt);
+        const double post = effective_postscale(resp, n);
+        if (post != 1.0) collectives::scale(scratch.data(), counts[me], resp.dtype, post);
+        if (!rec.into_scratch)
+          std::memcpy(res.output.data() + send_parts[me].begin * esize, scratch.data(), counts[me] * esize);
+        break;
+      }
+      case OpType::kAlltoall: {
+        std::vector<size_t> send(n), recv(n);
+        size_t sum = 0;
+        for (int i = 0; i < n; ++i) {
+          send[i] = send_parts[i].count * esize;
+          sum += (recv[i] = recv_parts[i].count * esize);
+        }
+        scratch = pool_.acquire(sum);
+        collectives::alltoallv(*rail, input, send, scratch.data(), recv, copt);
+        if (!rec.into_scratch) {
+          size_t at = 0;
+          for (int i = 0; i < n; ++i) {
+            std::memcpy(res.output.data() + (recv_offsets[i] + recv_parts[i].begin) * esize,
+                        scratch.data() + at, recv[i]);
+            at += recv[i];
+          }
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    if (watchdog_) watchdog_->end(r, true);
+    record_done(rec);
+    if (!rec.into_scratch) striped_part_done(job, "");
+  } catch (const std::exception& ex) {
+    if (watchdog_) watchdog_->end(r, false);
+    std::string msg = what + " failed on rail '" + rails_[r]->properties().name + "': " + ex.what();
+    if (record_lost(rec, msg)) return;
+    if (rec.into_scratch) return;
+    std::string fatal = fatal_error(resp);  // the cause, rather than the rail's abort
+    striped_part_done(job, fatal.empty() ? msg : fatal);
+  }
+}
+
+}  // namespace nezha::engine
