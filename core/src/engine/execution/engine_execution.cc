@@ -39,7 +39,12 @@ void Engine::execute_locally(const ResponseList& list, bool from_round) {
   for (const Response& resp : list.responses) {
     if (resp.process_set != 0) {
       auto members = process_sets_->members(resp.process_set);
-      if (members && !std::binary_search(members->begin(), members->end(), config_.rank)) {
+      bool mine = members && std::binary_search(members->begin(), members->end(), config_.rank);
+      if (!members) {  // removed here already (a script that removed a set still in use elsewhere)
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto& name : resp.names) mine = mine || in_flight_.count(name) > 0;
+      }
+      if (!mine) {
         // Another set's operation: its members run it; this rank steps its rails' operation
         // counters past it so that every rank's stay equal.
         if (resp.kind == Response::Kind::kExecute && resp.inline_result.empty()) executor_->skip(resp);

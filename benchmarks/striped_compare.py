@@ -1,0 +1,78 @@
+"""Broadcast, allgather, reducescatter and alltoall over two rails against each rail alone, MPTCP and
+Gloo, on the testbed, in one run (issue 18): 4 hosts, float32, 1 MB and 64 MB; two 1 Gbit/s rails,
+then 1 Gbit/s + 250 Mbit/s. Prints a markdown table per case for benchmarks/STRIPED.md. Needs root.
+
+    .venv/bin/python benchmarks/striped_compare.py [--ops broadcast,allgather,reducescatter,alltoall]
+        [--sizes 1M,64M] [--out DIR]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+BENCH = [sys.executable, "-m", "nezha.bench", "--dtype", "float32", "--iters", "auto", "--warmup", "2"]
+CASES = [("two 1 Gbit/s rails", ["1gbit", "1gbit"]), ("1 Gbit/s + 250 Mbit/s", ["1gbit", "250mbit"])]
+
+
+def runs(subnets):
+    """(label, rails spec, Gloo interfaces or None): Gloo is timed inside the first job."""
+    return [("nezha-2rails", f"{subnets[0]},{subnets[1]}", "rail0"),
+            ("nezha-rail0", subnets[0], None),
+            ("nezha-rail1", subnets[1], None),
+            ("nezha-mptcp", f"mptcp:{subnets[0]}", None)]
+
+
+def run(tb, op, label, rails, gloo, json_path, sizes):
+    args = tb.nezharun_args()
+    args[args.index("--rails") + 1] = rails
+    cmd = [sys.executable, "-m", "nezha.runner", "-np", str(len(tb.hosts)), *args, "--", *BENCH,
+           "--op", op, "--sizes", sizes, "--json", json_path, "--impl-label", label]
+    if gloo:
+        cmd += ["--baseline", "gloo", "--gloo-ifname", gloo, "--baseline-label", "gloo-" + gloo]
+    print("$ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=900)
+    with open(json_path) as f:
+        return json.load(f)
+
+
+def table(title, records, labels):
+    by = {(r["op"], r["impl"], r["bytes"]): r["algbw_gbps"] for r in records}
+    print(f"\n### {title}: algbw (Gbit/s)\n")
+    print("| op | size | " + " | ".join(labels) + " | 2 rails / best single |")
+    print("|---|---:|" + "---:|" * (len(labels) + 1))
+    for op in sorted({r["op"] for r in records}):
+        for b in sorted({r["bytes"] for r in records if r["op"] == op}):
+            bw = [by.get((op, l, b)) for l in labels]
+            singles = [x for l, x in zip(labels, bw) if l in ("nezha-rail0", "nezha-rail1") and x]
+            ratio = f"{bw[0] / max(singles):.2f}" if bw[0] and singles else "-"
+            print(f"| {op} | {b} | " + " | ".join(f"{x:.3f}" if x else "-" for x in bw) + f" | {ratio} |")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--ops", default="broadcast,allgather,reducescatter,alltoall")
+    p.add_argument("--sizes", default="1M,64M")
+    p.add_argument("--prefix", default="nzstripe")
+    p.add_argument("--out", default=tempfile.mkdtemp(prefix="striped-compare-"))
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    from nezha.testbed import Testbed
+
+    for title, rates in CASES:
+        records = []
+        with Testbed(hosts=4, rails=2, rates=rates, prefix=args.prefix) as tb:
+            plan = runs(tb.rail_subnets)
+            for op in args.ops.split(","):
+                for i, (label, rails, gloo) in enumerate(plan):
+                    path = os.path.join(args.out, f"{rates[1]}-{op}-{i}.json")
+                    records += run(tb, op, label, rails, gloo, path, args.sizes)
+        labels = [label for label, _, _ in plan] + ["gloo-rail0"]
+        table(title, records, labels)
+        with open(os.path.join(args.out, f"{rates[1]}.json"), "w") as f:
+            json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
