@@ -182,6 +182,15 @@ void Executor::run_striped_part(ShareRecord& rec) {
   record_started(rec, input, input_bytes);
   if (rec.original.data() && input_bytes > 0) input = rec.original.data();  // a redo: the kept copy
 
+  // Allgather, alltoall: the parts received from each rank, packed in rank order, go to their
+  // block's range of the output.
+  auto unpack_received = [&](const uint8_t* packed_parts) {
+    for (int i = 0; i < n; ++i) {
+      const size_t bytes = recv_parts[i].count * esize;
+      std::memcpy(res.output.data() + (recv_offsets[i] + recv_parts[i].begin) * esize, packed_parts, bytes);
+      packed_parts += bytes;
+    }
+  };
   if (watchdog_) watchdog_->begin(r, what);
   try {
     switch (resp.type) {
@@ -202,14 +211,7 @@ void Executor::run_striped_part(ShareRecord& rec) {
         for (int i = 0; i < n; ++i) sum += (bytes[i] = recv_parts[i].count * esize);
         scratch = pool_.acquire(sum);
         collectives::allgatherv(*rail, input, scratch.data(), bytes, copt);
-        if (!rec.into_scratch) {
-          size_t at = 0;
-          for (int i = 0; i < n; ++i) {
-            std::memcpy(res.output.data() + (recv_offsets[i] + recv_parts[i].begin) * esize,
-                        scratch.data() + at, bytes[i]);
-            at += bytes[i];
-          }
-        }
+        if (!rec.into_scratch) unpack_received(scratch.data());
         break;
       }
       case OpType::kReducescatter: {
@@ -236,14 +238,7 @@ void Executor::run_striped_part(ShareRecord& rec) {
         }
         scratch = pool_.acquire(sum);
         collectives::alltoallv(*rail, input, send, scratch.data(), recv, copt);
-        if (!rec.into_scratch) {
-          size_t at = 0;
-          for (int i = 0; i < n; ++i) {
-            std::memcpy(res.output.data() + (recv_offsets[i] + recv_parts[i].begin) * esize,
-                        scratch.data() + at, recv[i]);
-            at += recv[i];
-          }
-        }
+        if (!rec.into_scratch) unpack_received(scratch.data());
         break;
       }
       default:
