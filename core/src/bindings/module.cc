@@ -293,8 +293,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("error", &OpHandle::error)
       .def("take_output", [](OpHandle& h) {
              // Hands the engine-allocated output to numpy without copying.
-             auto* vec = new std::vector<uint8_t>(std::move(h.result().output));
-             py::capsule owner(vec, [](void* p) { delete static_cast<std::vector<uint8_t>*>(p); });
+             auto* vec = new OutputBytes(std::move(h.result().output));
+             py::capsule owner(vec, [](void* p) { delete static_cast<OutputBytes*>(p); });
              return py::array_t<uint8_t>({static_cast<py::ssize_t>(vec->size())}, {1}, vec->data(), owner);
            }, "The engine-allocated output as a flat uint8 numpy array (once).")
       .def_property_readonly("output_shape", [](OpHandle& h) { return h.result().output_shape; })
