@@ -1,8 +1,8 @@
 """``nezharun``: start an N-rank Nezha job on this machine or on a list of hosts.
 
     nezharun -np N [-H host:slots,...] [--hostfile F] [--launcher 'TEMPLATE {host}']
-             [--rendezvous-addr A] [--rails SPEC] [--start-timeout S] [--timeline FILE]
-             [--verbose] [--] CMD ...
+             [--rendezvous-addr A] [--rails SPEC|auto [--dry-run]] [--start-timeout S]
+             [--timeline FILE] [--verbose] [--] CMD ...
 
 nezharun serves the job's rendezvous store itself, with a fresh per-job secret, and gives every
 rank the NEZHA_* environment. Exit code: 0 when every rank exits 0; otherwise the first failing

@@ -81,8 +81,18 @@ std::vector<std::exception_ptr> run_body_on(Rails& rails, int size, const std::f
 
 inline std::vector<std::exception_ptr> run_ranks_collect_ofi(int size, const std::function<void(transport::Rail&)>& body) {
 #ifdef NEZHA_WITH_OFI
-  auto rails = transport::testing::make_ofi_mesh(size);
-  return run_body_on(rails, size, body);
+  // Building a mesh (endpoints, connections, handshakes) costs far more than a small collective, and
+  // a test runs dozens: the last mesh is kept while every call on it succeeds (a completed collective
+  // consumed every message it sent) and rebuilt after any failure or for another size.
+  static std::vector<std::unique_ptr<transport::OfiRail>> mesh;
+  if (mesh.size() != static_cast<size_t>(size)) {
+    mesh.clear();
+    mesh = transport::testing::make_ofi_mesh(size);
+  }
+  auto errors = run_body_on(mesh, size, body);
+  for (const auto& e : errors)
+    if (e) mesh.clear();
+  return errors;
 #else
   ADD_FAILURE() << "NEZHA_TEST_RAIL=ofi but this build has no libfabric";
   (void)body;

@@ -8,6 +8,8 @@
 
 #ifdef NEZHA_WITH_OFI
 
+#include <time.h>
+
 #include <chrono>
 #include <thread>
 
@@ -215,6 +217,24 @@ TEST(OfiRail, AbortWakesAWaitingReceiveAndResetReadmitsTheMesh) {
     rails[me]->sendrecv(to, out.data(), out.size(), from, in.data(), in.size(), 1, generous());
     EXPECT_EQ(first_mismatch(in, from, 4), -1) << "rank " << me;
   });
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+TEST(OfiRail, AWaitingReceiveSleepsInsteadOfSpinning) {
+  // Nothing arrives for a second: the waiting thread must sleep on the completion queue's wait
+  // object (generous bound: a spinning wait would use the whole second). Not for providers without
+  // a wait object (shm), which sleep in 1 ms slices.
+  if (ofi_test_config().provider == "shm") GTEST_SKIP() << "shm has no completion wait object";
+  auto rails = make_ofi_mesh(2);
+  std::vector<uint8_t> buf(64);
+  const double before = thread_cpu_seconds();
+  EXPECT_THROW(rails[1]->recv(0, 77, buf.data(), buf.size(), Deadline::after_seconds(1.0)), TimeoutError);
+  EXPECT_LT(thread_cpu_seconds() - before, 0.3);
 }
 
 TEST(OfiRail, ATimeoutNamesThePeerAndClosesIt) {

@@ -12,6 +12,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "common/error.h"
 #include "transport/ofi/ofi_providers.h"
@@ -27,6 +30,25 @@ std::string available_providers() {
   std::string out;
   for (const std::string& p : ofi_rdm_providers()) out += (out.empty() ? "" : ", ") + p;
   return out.empty() ? "none" : out;
+}
+
+// fi_getinfo walks every provider libfabric has (psm, verbs, udp, ...): ~10 ms each time. A job
+// opens each rail once, but tests open thousands; the answer for a (provider, node) pair does not
+// change within a process, so it is kept and duplicated. Held for the life of the process.
+int cached_getinfo(fi_info* hints, const char* node, uint64_t flags, const std::string& provider, fi_info** out) {
+  static std::mutex mu;
+  static std::map<std::pair<std::string, std::string>, fi_info*> cache;
+  const auto key = std::make_pair(provider, std::string(node ? node : ""));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    fi_info* info = nullptr;
+    const int rc = fi_getinfo(kApiVersion, node, nullptr, flags, hints, &info);
+    if (rc != 0 || !info) return rc != 0 ? rc : -FI_ENODATA;
+    it = cache.emplace(key, info).first;
+  }
+  *out = fi_dupinfo(it->second);  // the first (preferred) match only
+  return *out ? 0 : -FI_ENOMEM;
 }
 
 }  // namespace
@@ -54,7 +76,7 @@ OfiEndpoint::OfiEndpoint(EndpointConfig config) : config_(std::move(config)) {
   hints->rx_attr->msg_order = FI_ORDER_SAS;
   hints->fabric_attr->prov_name = strdup(config_.provider.c_str());
   const char* node = config_.node.empty() ? nullptr : config_.node.c_str();
-  const int rc = fi_getinfo(kApiVersion, node, nullptr, node ? FI_SOURCE : 0, hints, &info_);
+  const int rc = cached_getinfo(hints, node, node ? FI_SOURCE : 0, config_.provider, &info_);
   fi_freeinfo(hints);
   if (rc != 0 || !info_) {
     info_ = nullptr;

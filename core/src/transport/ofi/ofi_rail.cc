@@ -1,6 +1,7 @@
 #ifdef NEZHA_WITH_OFI
 #include "transport/ofi/ofi_rail.h"
 
+#include <arpa/inet.h>
 #include <rdma/fi_errno.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -111,6 +112,8 @@ OfiRail::OfiRail(OfiRailConfig config, int rank, int size)
   properties_.local_addr = endpoint_->provider_name() + (config_.node.empty() ? "" : "@" + config_.node);
   properties_.reach = RailReach::kJob;
   properties_.max_share_bytes = config_.max_share_bytes;
+  in_addr ip{};
+  if (inet_pton(AF_INET, config_.node.c_str(), &ip) == 1) properties_.bind_ip = config_.node;  // not for shm
 }
 
 OfiRail::~OfiRail() {
