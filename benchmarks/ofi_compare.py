@@ -38,16 +38,21 @@ def main():
     p.add_argument("--sizes", default="1M,64M")
     p.add_argument("--prefix", default="nzofi")
     p.add_argument("--out", default=tempfile.mkdtemp(prefix="ofi-compare-"))
+    p.add_argument("--variants", default="",
+                   help="extra one-rail ofi runs, ';'-separated option sets joined by '|', e.g. "
+                        "'window=16|chunk_bytes=4194304;window=4' (for tuning)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     from nezha.testbed import Testbed
 
+    runs = list(RUNS) + [(f"ofi(tcp);{v}", lambda s, v=v: f"ofi:tcp;ofi_rxm@{s[0]};{v}")
+                         for v in args.variants.split("|") if v]
     records = []
     with Testbed(hosts=4, rails=2, rates=["1gbit", "1gbit"], prefix=args.prefix) as tb:
-        for i, (label, spec) in enumerate(RUNS):
+        for i, (label, spec) in enumerate(runs):
             records += run(tb, label, spec(tb.rail_subnets), os.path.join(args.out, f"run{i}.json"), args.sizes)
     by = {(r["impl"], r["bytes"]): r["busbw_gbps"] for r in records}
-    labels = [label for label, _ in RUNS]
+    labels = [label for label, _ in runs]
     print("\n| size | " + " | ".join(f"{l} busbw (Gbit/s)" for l in labels) +
           " | ofi(tcp) / tcp | tcp+ofi(tcp) / tcp+tcp |")
     print("|---:|" + "---:|" * (len(labels) + 2))
