@@ -56,6 +56,13 @@ def test_auto_rails_are_the_shared_subnets_over_rdma_where_every_host_has_it():
     assert choose_rails([_inventory("h1", ["10.50.0.0/24"]), _inventory("h2", ["10.60.0.0/24"])])[0] is None
 
 
+def test_discover_lists_this_hosts_interfaces_and_providers():
+    from nezha.rails import discover
+    inv = discover()
+    assert ("lo", "127.0.0.1", "127.0.0.0/8") in inv.interfaces
+    assert inv.ofi_providers == list(_core.ofi_providers())
+
+
 def test_an_inventory_survives_its_trip_through_json():
     inv = _inventory("h1", ["10.50.0.0/24"], rdma=[0])
     assert HostInventory.from_json("h1", inv.to_json()) == inv
