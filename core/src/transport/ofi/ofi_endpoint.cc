@@ -34,18 +34,24 @@ std::string available_providers() {
 
 // fi_getinfo walks every provider libfabric has (psm, verbs, udp, ...): ~10 ms each time. A job
 // opens each rail once, but tests open thousands; the answer for a (provider, node) pair does not
-// change within a process, so it is kept and duplicated. Held for the life of the process.
+// change within a process, so it is kept and duplicated; freed at exit.
 int cached_getinfo(fi_info* hints, const char* node, uint64_t flags, const std::string& provider, fi_info** out) {
-  static std::mutex mu;
-  static std::map<std::pair<std::string, std::string>, fi_info*> cache;
+  struct Cache {
+    std::mutex mu;
+    std::map<std::pair<std::string, std::string>, fi_info*> entries;
+    ~Cache() {
+      for (auto& [key, info] : entries) fi_freeinfo(info);
+    }
+  };
+  static Cache cache;
   const auto key = std::make_pair(provider, std::string(node ? node : ""));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
+  std::lock_guard<std::mutex> lock(cache.mu);
+  auto it = cache.entries.find(key);
+  if (it == cache.entries.end()) {
     fi_info* info = nullptr;
     const int rc = fi_getinfo(kApiVersion, node, nullptr, flags, hints, &info);
     if (rc != 0 || !info) return rc != 0 ? rc : -FI_ENODATA;
-    it = cache.emplace(key, info).first;
+    it = cache.entries.emplace(key, info).first;
   }
   *out = fi_dupinfo(it->second);  // the first (preferred) match only
   return *out ? 0 : -FI_ENOMEM;
