@@ -66,8 +66,9 @@ def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None
         # The launcher's host entry (placement): a host-local rail (shm) joins only ranks with the
         # same entry (and boot id and network namespace, which the rail checks itself).
         config.host_id = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
-        if any(not s.local_addr for s in specs):
-            # A rail without a network address (shm) still needs the control channel's path.
+        if any(s.kind not in rails_mod.NETWORK_KINDS for s in specs):
+            # A rail without an IPv4 address of its own (shm, ofi:shm) still needs the control
+            # channel's path; an ofi rail over an IP provider opens it on its own address.
             config.control_addr = rails_mod.route_source_address(info.rendezvous_addr)
         engine = _core.Engine(config)
         if info.size == 1:

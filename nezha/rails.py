@@ -9,7 +9,10 @@ address (a /32) for the network kinds ``tcp`` (the default) and ``mptcp``: ``eth
 ``tcp:eth1``, ``mptcp:10.0.0.0/24``. A subnet names the same rail on hosts whose NIC names
 differ, which is why it is the recommended form for multi-host jobs. Other kinds the core knows
 (``nezha._core.rail_kinds()``, e.g. ``shm`` once it lands) are named alone (``shm``) or with a
-target the kind interprets (``kind:target``). Options after ``;`` are kind-specific and go to the
+target the kind interprets (``kind:target``). ``ofi:PROVIDER@WHERE`` is a libfabric rail
+(``ofi:tcp;ofi_rxm@10.50.0.0/24``, ``ofi:verbs;ofi_rxm@ib0``, ``ofi:shm``): WHERE resolves like a
+network target, and the provider may contain ``;``, so for ``ofi`` a ``;``-part without ``=``
+continues the target. Options after ``;`` (always ``key=value``) are kind-specific and go to the
 core's rail factory untouched (``tcp:eth1;max_share_bytes=1048576``); an unknown option or kind is
 an error there, naming the rail. Without a spec there is one rail: the address this host uses to
 reach the rendezvous store.
@@ -25,6 +28,9 @@ from typing import Dict, List, Optional, Tuple
 import psutil
 
 NETWORK_KINDS = ("tcp", "mptcp")  # rails bound to a local IPv4 address
+# Kinds whose target may contain ';' (libfabric provider strings such as "tcp;ofi_rxm"): a ';'-part
+# without '=' continues the target; options are always key=value. The core's parser does the same.
+SEMICOLON_TARGET_KINDS = ("ofi",)
 PROTOCOLS = NETWORK_KINDS  # the name this tuple had before other kinds existed
 _LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
@@ -66,6 +72,10 @@ def resolve_rails(spec: Optional[str], rendezvous_addr: str) -> List[RailSpec]:
         if not item:
             raise ValueError(f"rail spec {spec!r} has an empty item")
         head, *option_texts = [part.strip() for part in item.split(";")]
+        if head.split(":", 1)[0].strip().lower() in SEMICOLON_TARGET_KINDS:
+            # "ofi:tcp;ofi_rxm@10.50.0.0/24;window=4": parts without '=' continue the target.
+            while option_texts and "=" not in option_texts[0]:
+                head += ";" + option_texts.pop(0)
         options = _parse_options(item, option_texts)
         kind, target = "tcp", head
         if ":" in head:
@@ -81,6 +91,9 @@ def resolve_rails(spec: Optional[str], rendezvous_addr: str) -> List[RailSpec]:
                 raise ValueError(f"rail {item!r}: expected [tcp:|mptcp:]<interface or IPv4 subnet>")
             rail = RailSpec(name=target, local_addr=_resolve_item(target, interfaces),
                             kind=kind, options=options)
+        elif kind == "ofi":
+            rail = RailSpec(name=target, local_addr=_resolve_ofi_target(item, target, interfaces),
+                            kind=kind, options=options)
         else:
             rail = RailSpec(name=target or kind, local_addr=target, kind=kind, options=options)
         for other in rails:
@@ -91,6 +104,26 @@ def resolve_rails(spec: Optional[str], rendezvous_addr: str) -> List[RailSpec]:
                 raise ValueError(f"rail {rail.name!r} is listed twice; list each rail once")
         rails.append(rail)
     return rails
+
+
+def discover():
+    """This host's rail inventory (interfaces, libfabric providers, RDMA devices); see
+    ``nezha.rail_discovery`` for how ``nezharun --rails auto`` combines the hosts' inventories."""
+    from nezha.rail_discovery import discover as _discover
+    return _discover()
+
+
+def _resolve_ofi_target(item: str, target: str,
+                        interfaces: Dict[str, List[ipaddress.IPv4Interface]]) -> str:
+    """``PROVIDER@SUBNET_OR_INTERFACE`` -> ``PROVIDER@LOCAL_IP`` (what the core binds); a provider
+    alone (``shm``) binds no address."""
+    provider, at, where = target.rpartition("@")
+    if not at:
+        provider, where = target, ""
+    if not provider:
+        raise ValueError(f"rail {item!r}: expected ofi:PROVIDER@<interface or IPv4 subnet>, e.g. "
+                         f"ofi:tcp;ofi_rxm@10.50.0.0/24 or ofi:verbs;ofi_rxm@10.60.0.0/24")
+    return f"{provider}@{_resolve_item(where, interfaces)}" if where else provider
 
 
 def _parse_options(item: str, texts: List[str]) -> Tuple[Tuple[str, str], ...]:

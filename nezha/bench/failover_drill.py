@@ -26,14 +26,19 @@ WORKER = Path(__file__).resolve().parent / "failover_worker.py"
 
 def run_drill(tb, cycles: int = 1, rail: int = 1, host: int = 1, down_s: float = 3.0,
               up_s: float = 6.0, elements: int = 1 << 20, timeout_s: float = 300,
-              env: Optional[dict] = None, fault: str = "cut", rate: str = "1gbit") -> dict:
+              env: Optional[dict] = None, fault: str = "cut", rate: str = "1gbit",
+              rails: Optional[str] = None) -> dict:
     """Runs the drill on an up Testbed `tb`; returns per-cycle figures and every rank's output.
 
     fault "cut" pulls the cable; "throttle" shapes the host's egress on the rail to 8 kbit/s and
     back to `rate`; "reset" kills the host's TCP connections on the rail (`ss -K`: the peers get a
-    reset) and re-admission is timed from the reset itself."""
+    reset) and re-admission is timed from the reset itself. `rails` replaces the testbed's rail spec
+    (e.g. "10.50.0.0/24,ofi:tcp;ofi_rxm@10.51.0.0/24"), one item per testbed rail in rail order."""
     stop_file = Path(tempfile.mkdtemp(prefix="nezha-drill-")) / "stop"
-    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", str(len(tb.hosts)), *tb.nezharun_args(),
+    launch_args = tb.nezharun_args()
+    if rails is not None:
+        launch_args[launch_args.index("--rails") + 1] = rails
+    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", str(len(tb.hosts)), *launch_args,
            "--", sys.executable, str(WORKER), str(stop_file), str(rail), str(elements)]
     full_env = {**os.environ, "NEZHA_TIMEOUT_S": "20", **(env or {})}
     proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

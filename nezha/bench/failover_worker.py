@@ -42,8 +42,9 @@ def main() -> int:
         if now_state != state:
             transitions.append((time.monotonic(), now_state))
             state = now_state
-    print("DRILL " + json.dumps({"rank": rank, "completions": completions, "transitions": transitions}),
-          flush=True)
+    rails = [{"name": s["name"], "kind": s["kind"], "bytes_sent": s["bytes_sent"]} for s in nezha.rail_stats()]
+    print("DRILL " + json.dumps({"rank": rank, "completions": completions, "transitions": transitions,
+                                 "rails": rails}), flush=True)
     nezha.shutdown()
     return 0
 

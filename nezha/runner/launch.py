@@ -1,8 +1,8 @@
 """``nezharun``: start an N-rank Nezha job on this machine or on a list of hosts.
 
     nezharun -np N [-H host:slots,...] [--hostfile F] [--launcher 'TEMPLATE {host}']
-             [--rendezvous-addr A] [--rails SPEC] [--start-timeout S] [--timeline FILE]
-             [--verbose] [--] CMD ...
+             [--rendezvous-addr A] [--rails SPEC|auto [--dry-run]] [--start-timeout S]
+             [--timeline FILE] [--verbose] [--] CMD ...
 
 nezharun serves the job's rendezvous store itself, with a fresh per-job secret, and gives every
 rank the NEZHA_* environment. Exit code: 0 when every rank exits 0; otherwise the first failing
@@ -22,6 +22,7 @@ import sys
 from typing import List, Optional, Set
 
 from nezha.rails import resolve_rails, route_source_address
+from nezha.runner.discovery import auto_rails
 from nezha.rendezvous import StoreServer
 from nezha.rendezvous.keys import ARRIVED_PREFIX, rank_from_arrival_key
 from nezha.runner.commands import build_rank_command
@@ -50,7 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "ranks connect to (default: 127.0.0.1 when every host is local, else "
                         "this machine's address toward the first remote host)")
     parser.add_argument("--rails", help="rail spec: comma list of interfaces or IPv4 subnets, "
-                        "each optionally 'mptcp:'-prefixed (sets NEZHA_RAILS)")
+                        "each optionally 'mptcp:'-prefixed, or ofi:PROVIDER@SUBNET (sets "
+                        "NEZHA_RAILS); 'auto': the subnets every host shares, over RDMA where "
+                        "every host has it (asks each host through the launcher)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="with --rails auto: print what each host would use and exit")
     parser.add_argument("--start-timeout", type=float, default=None, metavar="S",
                         help="fail if a rank has not reached the rendezvous store after S seconds")
     parser.add_argument("--timeline", metavar="FILE",
@@ -66,13 +71,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
+    if args.dry_run and args.rails != "auto":
+        parser.error("--dry-run goes with --rails auto")
+    if not command and not args.dry_run:
         parser.error("no command to run")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="nezharun: %(message)s")
     try:
         placements = place_ranks(_host_slots(args), args.num_proc)
         rendezvous_addr = args.rendezvous_addr or _default_rendezvous_addr(placements)
+        if args.rails == "auto":
+            args.rails = auto_rails(placements, args.launcher, dry_run=args.dry_run)
+            if args.dry_run:
+                return 0
         if args.launcher is None and all(is_local_host(p.host) for p in placements):
             resolve_rails(args.rails, rendezvous_addr)  # catch a bad spec before starting ranks
         if args.start_timeout is not None and args.start_timeout <= 0:

@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/negotiation/message_codec.h"
 #include "transport/frame.h"
+#include "transport/ofi/ofi_providers.h"
 #include "transport/rail_factory.h"
 
 namespace py = pybind11;
@@ -261,6 +262,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("protocol", [](const engine::RailConfig& c) { return c.kind; },
                              "The kind (this field's name before other kinds existed).");
   m.def("rail_kinds", &transport::known_rail_kinds, "Every rail kind the core's rail factory builds.");
+  m.def("ofi_available", &transport::ofi::ofi_available,
+        "Whether this build has the ofi rail (libfabric was found when nezha._core was built).");
+  m.def("ofi_providers", &transport::ofi::ofi_rdm_providers,
+        "libfabric providers on this host with RDM tagged endpoints (e.g. 'tcp;ofi_rxm', "
+        "'verbs;ofi_rxm'); empty without libfabric.");
 
   py::class_<EngineConfig>(m, "EngineConfig")
       .def(py::init([] { return EngineConfig::from_knobs(); }), "Defaults from NEZHA_* knobs.")

@@ -46,14 +46,6 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
                           std::to_string(config_.size));
   if (config_.rails.empty()) config_.rails.push_back({"lo", "127.0.0.1", "tcp", {}});
   process_sets_ = std::make_unique<ProcessSetTable>(config_.size);
-  // The control channel has its own connections on every rail's address (or the control address for
-  // a rail without one): negotiation never queues behind bulk data, and losing a rail (rail 0
-  // included) does not cut it.
-  std::vector<ControlPathConfig> paths;
-  for (const auto& rc : config_.rails)
-    paths.push_back({rc.name, rc.local_addr.empty() ? config_.control_addr : rc.local_addr});
-  control_ = std::make_unique<ControlChannel>(paths, config_.secret, config_.rank, config_.size,
-                                              config_.socket_buffer_bytes);
   for (size_t i = 0; i < config_.rails.size(); ++i) {
     const RailConfig& rc = config_.rails[i];
     transport::RailSpec spec;
@@ -70,6 +62,16 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
     ctx.socket_buffer_bytes = config_.socket_buffer_bytes;
     rails_.push_back(transport::make_rail(spec, ctx));
   }
+  // The control channel has its own connections on every rail's IPv4 address (or the control address
+  // for a rail without one, such as shm): negotiation never queues behind bulk data, and losing a rail
+  // (rail 0 included) does not cut it.
+  std::vector<ControlPathConfig> paths;
+  for (const auto& rail : rails_) {
+    const transport::RailProperties& p = rail->properties();
+    paths.push_back({p.name, p.bind_ip.empty() ? config_.control_addr : p.bind_ip});
+  }
+  control_ = std::make_unique<ControlChannel>(paths, config_.secret, config_.rank, config_.size,
+                                              config_.socket_buffer_bytes);
   // Two consecutive samples off the model in the same direction count as a real change of
   // speed (a re-shaped or congested link): shares then follow within two large operations.
   multirail::RailCostModelOptions cost_opt;

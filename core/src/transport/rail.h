@@ -45,8 +45,10 @@ enum class RailReach { kJob, kHost };
 // What the scheduler may read about a rail. It never asks "what type are you": capabilities only.
 struct RailProperties {
   std::string name;          // as the user named it: "eth1", "10.50.0.0/24", "shm"
-  std::string kind;          // "tcp", "mptcp", "shm" (later "agg", "ofi"); shown in rail_stats()
+  std::string kind;          // "tcp", "mptcp", "shm", "ofi" (later "agg"); shown in rail_stats()
   std::string local_addr;    // human-readable, for rail_stats(): "10.0.0.1", "shm:<host>"
+  std::string bind_ip;       // IPv4 address the rail's traffic leaves from, if it has one ("10.0.0.1";
+                             // empty for shm): the engine opens this rail's control path there
   RailReach reach = RailReach::kJob;
   double latency_us_prior = 0;   // priors the cost model starts from before any measurement (0 = unknown)
   double gbps_prior = 0;         // link speed if the transport knows it (0 = unknown)

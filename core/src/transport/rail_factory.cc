@@ -106,7 +106,15 @@ RailSpec parse_rail_spec(const std::string& text) {
     spec.local_addr = head;
     spec.name = head;
   }
-  for (size_t i = 1; i < parts.size(); ++i) {
+  // A ';'-part without '=' continues the target of a kind whose targets contain ';' ("ofi:tcp;ofi_rxm@..."):
+  // an option is always key=value, so the split is unambiguous.
+  size_t first_option = 1;
+  if (rail_kind_target_may_contain_semicolons(spec.kind)) {
+    for (; first_option < parts.size() && parts[first_option].find('=') == std::string::npos; ++first_option)
+      spec.local_addr += ";" + parts[first_option];
+    spec.name = spec.local_addr.empty() ? spec.kind : spec.local_addr;
+  }
+  for (size_t i = first_option; i < parts.size(); ++i) {
     const size_t eq = parts[i].find('=');
     if (eq == std::string::npos || eq == 0)
       throw InvalidArgument("rail spec '" + text + "': option '" + parts[i] + "' is not key=value");

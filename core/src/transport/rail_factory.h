@@ -8,6 +8,9 @@
 //   "tcp:eth1", "mptcp:10.0.0.0/24"       -> that kind, over that interface/subnet/address
 //   "shm"                                 -> a kind alone (no address)
 //   "shm;segment_bytes=8388608"           -> kind-specific options after semicolons
+//   "ofi:tcp;ofi_rxm@10.0.0.1;window=4"   -> a kind whose target may contain ';' (rail_kinds.cc): a
+//                                            ';'-part without '=' continues the target, options
+//                                            are the parts with '=' (here target "tcp;ofi_rxm@10.0.0.1")
 // The Python side resolves names to local_addr (the IP to bind); the factory never resolves names.
 #pragma once
 

@@ -4,6 +4,7 @@
 #include "transport/rail_kinds.h"
 
 #include "transport/tcp/tcp_rail.h"
+#include "transport/ofi/ofi_rail.h"
 #include "transport/shm/shm_rail.h"
 
 namespace nezha::transport {
@@ -13,8 +14,15 @@ const std::vector<RailKind>& builtin_rail_kinds() {
       {"tcp", &make_tcp_rail},
       {"mptcp", &make_tcp_rail},
       {"shm", &make_shm_rail},
+      {"ofi", &make_ofi_rail, true},  // throws a NezhaError naming libfabric when built without it
   };
   return kBuiltinRailKinds;
+}
+
+bool rail_kind_target_may_contain_semicolons(const std::string& kind) {
+  for (const RailKind& k : builtin_rail_kinds())
+    if (k.kind == kind) return k.target_may_contain_semicolons;
+  return false;
 }
 
 // Kinds that can also carry the engine's control channel (message_path.h).

@@ -11,7 +11,13 @@ namespace nezha::transport {
 struct RailKind {
   std::string kind;
   RailMaker maker;
+  // The kind's target may contain ';' (ofi's provider "tcp;ofi_rxm"): a ';'-part without '=' then
+  // continues the target instead of being a malformed option.
+  bool target_may_contain_semicolons = false;
 };
+
+// Whether `kind` is built in and its target may contain ';' (parse_rail_spec).
+bool rail_kind_target_may_contain_semicolons(const std::string& kind);
 
 const std::vector<RailKind>& builtin_rail_kinds();
 

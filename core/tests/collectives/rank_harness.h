@@ -1,7 +1,8 @@
 // Runs one function per rank on its own thread over a fresh MemoryWorld (Gloo's base_test style:
 // ranks as threads, no globals in the core), or, with NEZHA_TEST_RAIL=shm in the environment (the
 // "shm." copy of this binary's tests in CMakeLists.txt), over a fresh mesh of ShmRails with small
-// rings, so every algorithm test also runs over shared memory.
+// rings, so every algorithm test also runs over shared memory; NEZHA_TEST_RAIL=ofi ("ofi." copy) the
+// same over the ofi rail (libfabric).
 #pragma once
 
 #include <cstdlib>
@@ -16,6 +17,7 @@
 
 #include "collectives/collectives.h"
 #include "memory_rail.h"
+#include "transport/ofi_mesh.h"
 #include "transport/shm_mesh.h"
 
 namespace nezha::testing {
@@ -53,10 +55,56 @@ inline std::vector<std::exception_ptr> run_ranks_collect_shm(
   return errors;
 }
 
+// The ofi variant (NEZHA_TEST_RAIL=ofi, the "ofi." copy): a mesh of OfiRails over libfabric's
+// tcp;ofi_rxm provider (or NEZHA_TEST_OFI_PROVIDER) with 16 KiB chunks, so messages span many chunks.
+inline bool harness_uses_ofi() {
+  const char* kind = std::getenv("NEZHA_TEST_RAIL");
+  return kind != nullptr && std::string(kind) == "ofi";
+}
+
+template <typename Rails>
+std::vector<std::exception_ptr> run_body_on(Rails& rails, int size, const std::function<void(transport::Rail&)>& body) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(*rails[r]);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+inline std::vector<std::exception_ptr> run_ranks_collect_ofi(int size, const std::function<void(transport::Rail&)>& body) {
+#ifdef NEZHA_WITH_OFI
+  // Building a mesh (endpoints, connections, handshakes) costs far more than a small collective, and
+  // a test runs dozens: the last mesh is kept while every call on it succeeds (a completed collective
+  // consumed every message it sent) and rebuilt after any failure or for another size.
+  static std::vector<std::unique_ptr<transport::OfiRail>> mesh;
+  if (mesh.size() != static_cast<size_t>(size)) {
+    mesh.clear();
+    mesh = transport::testing::make_ofi_mesh(size);
+  }
+  auto errors = run_body_on(mesh, size, body);
+  for (const auto& e : errors)
+    if (e) mesh.clear();
+  return errors;
+#else
+  ADD_FAILURE() << "NEZHA_TEST_RAIL=ofi but this build has no libfabric";
+  (void)body;
+  return std::vector<std::exception_ptr>(static_cast<size_t>(size));
+#endif
+}
+
 inline std::vector<std::exception_ptr> run_ranks_collect(
     int size, const std::function<void(transport::Rail&)>& body,
     size_t send_buffer_bytes = std::numeric_limits<size_t>::max()) {
   if (harness_uses_shm()) return run_ranks_collect_shm(size, body);
+  if (harness_uses_ofi()) return run_ranks_collect_ofi(size, body);
   MemoryWorld world(size);
   world.set_send_buffer_bytes(send_buffer_bytes);
   std::vector<std::exception_ptr> errors(static_cast<size_t>(size));

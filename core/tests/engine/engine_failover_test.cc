@@ -138,6 +138,23 @@ TEST(EngineFailoverTest, RailsOfDifferentKindsFailOverThroughTheContract) {
   run_and_check(job, 2, 1, 1 << 20, [](int) {});
 }
 
+#ifdef NEZHA_WITH_OFI
+TEST(EngineFailoverTest, AnOfiRailFailsOverAndIsReadmitted) {
+  // TCP beside the ofi rail (libfabric tcp;ofi_rxm): a failure of the ofi rail on one rank is redone
+  // on TCP, and the rail is re-admitted through reset()/connect() (a new epoch, fresh handshakes).
+  std::vector<RailConfig> rails = testing::loopback_rails(1);
+  rails.push_back({"tcp;ofi_rxm@127.0.0.1", "tcp;ofi_rxm@127.0.0.1", "ofi", {{"chunk_bytes", "65536"}}});
+  TwoRailJob job(3, /*failover=*/true, /*cache_rounds=*/false, /*probe_backoff_s=*/0.2, rails);
+  EXPECT_EQ(job[0].rail_stats()[1].protocol, "ofi");
+  run_and_check(job, 8, 2, 1 << 20, [&](int step) {
+    if (step == 2) job[1].testing_fail_rail(1, "injected ofi rail error");
+  });
+  ASSERT_TRUE(wait_all_up(job, 1)) << "the ofi rail was not re-admitted; rank 0 sees it " << state_of(job[0], 1);
+  run_and_check(job, 3, 1, 1 << 20, [](int) {});
+  for (int r = 0; r < job.size(); ++r) EXPECT_GT(job[r].rail_stats()[1].share, 0.05) << "rank " << r;
+}
+#endif
+
 TEST(EngineFailoverTest, WithCacheRoundsARailFailureIsRedoneAndReadmittedToo) {
   // Steady steps are agreed in cache rounds, not by rank 0: their plans must follow the rail
   // events (which travel in rank 0's lists) at the same point on every rank.

@@ -52,6 +52,24 @@ TEST(RailFactory, ParsesKindsAddressesAndOptions) {
   EXPECT_THROW(parse_rail_spec("tcp:lo;nonsense"), InvalidArgument);
 }
 
+TEST(RailFactory, AnOfiTargetMayContainSemicolonsAndOptionsAreTheKeyValueParts) {
+  RailSpec ofi = parse_rail_spec("ofi:tcp;ofi_rxm@10.50.0.1;window=4;chunk_bytes=65536");
+  EXPECT_EQ(ofi.kind, "ofi");
+  EXPECT_EQ(ofi.local_addr, "tcp;ofi_rxm@10.50.0.1");
+  EXPECT_EQ(ofi.name, "tcp;ofi_rxm@10.50.0.1");
+  EXPECT_EQ(ofi.options.size(), 2u);
+  EXPECT_EQ(ofi.options.at("window"), "4");
+  EXPECT_EQ(ofi.options.at("chunk_bytes"), "65536");
+  RailSpec verbs = parse_rail_spec("ofi:verbs;ofi_rxm@10.60.0.1");
+  EXPECT_EQ(verbs.local_addr, "verbs;ofi_rxm@10.60.0.1");
+  EXPECT_TRUE(verbs.options.empty());
+  RailSpec shm = parse_rail_spec("ofi:shm");
+  EXPECT_EQ(shm.local_addr, "shm");
+  // Once an option started, a part without '=' is malformed again; other kinds never continue.
+  EXPECT_THROW(parse_rail_spec("ofi:tcp;window=4;ofi_rxm@10.0.0.1"), InvalidArgument);
+  EXPECT_THROW(parse_rail_spec("tcp:lo;ofi_rxm"), InvalidArgument);
+}
+
 TEST(RailFactory, TcpAndMptcpKindsBuildTcpRailsDescribingThemselves) {
   for (const char* kind : {"tcp", "mptcp"}) {
     RailSpec spec = parse_rail_spec(std::string(kind) + ":127.0.0.1;max_share_bytes=65536");

@@ -64,6 +64,7 @@ TcpRail::TcpRail(TcpRailConfig config, int rank, int size)
                           std::to_string(size) + " ranks");
   properties_.name = config_.name;
   properties_.local_addr = config_.local_addr;
+  properties_.bind_ip = config_.local_addr;
   properties_.kind = config_.mptcp ? "mptcp" : "tcp";
   properties_.reach = RailReach::kJob;
   properties_.max_share_bytes = config_.max_share_bytes;
