@@ -5,6 +5,7 @@
 
 #include "transport/tcp/tcp_rail.h"
 #include "transport/shm/shm_rail.h"
+#include "transport/agg/agg_rail.h"
 
 namespace nezha::transport {
 
@@ -13,6 +14,7 @@ const std::vector<RailKind>& builtin_rail_kinds() {
       {"tcp", &make_tcp_rail},
       {"mptcp", &make_tcp_rail},
       {"shm", &make_shm_rail},
+      {"agg", &make_agg_rail},
   };
   return kBuiltinRailKinds;
 }

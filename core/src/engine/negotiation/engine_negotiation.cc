@@ -78,6 +78,8 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
   for (int64_t c : r.counts) op.count += static_cast<size_t>(c);
   op.elem_size = dtype_size(r.dtype);
   op.splittable = r.type == OpType::kAllreduce;
+  op.dtype = r.dtype;
+  op.op = r.op;
   multirail::Plan plan = rail_table_->plan(op, multirail::PlanSource::kNegotiation, {},
                                            [this](int rail, size_t bytes) {
                                              NZ_LOG(Debug) << rank_prefix(config_.rank) << "probing rail '"
