@@ -25,6 +25,9 @@ from typing import Dict, List, Optional, Tuple
 import psutil
 
 NETWORK_KINDS = ("tcp", "mptcp")  # rails bound to a local IPv4 address
+# Collective-only rails named by the daemon they reduce on (``agg:ADDR:PORT``): they bind no local
+# address (their control path uses the rendezvous route), the target goes to the core as `daemon`.
+COLLECTIVE_KINDS = ("agg",)
 PROTOCOLS = NETWORK_KINDS  # the name this tuple had before other kinds existed
 _LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
@@ -81,6 +84,8 @@ def resolve_rails(spec: Optional[str], rendezvous_addr: str) -> List[RailSpec]:
                 raise ValueError(f"rail {item!r}: expected [tcp:|mptcp:]<interface or IPv4 subnet>")
             rail = RailSpec(name=target, local_addr=_resolve_item(target, interfaces),
                             kind=kind, options=options)
+        elif kind in COLLECTIVE_KINDS:
+            rail = _collective_rail(item, kind, target, options)
         else:
             rail = RailSpec(name=target or kind, local_addr=target, kind=kind, options=options)
         for other in rails:
@@ -91,6 +96,19 @@ def resolve_rails(spec: Optional[str], rendezvous_addr: str) -> List[RailSpec]:
                 raise ValueError(f"rail {rail.name!r} is listed twice; list each rail once")
         rails.append(rail)
     return rails
+
+
+def _collective_rail(item: str, kind: str, target: str,
+                     options: Tuple[Tuple[str, str], ...]) -> RailSpec:
+    host, colon, port = target.rpartition(":")
+    try:
+        ipaddress.IPv4Address(host)
+        port_ok = colon and port.isdigit() and 0 < int(port) < 65536
+    except ValueError:
+        port_ok = False
+    if not port_ok:
+        raise ValueError(f"rail {item!r}: expected {kind}:<IPv4 address>:<port> of the nezha-aggd to use")
+    return RailSpec(name=target, local_addr="", kind=kind, options=(("daemon", target),) + options)
 
 
 def _parse_options(item: str, texts: List[str]) -> Tuple[Tuple[str, str], ...]:
