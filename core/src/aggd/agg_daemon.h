@@ -77,7 +77,7 @@ class AggDaemon {
   std::string bound_;
   std::map<int, std::unique_ptr<Conn>> conns_;
   std::map<uint64_t, std::unique_ptr<JobEntry>> jobs_;
-  size_t reserved_ = 0;
+  std::atomic<size_t> reserved_{0};  // written by the loop, read by stats()
   AggDaemonStats stats_;  // guarded by stats_mu_ for readers on other threads
   mutable std::mutex stats_mu_;
   std::atomic<bool> stop_{false};

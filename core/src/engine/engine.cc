@@ -79,7 +79,11 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   std::vector<multirail::RailDescription> described;
   for (const auto& r : rails_) {
     const auto& p = r->properties();
-    multirail::RailDescription d{p.name, p.latency_us_prior, p.gbps_prior, p.max_share_bytes};
+    multirail::RailDescription d;
+    d.name = p.name;
+    d.latency_us_prior = p.latency_us_prior;
+    d.gbps_prior = multirail::share_gbps_prior(p.gbps_prior, p.in_network_reduce, config_.size);
+    d.max_share_bytes = p.max_share_bytes;
     d.point_to_point = p.point_to_point;
     if (transport::CollectiveRail* coll = r->collective())
       d.reduces = [coll](DataType t, ReduceOp o) { return coll->reduces(t, o); };

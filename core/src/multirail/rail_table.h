@@ -44,6 +44,12 @@ struct RailDescription {
   std::function<bool(DataType, ReduceOp)> reduces;
 };
 
+// The bandwidth a rail's cost model should expect before it is measured, from the speed of its
+// links: the model fits a share's whole time (the algorithm included), and a collective rail moves a
+// share of N bytes through each link once (alpha + N / L), a ring 2(n-1)/n N (alpha + 2(n-1)/n N / L).
+// So at equal links an aggregation rail is worth n / (2(n-1)) ring rails: 1.5 at n = 4, -> 2.
+double share_gbps_prior(double link_gbps, bool in_network_reduce, int ranks);
+
 // What to plan: `count` elements of `elem_size` bytes; `splittable` (allreduce) may be striped,
 // anything else runs whole on one rail.
 struct OpToPlan {
