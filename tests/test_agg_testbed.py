@@ -87,3 +87,23 @@ def test_daemon_killed_and_restarted_mid_run_stays_exact(testbed_factory, tmp_pa
             job.kill()
             job.wait()
         stop(daemon)
+
+
+def test_nezharun_aggregator_starts_the_daemon_and_adds_the_rail(testbed_factory):
+    tb = testbed_factory(hosts=4, rails=2, rates=["1gbit", "1gbit"], aggregator=1)
+    args = tb.nezharun_args()
+    args[args.index("--rails") + 1] = tb.rail_subnets[0]
+    env = {k: v for k, v in os.environ.items() if k != "NEZHA_AGG_SECRET"}  # the job secret keys it
+    env["NEZHA_TIMEOUT_S"] = "20"
+    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", "4", *args,
+           "--aggregator", f"{tb.aggregator_host}@{tb.aggregator_addr}:{AGG_PORT}", "--",
+           sys.executable, str(WORKERS / "agg_check.py"), "correctness"]
+    result = subprocess.run(cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, timeout=240)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert all(f"OK rank {r}" in result.stdout for r in range(4)), result.stdout[-3000:]
+    assert '"protocol": "agg"' in result.stdout
+    # nezharun stopped its daemon: nothing listens on the aggregator's port any more.
+    probe = tb.exec(tb.aggregator_host, ["ss", "-Hltn", f"sport = :{AGG_PORT}"],
+                    stdout=subprocess.PIPE, text=True)
+    assert probe.stdout.strip() == "", probe.stdout
