@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 from nezha.runner.aggregator import daemon_binary
 from nezha.testbed import Testbed
@@ -33,6 +34,13 @@ def run(tb, label, rails, sizes, out):
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     with open(path) as f:
         return json.load(f)
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process (the daemon: `ip netns exec` execs into it, same pid)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def split_text(rec):
@@ -58,8 +66,12 @@ def main():
             runs = [("tcp+agg", f"{r0},{agg}"), ("tcp+tcp", f"{r0},{r1}"), ("mptcp", f"mptcp:{r0}"),
                     ("tcp-rail0", r0), ("agg-alone", agg)]
             records = []
+            daemon_cpu = {}
             for label, rails in runs:
+                before = cpu_seconds(daemon.pid)
+                start = time.monotonic()
                 records += run(tb, label, rails, args.sizes, args.out)
+                daemon_cpu[label] = (cpu_seconds(daemon.pid) - before, time.monotonic() - start)
         finally:
             daemon.terminate()
             daemon.wait(timeout=10)
@@ -76,6 +88,8 @@ def main():
             cells.append(f"{r['busbw_gbps']:.2f} ({r['time_us'] / 1000:.1f} ms)" if r else "-")
         split = split_text(by[("tcp+agg", b)]) if ("tcp+agg", b) in by else "-"
         print(f"| {b} | " + " | ".join(cells) + f" | {split} |")
+    print("\nnezha-aggd CPU per job (whole nezharun run, start-up and calibration included): " +
+          ", ".join(f"{k} {c:.1f} s of {w:.0f} s" for k, (c, w) in daemon_cpu.items()))
     print(f"\nraw JSON in {args.out}")
 
 
