@@ -25,6 +25,9 @@ AggRail::AggRail(AggRailConfig config, int rank, int size)
   if (size < 1 || static_cast<uint32_t>(size) > kMaxAggRanks)
     throw InvalidArgument("rail '" + config_.name + "': nezha-aggd serves jobs of 1 to " +
                           std::to_string(kMaxAggRanks) + " ranks, not " + std::to_string(size));
+  if (rank < 0 || rank >= size)
+    throw InvalidArgument("rail '" + config_.name + "': rank " + std::to_string(rank) + " out of range for " +
+                          std::to_string(size) + " ranks");
   tcp::parse_ipv4_endpoint(config_.daemon);  // InvalidArgument for anything but ADDR:PORT
   if (config_.chunk_bytes < kMinAggChunkBytes || config_.chunk_bytes > kMaxAggChunkBytes ||
       config_.chunk_bytes % 64 || config_.window < 1 || config_.window > kMaxAggWindow)
