@@ -52,10 +52,14 @@ def _parser() -> argparse.ArgumentParser:
     link.add_argument("--host", type=_host, default=None, help="index or namespace name (default: every host)")
     link.add_argument("state", choices=["up", "down"])
 
-    command("status", "print hosts, rails, addresses, rates and link states as JSON")
+    status = command("status", "print hosts, rails, addresses, rates and link states as JSON")
 
     args = command("nezharun-args", "print the nezharun flags that run a job on this testbed")
     args.add_argument("--slots", type=int, default=1, help="ranks per host (default 1)")
+    for p in (status, args):
+        p.add_argument("--aggregator", type=int, default=None, metavar="RAIL",
+                       help="the testbed was built with --aggregator RAIL (its last host is the "
+                            "aggregator; nezharun-args then adds --aggregator)")
     return parser
 
 
@@ -72,7 +76,7 @@ def main(argv=None) -> int:
         elif args.command == "down":
             netns.destroy(args.prefix)
         else:
-            testbed = Testbed.attach(args.prefix)
+            testbed = Testbed.attach(args.prefix, getattr(args, "aggregator", None))
             if args.command == "rate":
                 testbed.set_rate(args.rail, args.rate, host=args.host)
             elif args.command == "link":

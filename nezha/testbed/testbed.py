@@ -52,12 +52,15 @@ class Testbed:
         self._is_up = False
 
     @classmethod
-    def attach(cls, prefix: str) -> "Testbed":
-        """The testbed already running under prefix (built by `python -m nezha.testbed up`)."""
+    def attach(cls, prefix: str, aggregator: Optional[int] = None) -> "Testbed":
+        """The testbed already running under prefix (built by `python -m nezha.testbed up`);
+        `aggregator`: the rail it was built with `--aggregator` on (its last namespace is then the
+        aggregator host, not a rank host)."""
         topo = netns.discover(prefix)
         if topo is None:
             raise commands.TestbedError(f"no testbed with prefix {prefix!r} is up")
-        testbed = cls(topo.hosts, topo.rails, prefix=prefix, persistent=True)
+        hosts = topo.hosts - (1 if aggregator is not None else 0)
+        testbed = cls(hosts, topo.rails, prefix=prefix, persistent=True, aggregator=aggregator)
         testbed._is_up = True
         return testbed
 
@@ -164,10 +167,16 @@ class Testbed:
     def nezharun_args(self, slots_per_host: int = 1) -> list:
         if slots_per_host < 1:
             raise ValueError(f"slots_per_host must be at least 1, got {slots_per_host}")
-        return ["--launcher", "ip netns exec {host}",
+        args = ["--launcher", "ip netns exec {host}",
                 "-H", ",".join(f"{h}:{slots_per_host}" for h in self.hosts),
                 "--rendezvous-addr", self.rendezvous_addr,
                 "--rails", ",".join(self.rail_subnets)]
+        if self._aggregator is not None:
+            # TCP on the other rails, nezha-aggd (started by nezharun) on the aggregator's rail.
+            others = [s for r, s in enumerate(self.rail_subnets) if r != self._aggregator]
+            args[-1] = ",".join(others) or self.rail_subnets[self._aggregator]
+            args += ["--aggregator", f"{self.aggregator_host}@{self.aggregator_addr}"]
+        return args
 
     def status(self) -> dict:
         """Hosts, rails, addresses, shaping and link states, read back from the system."""
