@@ -24,7 +24,7 @@ BENCH = [sys.executable, "-m", "nezha.bench", "--op", "allreduce", "--dtype", "f
 
 
 def run(tb, label, rails, sizes, out):
-    args = tb.nezharun_args()
+    args = tb.nezharun_args(start_aggregator=False)  # the daemon is started here
     args[args.index("--rails") + 1] = rails
     path = os.path.join(out, label + ".json")
     cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", str(len(tb.hosts)), *args, "--",

@@ -31,7 +31,7 @@ def wait_listening(proc):
 
 def nezharun_cmd(tb, mode):
     rails = f"{tb.rail_subnets[0]},agg:{tb.aggregator_addr}:{AGG_PORT}"
-    args = tb.nezharun_args()
+    args = tb.nezharun_args(start_aggregator=False)  # the daemon is started here
     args[args.index("--rails") + 1] = rails
     return [sys.executable, "-m", "nezha.runner.launch", "-np", str(len(tb.hosts)), *args, "--",
             sys.executable, str(WORKERS / "agg_check.py"), mode]
@@ -82,6 +82,11 @@ def test_daemon_killed_and_restarted_mid_run_stays_exact(testbed_factory, tmp_pa
         output = "".join(lines)
         for r in range(4):
             assert f"OK rank {r}" in output, output[-3000:]
+        # The slowest 4 MiB allreduce (check + digest allgather) while the daemon died: the failover's
+        # stall plus the redo. The target is <= 200 ms of stall; a generous bound on a loaded machine.
+        slowest = [float(l.split()[-1]) for l in lines if "SLOWEST" in l]
+        print("slowest allreduce around the kill, per rank:", slowest)
+        assert slowest and max(slowest) < 3.0, slowest
     finally:
         if job.poll() is None:
             job.kill()
@@ -91,12 +96,11 @@ def test_daemon_killed_and_restarted_mid_run_stays_exact(testbed_factory, tmp_pa
 
 def test_nezharun_aggregator_starts_the_daemon_and_adds_the_rail(testbed_factory):
     tb = testbed_factory(hosts=4, rails=2, rates=["1gbit", "1gbit"], aggregator=1)
-    args = tb.nezharun_args()
-    args[args.index("--rails") + 1] = tb.rail_subnets[0]
+    args = tb.nezharun_args()  # TCP on rail 0, --aggregator <host>@<addr> on rail 1
+    assert args[-2:] == ["--aggregator", f"{tb.aggregator_host}@{tb.aggregator_addr}"]
     env = {k: v for k, v in os.environ.items() if k != "NEZHA_AGG_SECRET"}  # the job secret keys it
     env["NEZHA_TIMEOUT_S"] = "20"
-    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", "4", *args,
-           "--aggregator", f"{tb.aggregator_host}@{tb.aggregator_addr}:{AGG_PORT}", "--",
+    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", "4", *args, "--",
            sys.executable, str(WORKERS / "agg_check.py"), "correctness"]
     result = subprocess.run(cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, timeout=240)

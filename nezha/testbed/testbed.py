@@ -164,14 +164,16 @@ class Testbed:
         """The rail's interface name inside every host namespace."""
         return topology.host_interface(self._topo.check_rail(rail))
 
-    def nezharun_args(self, slots_per_host: int = 1) -> list:
+    def nezharun_args(self, slots_per_host: int = 1, start_aggregator: bool = True) -> list:
+        """Flags that run a job on this testbed; with an aggregator host (and start_aggregator),
+        nezharun starts nezha-aggd there and stripes beside it (`--aggregator`)."""
         if slots_per_host < 1:
             raise ValueError(f"slots_per_host must be at least 1, got {slots_per_host}")
         args = ["--launcher", "ip netns exec {host}",
                 "-H", ",".join(f"{h}:{slots_per_host}" for h in self.hosts),
                 "--rendezvous-addr", self.rendezvous_addr,
                 "--rails", ",".join(self.rail_subnets)]
-        if self._aggregator is not None:
+        if self._aggregator is not None and start_aggregator:
             # TCP on the other rails, nezha-aggd (started by nezharun) on the aggregator's rail.
             others = [s for r, s in enumerate(self.rail_subnets) if r != self._aggregator]
             args[-1] = ",".join(others) or self.rail_subnets[self._aggregator]

@@ -60,8 +60,12 @@ elif mode == "restart":
     deadline = time.monotonic() + 60
     # The daemon dies while these run; they must stay exact, then the rail must come back up.
     saw_down = False
+    slowest = 0.0  # the longest allreduce around the kill: the stall the failover cost
     while time.monotonic() < deadline:
+        t0 = time.monotonic()
         check(4 << 20, salt)
+        if not saw_down or agg_stat()["state"] != "up":
+            slowest = max(slowest, time.monotonic() - t0)
         salt += 1
         state = agg_stat()["state"]
         saw_down |= state != "up"
@@ -71,6 +75,7 @@ elif mode == "restart":
             open(signal_file + ".asked", "w").close()
             print("RESTART", flush=True)
     assert saw_down and agg_stat()["state"] == "up", nezha.rail_stats()
+    print(f"SLOWEST {slowest:.3f}", flush=True)
     before = agg_stat()["bytes_sent"]
     for k in range(4):
         check(4 << 20, 1000 + k)
