@@ -1,7 +1,7 @@
 // allreduce(): a rail that reduces in the network (collective_rail.h) and takes this dtype, op and
-// size runs the share itself; otherwise pick the algorithm by payload size. Log-step needs log2(n) rounds of the whole
-// payload (latency-bound small messages win); the ring moves 2(n-1)/n of it in 2(n-1) rounds
-// (bandwidth-bound large messages win).
+// size runs the share itself; otherwise pick the algorithm by payload size. Log-step needs log2(n)
+// rounds of the whole payload (latency-bound small messages win); the ring moves 2(n-1)/n of it in
+// 2(n-1) rounds (bandwidth-bound large messages win).
 #include "collectives/algorithm_util.h"
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"

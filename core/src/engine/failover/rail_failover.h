@@ -33,9 +33,6 @@
 namespace nezha::engine {
 
 class RailFailover {
- private:
-  std::vector<bool> redo_targets_;
-
  public:
   RailFailover(int size, std::vector<std::string> rail_names, multirail::RailHealthOptions opt = {});
 
@@ -90,6 +87,7 @@ class RailFailover {
 
   int size_;
   std::vector<Rail> rails_;
+  std::vector<bool> redo_targets_;  // set_redo_targets(); empty: every rail
 };
 
 }  // namespace nezha::engine
