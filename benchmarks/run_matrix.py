@@ -165,7 +165,8 @@ def main(argv=None) -> int:
     text = render_results(results, quick=args.quick, started=started_at, duration_s=duration,
                           testbed=testbed_text)
     # Hand-written analysis (gaps and their causes) and the training figures stay with the numbers.
-    for extra in ("ANALYSIS.md", "TRAINING.md", "FAILOVER.md", "JAX.md", "TENSORFLOW.md", "SHM.md", "OFI.md"):
+    for extra in ("ANALYSIS.md", "TRAINING.md", "FAILOVER.md", "JAX.md", "TENSORFLOW.md", "SHM.md", "OFI.md",
+                  "AGG.md"):
         if (BENCH_DIR / extra).exists():
             section = (BENCH_DIR / extra).read_text(encoding="utf-8")
             text += "\n\n" + ("#" + section if section.startswith("# ") else section)

@@ -31,6 +31,10 @@ NETWORK_KINDS = ("tcp", "mptcp")  # rails bound to a local IPv4 address
 # Kinds whose target may contain ';' (libfabric provider strings such as "tcp;ofi_rxm"): a ';'-part
 # without '=' continues the target; options are always key=value. The core's parser does the same.
 SEMICOLON_TARGET_KINDS = ("ofi",)
+
+# Collective-only rails named by the daemon they reduce on (``agg:ADDR:PORT``): they bind no local
+# address (their control path uses the rendezvous route), the target goes to the core as `daemon`.
+COLLECTIVE_KINDS = ("agg",)
 PROTOCOLS = NETWORK_KINDS  # the name this tuple had before other kinds existed
 _LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
@@ -94,6 +98,8 @@ def resolve_rails(spec: Optional[str], rendezvous_addr: str) -> List[RailSpec]:
         elif kind == "ofi":
             rail = RailSpec(name=target, local_addr=_resolve_ofi_target(item, target, interfaces),
                             kind=kind, options=options)
+        elif kind in COLLECTIVE_KINDS:
+            rail = _collective_rail(item, kind, target, options)
         else:
             rail = RailSpec(name=target or kind, local_addr=target, kind=kind, options=options)
         for other in rails:
@@ -124,6 +130,19 @@ def _resolve_ofi_target(item: str, target: str,
         raise ValueError(f"rail {item!r}: expected ofi:PROVIDER@<interface or IPv4 subnet>, e.g. "
                          f"ofi:tcp;ofi_rxm@10.50.0.0/24 or ofi:verbs;ofi_rxm@10.60.0.0/24")
     return f"{provider}@{_resolve_item(where, interfaces)}" if where else provider
+
+
+def _collective_rail(item: str, kind: str, target: str,
+                     options: Tuple[Tuple[str, str], ...]) -> RailSpec:
+    host, colon, port = target.rpartition(":")
+    try:
+        ipaddress.IPv4Address(host)
+        port_ok = colon and port.isdigit() and 0 < int(port) < 65536
+    except ValueError:
+        port_ok = False
+    if not port_ok:
+        raise ValueError(f"rail {item!r}: expected {kind}:<IPv4 address>:<port> of the nezha-aggd to use")
+    return RailSpec(name=target, local_addr="", kind=kind, options=(("daemon", target),) + options)
 
 
 def _parse_options(item: str, texts: List[str]) -> Tuple[Tuple[str, str], ...]:

@@ -163,3 +163,29 @@ def test_an_ofi_target_keeps_its_semicolons_and_resolves_its_address():
                           ("ofi:tcp;ofi_rxm@10.254.77.0/24", "no local address in that subnet")]:
         with pytest.raises(ValueError, match=message):
             resolve_rails(spec, "127.0.0.1")
+
+
+def test_aggregation_rail_names_its_daemon_and_binds_nothing():
+    assert "agg" in core_rail_kinds()
+    (tcp, agg) = resolve_rails("127.0.0.1,agg:10.51.0.5:7219;window=4", "127.0.0.1")
+    assert tcp.kind == "tcp"
+    assert agg == RailSpec(name="10.51.0.5:7219", local_addr="", kind="agg",
+                           options=(("daemon", "10.51.0.5:7219"), ("window", "4")))
+
+
+@pytest.mark.parametrize("spec", ["agg:", "agg:10.0.0.1", "agg:host:7219", "agg:10.0.0.1:0",
+                                  "agg:10.0.0.1:99999"])
+def test_aggregation_rail_needs_an_ipv4_address_and_port(spec):
+    with pytest.raises(ValueError, match="agg:<IPv4 address>:<port>"):
+        resolve_rails(spec, "127.0.0.1")
+
+
+def test_nezharun_aggregator_argument():
+    from nezha.runner.aggregator import parse_aggregator, rails_with_aggregator
+
+    spec = parse_aggregator("nz-h4@10.51.0.5:7300")
+    assert (spec.host, spec.addr, spec.port) == ("nz-h4", "10.51.0.5", 7300)
+    assert parse_aggregator("localhost").rail == "agg:127.0.0.1:7219"
+    assert rails_with_aggregator("10.50.0.0/24", spec) == "10.50.0.0/24,agg:10.51.0.5:7300"
+    with pytest.raises(ValueError, match="port"):
+        parse_aggregator("nz-h4@10.51.0.5:0")

@@ -81,6 +81,17 @@ def test_names_addresses_and_nezharun_args_follow_the_scheme():
         tb.host_addr("other-h0", 0)
 
 
+def test_aggregator_host_is_named_addressed_and_passed_to_nezharun():
+    tb = Testbed(hosts=3, rails=2, prefix="nzx", aggregator=1)
+    assert tb.hosts == ["nzx-h0", "nzx-h1", "nzx-h2"]  # ranks never land on the aggregator
+    assert tb.aggregator_host == "nzx-h3"
+    assert tb.aggregator_addr == "10.51.0.4"
+    assert tb.nezharun_args()[-4:] == ["--rails", "10.50.0.0/24", "--aggregator", "nzx-h3@10.51.0.4"]
+    assert Testbed(hosts=3, rails=2, prefix="nzx").aggregator_host is None
+    with pytest.raises(ValueError, match="aggregator rail 2 out of range"):
+        Testbed(hosts=3, rails=2, prefix="nzx", aggregator=2)
+
+
 @pytest.mark.parametrize("prefix", ["", "NZ", "1nz", "nz-x", "nzabcdefghij"])
 def test_bad_prefix_is_rejected(prefix):
     with pytest.raises(ValueError, match="prefix"):
@@ -199,6 +210,28 @@ def test_shaped_rails_deliver_their_rate(testbed_factory):
     for rail, rate in enumerate(["100mbit", "250mbit"]):
         transfer = measure(tb, 0, 1, tb.host_addr(1, rail), seconds=1.0, max_bytes=200 << 20)
         assert_rate(transfer.gbps, rate)
+
+
+def test_aggregator_sits_on_one_rail_at_hosts_times_its_rate(testbed_factory):
+    tb = testbed_factory(hosts=2, rails=2, rates=["100mbit", "100mbit"], mptcp=False, aggregator=1)
+    assert tb.rate(1, tb.aggregator_host) == "200mbit"  # a switch port per host
+    assert not tb.link_is_up(0, tb.aggregator_host) and tb.link_is_up(1, tb.aggregator_host)
+    from nezha.runner.aggregator import daemon_binary
+
+    daemon = tb.popen(tb.aggregator_host, [daemon_binary(), "--listen", "0.0.0.0:7219"],
+                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert b"listening on" in daemon.stdout.readline()
+        connect = f"import socket; socket.create_connection(({tb.aggregator_addr!r}, 7219), 3)"
+        assert tb.exec(0, [sys.executable, "-c", connect]).returncode == 0  # on its rail ...
+        blocked = f"import socket; socket.create_connection(('10.50.0.3', 7219), 1)"
+        assert tb.exec(0, [sys.executable, "-c", blocked], stderr=subprocess.DEVNULL).returncode != 0  # ... only
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=10)
+        daemon.stdout.close()
+    assert tb.status()["aggregator"] == {"host": tb.aggregator_host, "rail": 1,
+                                         "address": tb.aggregator_addr}
 
 
 @needs_testbed

@@ -1,8 +1,8 @@
 """``nezharun``: start an N-rank Nezha job on this machine or on a list of hosts.
 
     nezharun -np N [-H host:slots,...] [--hostfile F] [--launcher 'TEMPLATE {host}']
-             [--rendezvous-addr A] [--rails SPEC|auto [--dry-run]] [--start-timeout S]
-             [--timeline FILE] [--verbose] [--] CMD ...
+             [--rendezvous-addr A] [--rails SPEC|auto [--dry-run]] [--aggregator HOST[@ADDR][:PORT]]
+             [--start-timeout S] [--timeline FILE] [--verbose] [--] CMD ...
 
 nezharun serves the job's rendezvous store itself, with a fresh per-job secret, and gives every
 rank the NEZHA_* environment. Exit code: 0 when every rank exits 0; otherwise the first failing
@@ -14,6 +14,7 @@ SIGINT/SIGTERM/SIGHUP, 124 when ranks miss --start-timeout, 127 when a rank cann
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import secrets
@@ -22,6 +23,7 @@ import sys
 from typing import List, Optional, Set
 
 from nezha.rails import resolve_rails, route_source_address
+from nezha.runner.aggregator import Aggregator, parse_aggregator, rails_with_aggregator
 from nezha.runner.discovery import auto_rails
 from nezha.rendezvous import StoreServer
 from nezha.rendezvous.keys import ARRIVED_PREFIX, rank_from_arrival_key
@@ -51,11 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "ranks connect to (default: 127.0.0.1 when every host is local, else "
                         "this machine's address toward the first remote host)")
     parser.add_argument("--rails", help="rail spec: comma list of interfaces or IPv4 subnets, "
-                        "each optionally 'mptcp:'-prefixed, or ofi:PROVIDER@SUBNET (sets "
-                        "NEZHA_RAILS); 'auto': the subnets every host shares, over RDMA where "
-                        "every host has it (asks each host through the launcher)")
+                        "each optionally 'mptcp:'-prefixed, or ofi:PROVIDER@SUBNET, or "
+                        "agg:ADDR:PORT (sets NEZHA_RAILS); 'auto': the subnets every host shares, "
+                        "over RDMA where every host has it (asks each host through the launcher)")
     parser.add_argument("--dry-run", action="store_true",
                         help="with --rails auto: print what each host would use and exit")
+    parser.add_argument("--aggregator", metavar="HOST[@ADDR][:PORT]",
+                        help="start one nezha-aggd on HOST (through --launcher or ssh) for this "
+                             "job and add the rail agg:ADDR:PORT beside --rails (needs --rails)")
     parser.add_argument("--start-timeout", type=float, default=None, metavar="S",
                         help="fail if a rank has not reached the rendezvous store after S seconds")
     parser.add_argument("--timeline", metavar="FILE",
@@ -88,22 +93,39 @@ def main(argv: Optional[List[str]] = None) -> int:
             resolve_rails(args.rails, rendezvous_addr)  # catch a bad spec before starting ranks
         if args.start_timeout is not None and args.start_timeout <= 0:
             raise ValueError("--start-timeout must be positive")
+        rails = args.rails
+        aggregator = None
+        if args.aggregator:
+            if not args.rails:
+                raise ValueError("--aggregator needs --rails: the TCP rails to stripe beside it")
+            aggregator = parse_aggregator(args.aggregator)
+            rails = rails_with_aggregator(args.rails, aggregator)
         secret = secrets.token_bytes(32)
         server = StoreServer(rendezvous_addr, 0, secret)
     except (ValueError, OSError) as exc:
         print(f"nezharun: {exc}", file=sys.stderr)
         return 2
-    with server:
-        job = JobSettings(size=len(placements), rendezvous_addr=rendezvous_addr,
-                          rendezvous_port=server.port, secret_hex=secret.hex(), rails=args.rails,
-                          timeline=os.path.abspath(args.timeline) if args.timeline else None)
-        commands = [build_rank_command(p, job, command, args.launcher, os.environ, os.getcwd())
-                    for p in placements]
-        for c in commands:
-            log.info("rank %d on %s (%s): %s", c.placement.rank, c.placement.host, c.how,
-                     " ".join(shlex.quote(a) for a in c.argv))
-        outcome = Supervisor(commands, OutputSink()).run(
-            start_timeout_s=args.start_timeout, arrived=lambda: _arrived_ranks(server))
+    daemon = (Aggregator(aggregator, args.launcher, secret.hex(), os.environ)
+              if aggregator else contextlib.nullcontext())
+    try:
+        with server, daemon:
+            return _run(args, placements, rendezvous_addr, server, secret, rails, command)
+    except RuntimeError as exc:  # the aggregator did not start
+        print(f"nezharun: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args, placements, rendezvous_addr, server, secret, rails, command) -> int:
+    job = JobSettings(size=len(placements), rendezvous_addr=rendezvous_addr,
+                      rendezvous_port=server.port, secret_hex=secret.hex(), rails=rails,
+                      timeline=os.path.abspath(args.timeline) if args.timeline else None)
+    commands = [build_rank_command(p, job, command, args.launcher, os.environ, os.getcwd())
+                for p in placements]
+    for c in commands:
+        log.info("rank %d on %s (%s): %s", c.placement.rank, c.placement.host, c.how,
+                 " ".join(shlex.quote(a) for a in c.argv))
+    outcome = Supervisor(commands, OutputSink()).run(
+        start_timeout_s=args.start_timeout, arrived=lambda: _arrived_ranks(server))
     if outcome.reason:
         sys.stdout.flush()
         print(f"nezharun: {outcome.reason}", file=sys.stderr, flush=True)

@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--rate", default=None,
                     help="egress shaping per rail, e.g. 1gbit or 1gbit,250mbit (one value: every rail; off: none)")
     up.add_argument("--no-mptcp", action="store_true", help="leave MPTCP endpoints unconfigured")
+    up.add_argument("--aggregator", type=int, nargs="?", const=0, default=None, metavar="RAIL",
+                    help="add an aggregator host (the last namespace) on RAIL's bridge (default 0), "
+                         "its link shaped at hosts x the rail's rate, for nezha-aggd")
 
     command("down", "remove everything with this prefix (idempotent)")
 
@@ -49,10 +52,14 @@ def _parser() -> argparse.ArgumentParser:
     link.add_argument("--host", type=_host, default=None, help="index or namespace name (default: every host)")
     link.add_argument("state", choices=["up", "down"])
 
-    command("status", "print hosts, rails, addresses, rates and link states as JSON")
+    status = command("status", "print hosts, rails, addresses, rates and link states as JSON")
 
     args = command("nezharun-args", "print the nezharun flags that run a job on this testbed")
     args.add_argument("--slots", type=int, default=1, help="ranks per host (default 1)")
+    for p in (status, args):
+        p.add_argument("--aggregator", type=int, default=None, metavar="RAIL",
+                       help="the testbed was built with --aggregator RAIL (its last host is the "
+                            "aggregator; nezharun-args then adds --aggregator)")
     return parser
 
 
@@ -64,12 +71,12 @@ def main(argv=None) -> int:
             if rates is not None and len(rates) == 1:
                 rates = rates[0]
             testbed = Testbed(args.hosts, args.rails, rates=rates, prefix=args.prefix,
-                              mptcp=not args.no_mptcp, persistent=True).up()
+                              mptcp=not args.no_mptcp, persistent=True, aggregator=args.aggregator).up()
             print(json.dumps(testbed.status(), indent=2))
         elif args.command == "down":
             netns.destroy(args.prefix)
         else:
-            testbed = Testbed.attach(args.prefix)
+            testbed = Testbed.attach(args.prefix, getattr(args, "aggregator", None))
             if args.command == "rate":
                 testbed.set_rate(args.rail, args.rate, host=args.host)
             elif args.command == "link":

@@ -25,6 +25,10 @@ class Testbed:
     `with Testbed(hosts=4, rails=2, rates=["1gbit", "1gbit"]) as tb:` builds it (removing leftovers
     of the same prefix first) and removes it on exit, also on exceptions, SIGINT and SIGTERM.
     `persistent=True` (the CLI's `up`) leaves it in place when this process exits.
+    `aggregator=r` adds one more namespace, the aggregator host (`aggregator_host`, for nezha-aggd),
+    on rail r's bridge only (its links to the other rails are cut), with its egress shaped at
+    hosts x rail r's rate: a switch's ports are each as fast as a host's, so the aggregator can send
+    every host its result at full speed at once.
     Only one testbed can be up per machine (they share the root namespace's 10.5x.0.254 addresses):
     `up()` waits for another process's testbed to be torn down, and refuses if one left by the CLI is up.
     """
@@ -33,8 +37,13 @@ class Testbed:
 
     def __init__(self, hosts: int = 2, rails: int = 2, rates: Union[None, str, Sequence[Optional[str]]] = None,
                  prefix: Optional[str] = None, mptcp: bool = True, persistent: bool = False,
-                 wait_for_other_s: float = 120.0):
-        self._topo = Topology(unique_prefix() if prefix is None else prefix, hosts, rails)
+                 wait_for_other_s: float = 120.0, aggregator: Optional[int] = None):
+        self._rank_hosts = hosts
+        self._aggregator = aggregator
+        if aggregator is not None and not 0 <= aggregator < rails:
+            raise ValueError(f"aggregator rail {aggregator} out of range: {rails} rails")
+        self._topo = Topology(unique_prefix() if prefix is None else prefix,
+                              hosts + (1 if aggregator is not None else 0), rails)
         self._rates = self._per_rail_rates(rates)
         self._mptcp = mptcp
         self._persistent = persistent
@@ -43,12 +52,15 @@ class Testbed:
         self._is_up = False
 
     @classmethod
-    def attach(cls, prefix: str) -> "Testbed":
-        """The testbed already running under prefix (built by `python -m nezha.testbed up`)."""
+    def attach(cls, prefix: str, aggregator: Optional[int] = None) -> "Testbed":
+        """The testbed already running under prefix (built by `python -m nezha.testbed up`);
+        `aggregator`: the rail it was built with `--aggregator` on (its last namespace is then the
+        aggregator host, not a rank host)."""
         topo = netns.discover(prefix)
         if topo is None:
             raise commands.TestbedError(f"no testbed with prefix {prefix!r} is up")
-        testbed = cls(topo.hosts, topo.rails, prefix=prefix, persistent=True)
+        hosts = topo.hosts - (1 if aggregator is not None else 0)
+        testbed = cls(hosts, topo.rails, prefix=prefix, persistent=True, aggregator=aggregator)
         testbed._is_up = True
         return testbed
 
@@ -72,6 +84,8 @@ class Testbed:
                 for rail, rate in enumerate(self._rates):
                     if rate is not None:
                         shaping.set_rate(namespace, topology.host_interface(rail), rate)
+            if self._aggregator is not None:
+                self._place_aggregator()
         except BaseException:
             self.down()
             raise
@@ -104,8 +118,32 @@ class Testbed:
 
     @property
     def hosts(self) -> list:
-        """Namespace names, which are also the host names nezharun's launcher substitutes."""
-        return self._topo.host_names
+        """Namespace names, which are also the host names nezharun's launcher substitutes (the
+        aggregator host is not one of them)."""
+        return self._topo.host_names[:self._rank_hosts]
+
+    @property
+    def aggregator_host(self) -> Optional[str]:
+        """The aggregator's namespace, or None without one."""
+        return None if self._aggregator is None else self._topo.host_names[-1]
+
+    @property
+    def aggregator_addr(self) -> Optional[str]:
+        """The aggregator's address on its rail, or None without one."""
+        if self._aggregator is None:
+            return None
+        return str(topology.host_address(self._rank_hosts, self._aggregator))
+
+    def _place_aggregator(self) -> None:
+        index = self._rank_hosts
+        for rail in range(self.rails):
+            if rail != self._aggregator:
+                netns.set_port(self.prefix, index, rail, False)
+        rate = self._rates[self._aggregator]
+        interface = topology.host_interface(self._aggregator)
+        if rate is not None:
+            shaping.set_rate(self._topo.host_names[index], interface,
+                             shaping.format_rate(shaping.parse_rate(rate) * self._rank_hosts))
 
     @property
     def rail_subnets(self) -> list:
@@ -126,19 +164,27 @@ class Testbed:
         """The rail's interface name inside every host namespace."""
         return topology.host_interface(self._topo.check_rail(rail))
 
-    def nezharun_args(self, slots_per_host: int = 1) -> list:
+    def nezharun_args(self, slots_per_host: int = 1, start_aggregator: bool = True) -> list:
+        """Flags that run a job on this testbed; with an aggregator host (and start_aggregator),
+        nezharun starts nezha-aggd there and stripes beside it (`--aggregator`)."""
         if slots_per_host < 1:
             raise ValueError(f"slots_per_host must be at least 1, got {slots_per_host}")
-        return ["--launcher", "ip netns exec {host}",
+        args = ["--launcher", "ip netns exec {host}",
                 "-H", ",".join(f"{h}:{slots_per_host}" for h in self.hosts),
                 "--rendezvous-addr", self.rendezvous_addr,
                 "--rails", ",".join(self.rail_subnets)]
+        if self._aggregator is not None and start_aggregator:
+            # TCP on the other rails, nezha-aggd (started by nezharun) on the aggregator's rail.
+            others = [s for r, s in enumerate(self.rail_subnets) if r != self._aggregator]
+            args[-1] = ",".join(others) or self.rail_subnets[self._aggregator]
+            args += ["--aggregator", f"{self.aggregator_host}@{self.aggregator_addr}"]
+        return args
 
     def status(self) -> dict:
         """Hosts, rails, addresses, shaping and link states, read back from the system."""
         self._require_up()
         hosts = []
-        for host, namespace in enumerate(self.hosts):
+        for host, namespace in enumerate(self._topo.host_names):
             hosts.append({"name": namespace, "rails": [
                 {"rail": rail, "interface": self.interface(rail), "address": self.host_addr(host, rail),
                  "rate": self.rate(rail, host), "link": "up" if self.link_is_up(rail, host) else "down"}
@@ -146,7 +192,11 @@ class Testbed:
         rails = [{"rail": rail, "subnet": self.rail_subnets[rail],
                   "bridge": topology.bridge_name(self.prefix, rail), "bridge_addr": self.bridge_addr(rail)}
                  for rail in range(self.rails)]
-        return {"prefix": self.prefix, "rendezvous_addr": self.rendezvous_addr, "rails": rails, "hosts": hosts}
+        out = {"prefix": self.prefix, "rendezvous_addr": self.rendezvous_addr, "rails": rails, "hosts": hosts}
+        if self._aggregator is not None:
+            out["aggregator"] = {"host": self.aggregator_host, "rail": self._aggregator,
+                                 "address": self.aggregator_addr}
+        return out
 
     # --- live changes ----------------------------------------------------------------------------
 
@@ -157,11 +207,11 @@ class Testbed:
             shaping.parse_rate(rate)  # reject a bad rate before touching any host
         interface = self.interface(rail)
         for index in self._host_indices(host):
-            shaping.set_rate(self.hosts[index], interface, rate)
+            shaping.set_rate(self._topo.host_names[index], interface, rate)
 
     def rate(self, rail: int, host: Host) -> Optional[str]:
         """The shaping currently applied to host's rail, e.g. '1gbit', or None when unshaped."""
-        return shaping.current_rate(self.hosts[self._topo.host_index(host)], self.interface(rail))
+        return shaping.current_rate(self._topo.host_names[self._topo.host_index(host)], self.interface(rail))
 
     def set_link(self, rail: int, up: bool, host: Optional[Host] = None) -> None:
         """Cuts (up=False) or restores host's link to rail (every host if None), like pulling a cable."""
@@ -192,10 +242,10 @@ class Testbed:
         self._require_up()
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a list of arguments, not a string")
-        return commands.in_netns(self.hosts[self._topo.host_index(host)], argv)
+        return commands.in_netns(self._topo.host_names[self._topo.host_index(host)], argv)
 
     def _host_indices(self, host: Optional[Host]) -> list:
-        return list(range(self._topo.hosts)) if host is None else [self._topo.host_index(host)]
+        return list(range(self._rank_hosts)) if host is None else [self._topo.host_index(host)]
 
     def _per_rail_rates(self, rates) -> list:
         if rates is None or isinstance(rates, str):

@@ -61,6 +61,11 @@ inline std::vector<size_t> cache_line_partition(size_t count, int n, size_t elem
 bool allreduce_alone(transport::Rail& rail, void* buf, size_t count, DataType dtype,
                      const CollectiveOptions& opt);
 
+// Runs the allreduce through the rail's in-network reduction (Rail::collective()) when it has one
+// that reduces this dtype, op and size; returns whether it did.
+bool allreduce_in_network(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+                          const CollectiveOptions& opt);
+
 // Ring neighbour arithmetic that never goes negative.
 inline int ring_mod(long long x, int n) { return static_cast<int>(((x % n) + n) % n); }
 

@@ -1,9 +1,12 @@
-// allreduce(): pick the algorithm by payload size. Log-step needs log2(n) rounds of the whole
-// payload (latency-bound small messages win); the ring moves 2(n-1)/n of it in 2(n-1) rounds
-// (bandwidth-bound large messages win).
+// allreduce(): a rail that reduces in the network (collective_rail.h) and takes this dtype, op and
+// size runs the share itself; otherwise pick the algorithm by payload size. Log-step needs log2(n)
+// rounds of the whole payload (latency-bound small messages win); the ring moves 2(n-1)/n of it in
+// 2(n-1) rounds (bandwidth-bound large messages win).
 #include "collectives/algorithm_util.h"
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
+#include "common/error.h"
+#include "transport/collective_rail.h"
 
 namespace nezha::collectives {
 
@@ -17,8 +20,26 @@ bool detail::allreduce_alone(transport::Rail& rail, void* buf, size_t count, Dat
   return true;
 }
 
+bool detail::allreduce_in_network(transport::Rail& rail, void* buf, size_t count, DataType dtype,
+                                  ReduceOp op, const CollectiveOptions& opt) {
+  transport::CollectiveRail* coll = rail.collective();
+  const size_t bytes = count * dtype_size(dtype);
+  if (!coll || !coll->reduces(dtype, op) || (coll->max_share_bytes() && bytes > coll->max_share_bytes()))
+    return false;
+  // The aggregator writes each chunk's sum over its input: keep the whole range first (failover).
+  if (opt.before_overwrite && bytes) opt.before_overwrite(0, bytes);
+  coll->start_allreduce(buf, buf, count, dtype, op, opt.seq)->wait(opt.deadline);
+  if (opt.postscale != 1.0 && count > 0) scale(buf, count, dtype, opt.postscale);
+  return true;
+}
+
 void allreduce(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
                const CollectiveOptions& opt) {
+  if (detail::allreduce_in_network(rail, buf, count, dtype, op, opt)) return;
+  if (!rail.properties().point_to_point)
+    throw InvalidArgument("rail '" + rail.properties().name + "' cannot run an allreduce of " +
+                          dtype_name(dtype) + " with " + reduce_op_name(op) + " (collective-only, and it "
+                          "does not reduce this dtype/op or size)");
   if (count * dtype_size(dtype) <= opt.logstep_max_bytes) {
     allreduce_logstep(rail, buf, count, dtype, op, opt);
   } else {

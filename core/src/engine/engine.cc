@@ -1,4 +1,5 @@
 #include "engine/engine.h"
+#include "transport/collective_rail.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -81,7 +82,15 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   std::vector<multirail::RailDescription> described;
   for (const auto& r : rails_) {
     const auto& p = r->properties();
-    described.push_back({p.name, p.latency_us_prior, p.gbps_prior, p.max_share_bytes});
+    multirail::RailDescription d;
+    d.name = p.name;
+    d.latency_us_prior = p.latency_us_prior;
+    d.gbps_prior = multirail::share_gbps_prior(p.gbps_prior, p.in_network_reduce, config_.size);
+    d.max_share_bytes = p.max_share_bytes;
+    d.point_to_point = p.point_to_point;
+    if (transport::CollectiveRail* coll = r->collective())
+      d.reduces = [coll](DataType t, ReduceOp o) { return coll->reduces(t, o); };
+    described.push_back(std::move(d));
   }
   rail_table_ = std::make_unique<multirail::RailTable>(std::move(described), cost_opt);
   failure_reported_.assign(rails_.size(), false);
@@ -181,6 +190,9 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
       std::vector<std::string> names;
       for (const auto& r : rails_) names.push_back(r->properties().name);
       failover_ = std::make_unique<RailFailover>(config_.size, names, ho);
+      std::vector<bool> redo_targets;
+      for (const auto& r : rails_) redo_targets.push_back(r->properties().point_to_point);
+      failover_->set_redo_targets(std::move(redo_targets));
       completed_by_rank_.assign(config_.size, std::vector<uint64_t>(rails_.size(), 0));
     }
   }

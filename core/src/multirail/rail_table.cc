@@ -13,6 +13,11 @@ size_t source_index(PlanSource s) { return s == PlanSource::kNegotiation ? 0 : 1
 
 }  // namespace
 
+double share_gbps_prior(double link_gbps, bool in_network_reduce, int ranks) {
+  if (link_gbps <= 0 || in_network_reduce || ranks < 2) return link_gbps;
+  return link_gbps * ranks / (2.0 * (ranks - 1));
+}
+
 RailTable::RailTable(std::vector<RailDescription> rails, RailCostModelOptions options)
     : rails_(std::move(rails)),
       models_(rails_.size(), SplitRegimeModel(options)),
@@ -69,6 +74,15 @@ std::vector<bool> RailTable::usable() const {
   return out;
 }
 
+std::vector<bool> RailTable::usable_for(const OpToPlan& op) const {
+  std::vector<bool> out = usable();
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    const RailDescription& r = rails_[i];
+    if (!r.point_to_point && !(op.allreduce && r.reduces && r.reduces(op.dtype, op.op))) out[i] = false;
+  }
+  return out;
+}
+
 int RailTable::pick_single_rail(const std::vector<RailEstimate>& estimates,
                                 const std::vector<bool>& usable, size_t bytes) const {
   // Lowest alpha among usable, known rails (ties: lower index); the first usable rail when none is
@@ -95,7 +109,7 @@ Plan RailTable::plan(const OpToPlan& op, PlanSource source,
   if (rails_.size() == 1) return Plan{{}, false, "one rail"};
   const std::vector<RailEstimate> est = source == PlanSource::kRound ? round_estimates : estimates();
   if (est.size() != rails_.size()) return Plan{{}, false, "no estimates: rail 0"};
-  const std::vector<bool> ok = usable();
+  const std::vector<bool> ok = usable_for(op);
   if (!op.splittable) {
     if (source == PlanSource::kRound) return Plan{{}, false, "not split"};  // rounds: allreduces only
     const int rail = pick_single_rail(est, ok, op.count * op.elem_size);

@@ -17,6 +17,8 @@
 // Threads: observe() from rail workers, the rest from the engine thread, stats() from any thread.
 #pragma once
 
+#include "common/dtype.h"
+
 #include <cstddef>
 #include <functional>
 #include <mutex>
@@ -36,14 +38,28 @@ struct RailDescription {
   double latency_us_prior = 0;  // 0 = unknown
   double gbps_prior = 0;        // 0 = unknown; with a prior the rail is planned before any sample
   size_t max_share_bytes = 0;   // 0 = no limit
+  // Capabilities (transport::RailProperties::point_to_point, CollectiveRail::reduces): a rail that is
+  // not point to point carries only allreduces it reduces itself (reduces may be empty: none).
+  bool point_to_point = true;
+  std::function<bool(DataType, ReduceOp)> reduces;
 };
 
-// What to plan: `count` elements of `elem_size` bytes; `splittable` (allreduce) may be striped,
-// anything else runs whole on one rail.
+// The bandwidth a rail's cost model should expect before it is measured, from the speed of its
+// links: the model fits a share's whole time (the algorithm included), and a collective rail moves a
+// share of N bytes through each link once (alpha + N / L), a ring 2(n-1)/n N (alpha + 2(n-1)/n N / L).
+// So at equal links an aggregation rail is worth n / (2(n-1)) ring rails: 1.5 at n = 4, -> 2.
+double share_gbps_prior(double link_gbps, bool in_network_reduce, int ranks);
+
+// What to plan: `count` elements of `elem_size` bytes; `splittable` (a collective that moves data)
+// may be striped, anything else runs whole on one rail. Only an allreduce of every rank may go to a
+// collective-only rail (one that reduces in the network), and only if it reduces dtype/op.
 struct OpToPlan {
   size_t count = 0;
   size_t elem_size = 1;
   bool splittable = false;
+  bool allreduce = false;
+  DataType dtype = DataType::kFloat32;  // what a collective-only rail must reduce to take a share
+  ReduceOp op = ReduceOp::kSum;
 };
 
 enum class PlanSource {
@@ -75,6 +91,8 @@ class RailTable {
   void set_state(int rail, RailState state);  // not up: its current share drops to 0
   RailState state(int rail) const;
   std::vector<bool> usable() const;  // up, per rail
+  // Up and able to carry `op`: a collective-only rail only for an allreduce it reduces.
+  std::vector<bool> usable_for(const OpToPlan& op) const;
 
   // The plan of one operation. kNegotiation plans from estimates(); kRound from `round_estimates`
   // (rank 0's, identical on every rank). Returns a plan without shares (run whole on rail 0, as the

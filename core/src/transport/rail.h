@@ -23,6 +23,10 @@
 // Kinds. A transport is a folder under core/src/transport/ plus one line in rail_kinds.cc; the
 // engine builds rails with make_rail() (rail_factory.h) and never names a concrete transport.
 //
+// Collective rails. A rail that reduces in the network (aggregation, SHARP) returns its
+// CollectiveRail from collective(); if it is collective-only (properties().point_to_point false) it
+// reaches() no peer and its send/recv are never called.
+//
 // Failures. After a PeerError or ProtocolError on a peer, that peer's connection on this rail is
 // closed; later calls to that peer throw PeerError at once. abort() poisons the whole rail: every
 // pending and future data call throws. Errors never escape as crashes; the engine decides whether the
@@ -54,8 +58,13 @@ struct RailProperties {
   double gbps_prior = 0;         // link speed if the transport knows it (0 = unknown)
   size_t max_share_bytes = 0;    // largest share one operation may give this rail; 0 = no limit
   bool needs_registered_memory = false;  // data calls need buffers registered with the rail (RDMA)
-  bool in_network_reduce = false;        // true only for aggregation rails
+  bool in_network_reduce = false;        // true only for aggregation rails (collective() != null)
+  // Carries send/recv between ranks (the ring, log-step and one-rail collectives run on it). False for
+  // a collective-only rail (aggregation): its data calls are never made (the rail table sees to it).
+  bool point_to_point = true;
 };
+
+class CollectiveRail;
 
 struct RailCounters {
   uint64_t bytes_sent = 0;
@@ -113,6 +122,9 @@ class Rail {
 
   virtual RailCounters counters() const = 0;
   virtual void abort(const std::string& reason) = 0;
+
+  // The in-network reduction this rail offers (collective_rail.h), or null for a point-to-point rail.
+  virtual CollectiveRail* collective() { return nullptr; }
 };
 
 }  // namespace nezha::transport

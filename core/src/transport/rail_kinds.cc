@@ -6,6 +6,7 @@
 #include "transport/tcp/tcp_rail.h"
 #include "transport/ofi/ofi_rail.h"
 #include "transport/shm/shm_rail.h"
+#include "transport/agg/agg_rail.h"
 
 namespace nezha::transport {
 
@@ -15,6 +16,7 @@ const std::vector<RailKind>& builtin_rail_kinds() {
       {"mptcp", &make_tcp_rail},
       {"shm", &make_shm_rail},
       {"ofi", &make_ofi_rail, true},  // throws a NezhaError naming libfabric when built without it
+      {"agg", &make_agg_rail},
   };
   return kBuiltinRailKinds;
 }

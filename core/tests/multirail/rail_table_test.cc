@@ -151,5 +151,53 @@ TEST(RailTable, SharesAndStatesShowInStatus) {
   EXPECT_THROW(t.plan({4 << 20, 4, true}, PlanSource::kNegotiation), NezhaError);
 }
 
+// A collective-only rail (aggregation): its prior is the link speed itself, a ring's 2(n-1)/n less.
+RailDescription agg_rail(double alpha_us, double link_gbps) {
+  RailDescription d{"agg", alpha_us, share_gbps_prior(link_gbps, true, 4)};
+  d.point_to_point = false;
+  d.reduces = [](DataType t, ReduceOp o) { return t != DataType::kBool; };
+  return d;
+}
+
+TEST(RailTable, CollectiveRailPriorIsTheLinkARingsIsTwoNMinusOneOverNLess) {
+  EXPECT_DOUBLE_EQ(share_gbps_prior(1.0, true, 4), 1.0);
+  EXPECT_DOUBLE_EQ(share_gbps_prior(1.0, false, 4), 4.0 / 6.0);
+  EXPECT_DOUBLE_EQ(share_gbps_prior(1.0, false, 2), 1.0);
+  EXPECT_DOUBLE_EQ(share_gbps_prior(0.0, false, 4), 0.0);  // unknown stays unknown
+  EXPECT_DOUBLE_EQ(share_gbps_prior(1.0, false, 1), 1.0);
+}
+
+TEST(RailTable, AllreduceStripesOverTcpAndAggregationSoBothFinishTogether) {
+  // 4 ranks, both links 1 Gbit/s: the aggregation rail is worth 1.5 TCP rails, so it takes 60 %.
+  RailTable t({{"tcp", 50, share_gbps_prior(1.0, false, 4)}, agg_rail(50, 1.0)}, options());
+  const size_t count = 16 << 20;
+  Plan p = t.plan({count, 4, true, true, DataType::kFloat32, ReduceOp::kSum}, PlanSource::kNegotiation);
+  ASSERT_EQ(p.shares.size(), 2u);
+  expect_tiles(p.shares, count);
+  const auto e = t.estimates();
+  const double secs0 = e[0].alpha_us * 1e-6 + p.shares[0].count * 4 * 8 / (e[0].beta_gbps * 1e9);
+  const double secs1 = e[1].alpha_us * 1e-6 + p.shares[1].count * 4 * 8 / (e[1].beta_gbps * 1e9);
+  EXPECT_NEAR(secs0, secs1, 0.01 * secs0);
+  EXPECT_NEAR(static_cast<double>(p.shares[1].count) / count, 0.6, 0.01);
+}
+
+TEST(RailTable, ACollectiveOnlyRailCarriesOnlyAllreducesItReduces) {
+  // The aggregation rail has the lowest alpha: small allreduces go there whole (the cold path) ...
+  RailTable t({{"tcp", 80, 1}, agg_rail(20, 1.0)}, options());
+  Plan p = t.plan({100, 4, true, true, DataType::kFloat32, ReduceOp::kSum}, PlanSource::kNegotiation);
+  ASSERT_EQ(p.shares.size(), 1u);
+  EXPECT_EQ(p.shares[0].rail, 1);
+  // ... but never a broadcast-like operation (striped or not), nor an allreduce of a dtype it does
+  // not reduce.
+  for (bool splittable : {false, true}) {
+    p = t.plan({100, 4, splittable, false, DataType::kFloat32, ReduceOp::kSum}, PlanSource::kNegotiation);
+    ASSERT_EQ(p.shares.size(), 1u);
+    EXPECT_EQ(p.shares[0].rail, 0);
+  }
+  p = t.plan({8 << 20, 1, true, true, DataType::kBool, ReduceOp::kMax}, PlanSource::kNegotiation);
+  for (const auto& s : p.shares) EXPECT_EQ(s.rail, 0);
+  EXPECT_EQ(t.usable_for({1, 4, false}), (std::vector<bool>{true, false}));
+}
+
 }  // namespace
 }  // namespace nezha::multirail

@@ -116,6 +116,7 @@ RailFailover::Decision RailFailover::on_drained(int rail, int rank, uint64_t com
   double best = -1;
   for (size_t i = 0; i < rails_.size(); ++i) {
     if (rails_[i].phase != Phase::kUp) continue;
+    if (i < redo_targets_.size() && !redo_targets_[i]) continue;
     double beta = i < estimates.size() ? estimates[i].beta_gbps : 0;
     if (target < 0 || beta > best) {
       target = static_cast<int>(i);

@@ -99,8 +99,12 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
   multirail::OpToPlan op;
   op.count = planned_elements(r);
   op.elem_size = dtype_size(r.dtype);
-  // Every collective that moves data is striped (executor_striped.cc for all but allreduce).
+  // Every collective that moves data is striped (executor_striped.cc for all but allreduce); a
+  // collective-only rail (aggregation) takes shares only of allreduces of every rank it reduces.
   op.splittable = op.count > 0 && r.type != OpType::kBarrier && r.type != OpType::kJoin;
+  op.allreduce = r.type == OpType::kAllreduce && r.process_set == 0;
+  op.dtype = r.dtype;
+  op.op = r.op;
   multirail::Plan plan = rail_table_->plan(op, multirail::PlanSource::kNegotiation, {},
                                            [this](int rail, size_t bytes) {
                                              NZ_LOG(Debug) << rank_prefix(config_.rank) << "probing rail '"

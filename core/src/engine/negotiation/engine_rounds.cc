@@ -50,6 +50,9 @@ void Engine::execute_round(RoundOutcome& outcome) {
     for (int64_t c : op.counts) plan_op.count += static_cast<size_t>(c);
     plan_op.elem_size = dtype_size(op.dtype);
     plan_op.splittable = op.kind == Response::Kind::kExecute && op.type == OpType::kAllreduce;
+    plan_op.allreduce = plan_op.splittable && op.process_set == 0;
+    plan_op.dtype = op.dtype;
+    plan_op.op = op.op;
     op.plan = plan_op.splittable
                   ? rail_table_->plan(plan_op, multirail::PlanSource::kRound, outcome.estimates).shares
                   : std::vector<multirail::RailShare>{};

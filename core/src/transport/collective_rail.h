@@ -1,0 +1,63 @@
+// CollectiveRail: a rail that reduces a share itself (in-network aggregation), beside the
+// point-to-point Rail the ring and log-step algorithms run on. Modelled on NCCL's CollNet
+// (reduceSupport(dtype, op), iallreduce + test): an aggregation daemon (transport/agg/) implements it
+// in software; a SHARP backend over libsharp_coll would implement it on switch ASICs the same way
+// (reduces() from sharp_coll_caps, start_allreduce() = sharp_coll_do_allreduce_nb, test/wait =
+// sharp_coll_req_test/req_wait; lifecycle as Rail's: the opaque address, connect, reset, close, abort).
+//
+// How the engine holds it. Every rail is a Rail (lifecycle, properties, counters, abort); a rail that
+// reduces in the network answers Rail::collective() with this interface and says in its properties
+// whether it also carries point-to-point messages (RailProperties::point_to_point). The executor runs
+// an allreduce share through collective() when reduces(dtype, op) and the share fits
+// max_share_bytes(); the rail table never gives a rail without point_to_point an operation that is not
+// an allreduce it reduces (RailDescription::reduces).
+//
+// What it promises.
+//  * An allreduce of `count` elements of `input` lands in `output` (may equal input) on every rank,
+//    bit-identical on all ranks (the reducer sums in rank order).
+//  * Every rank of the job starts the same allreduces in the same order with the same count, dtype
+//    and op, identified by `seq` (the share's operation number on the rail). A rank that starts a
+//    different count/dtype/op fails that allreduce on every rank with a ProtocolError naming the ranks.
+//  * wait() blocks until done, the deadline passes (TimeoutError naming the daemon and rail), the
+//    aggregator or a peer fails (PeerError), or abort() is called; it sleeps in poll while waiting.
+//    After a failure the rail stays poisoned until reset() + connect() (failover re-admission).
+//
+// Threads. Data calls (start_allreduce, test, wait) are made by the rail's worker only; properties,
+// counters and abort (on Rail) are thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/deadline.h"
+#include "common/dtype.h"
+
+namespace nezha::transport {
+
+// One allreduce in flight on a collective rail.
+class CollectiveRequest {
+ public:
+  virtual ~CollectiveRequest() = default;
+  // Makes what progress is possible without blocking; true once the result is in the output.
+  // Throws as wait() does.
+  virtual bool test() = 0;
+  // Blocks until done; throws TimeoutError, PeerError, ProtocolError or NezhaError (aborted).
+  virtual void wait(const Deadline& deadline) = 0;
+};
+
+class CollectiveRail {
+ public:
+  virtual ~CollectiveRail() = default;
+  // Capability: true if this rail reduces `dtype` with `op` (kAverage: as kSum, the caller scales).
+  virtual bool reduces(DataType dtype, ReduceOp op) const = 0;
+  // Largest share in bytes one allreduce may carry; 0 = no limit.
+  virtual size_t max_share_bytes() const = 0;
+  // Starts an allreduce; input and output must stay valid until the request is done or has thrown.
+  // Throws InvalidArgument for a dtype/op the rail does not reduce.
+  virtual std::unique_ptr<CollectiveRequest> start_allreduce(const void* input, void* output,
+                                                              size_t count, DataType dtype,
+                                                              ReduceOp op, uint64_t seq) = 0;
+};
+
+}  // namespace nezha::transport

@@ -1,0 +1,110 @@
+// The engine over a loopback TCP rail and an aggregation rail (nezha-aggd in-process; ranks as
+// threads): allreduces striped over both with exact results, other collectives kept off the
+// collective-only rail, and the daemon killed mid-run (shares fail over to TCP, results exact) and
+// restarted (the rail is probed and re-admitted).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "aggd/agg_daemon.h"
+#include "engine_cluster.h"
+
+namespace nezha::engine {
+namespace {
+
+using testing::allreduce_and_check;
+using testing::Cluster;
+
+std::unique_ptr<aggd::AggDaemon> start_daemon(const std::string& listen = "127.0.0.1:0") {
+  aggd::AggDaemonOptions o;
+  o.listen = listen;
+  o.secret = "agg-engine-key";
+  auto d = std::make_unique<aggd::AggDaemon>(o);
+  d->start();
+  return d;
+}
+
+std::vector<RailConfig> tcp_and_agg(const aggd::AggDaemon& d) {
+  ::setenv("NEZHA_AGG_SECRET", "agg-engine-key", 1);
+  auto rails = testing::loopback_rails(1);
+  rails.push_back(RailConfig{"agg", "", "agg", {{"daemon", d.address()}, {"chunk_bytes", "65536"}}});
+  return rails;
+}
+
+const RailStat& stat_of(const std::vector<RailStat>& stats, const std::string& protocol) {
+  for (const auto& s : stats)
+    if (s.protocol == protocol) return s;
+  throw std::runtime_error("no rail of kind " + protocol);
+}
+
+void tweak(EngineConfig& c) {
+  c.control_inline_bytes = 0;
+  c.rail_stall_ms = 200;
+}
+
+TEST(EngineAgg, AllreducesStripeOverTcpAndAggregationExactly) {
+  auto daemon = start_daemon();
+  Cluster c(4, tcp_and_agg(*daemon), tweak);
+  for (int i = 0; i < 8; ++i) allreduce_and_check(c, "big." + std::to_string(i), 1 << 20);
+  for (size_t count : {size_t{1}, size_t{100}, size_t{5000}}) allreduce_and_check(c, "small." + std::to_string(count), count);
+  const auto stats = c[2].rail_stats();
+  EXPECT_GT(stat_of(stats, "agg").bytes_sent, 0u);
+  EXPECT_GT(stat_of(stats, "tcp").bytes_sent, 0u);
+  EXPECT_EQ(stat_of(stats, "agg").state, "up");
+  EXPECT_GT(daemon->stats().chunks_reduced, 0u);
+}
+
+TEST(EngineAgg, OtherCollectivesNeverUseTheCollectiveOnlyRail) {
+  auto daemon = start_daemon();
+  Cluster c(3, tcp_and_agg(*daemon), tweak);
+  const uint64_t agg_before = stat_of(c[0].rail_stats(), "agg").bytes_sent;
+  std::vector<std::vector<int32_t>> buf(3, std::vector<int32_t>(100000));
+  for (int r = 0; r < 3; ++r)
+    for (size_t i = 0; i < buf[r].size(); ++i) buf[r][i] = r == 1 ? static_cast<int32_t>(i) : -1;
+  std::vector<std::shared_ptr<OpHandle>> h;
+  for (int r = 0; r < 3; ++r) {
+    Request req = testing::make_request(OpType::kBroadcast, "bcast", DataType::kInt32, {100000});
+    req.root = 1;
+    h.push_back(testing::submit(c[r], req, buf[r].data(), buf[r].data()));
+  }
+  for (auto& x : h) testing::expect_ok(x, "broadcast");
+  for (int r = 0; r < 3; ++r)
+    for (size_t i = 0; i < buf[r].size(); ++i) ASSERT_EQ(buf[r][i], static_cast<int32_t>(i));
+  EXPECT_EQ(stat_of(c[0].rail_stats(), "agg").bytes_sent, agg_before);
+}
+
+TEST(EngineAgg, DaemonKilledMidRunFailsOverToTcpAndIsReadmittedAfterRestart) {
+  auto daemon = start_daemon();
+  const std::string address = daemon->address();
+  Cluster c(4, tcp_and_agg(*daemon), tweak);
+  for (int i = 0; i < 4; ++i) allreduce_and_check(c, "before." + std::to_string(i), 1 << 20);
+  ASSERT_GT(stat_of(c[0].rail_stats(), "agg").bytes_sent, 0u);
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    daemon.reset();  // every connection to it closes, mid-collective
+  });
+  for (int i = 0; i < 12; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    allreduce_and_check(c, "during." + std::to_string(i), 1 << 20);
+    // Generous bound: a lost share is redone on TCP well within a second on loopback.
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0) << i;
+  }
+  killer.join();
+  EXPECT_NE(stat_of(c[0].rail_stats(), "agg").state, "up");
+  daemon = start_daemon(address);  // the same address: the rail's probes find it again
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  int i = 0;
+  while (stat_of(c[0].rail_stats(), "agg").state != "up" && std::chrono::steady_clock::now() < until)
+    allreduce_and_check(c, "after." + std::to_string(i++), 1 << 18);
+  EXPECT_EQ(stat_of(c[0].rail_stats(), "agg").state, "up");
+  const uint64_t reduced = daemon->stats().chunks_reduced;
+  for (int k = 0; k < 6; ++k) allreduce_and_check(c, "readmitted." + std::to_string(k), 1 << 20);
+  EXPECT_GT(daemon->stats().chunks_reduced, reduced);
+}
+
+}  // namespace
+}  // namespace nezha::engine
