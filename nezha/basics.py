@@ -62,10 +62,11 @@ def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None
         config.secret = info.secret
         specs = rails_mod.resolve_rails(rails or info.rails, info.rendezvous_addr)
         config.rails = [_core.RailConfig(s.name, s.local_addr, s.kind, dict(s.options))
-                        for s in specs]
+                        for s in specs] + _automatic_rails(specs, info)
         # The launcher's host entry (placement): a host-local rail (shm) joins only ranks with the
         # same entry (and boot id and network namespace, which the rail checks itself).
-        config.host_id = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        config.host_id = (os.environ.get("NEZHA_HOST_ID") or os.environ.get("HOROVOD_HOSTNAME")
+                          or socket.gethostname())
         if any(not s.local_addr for s in specs):
             # A rail without a network address (shm) still needs the control channel's path.
             config.control_addr = rails_mod.route_source_address(info.rendezvous_addr)
@@ -77,6 +78,20 @@ def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None
         _state.engine, _state.info = engine, info
         _state.generation += 1
         _core.attach_engine(engine)  # for native callers: nezha.jax's XLA FFI handlers
+
+
+def _automatic_rails(specs: List[rails_mod.RailSpec], info: environ.WorldInfo) -> List[Any]:
+    """The shared-memory rail nezha adds by itself (``NEZHA_AUTO_SHM``) where the launcher places
+    several ranks on this host and no rail of the spec is host-local already. The core makes it the
+    network rails' host lane (hierarchical allreduce; on one host it carries the allreduces), or
+    drops it where it cannot serve; the shm rail itself checks who really shares this host."""
+    if info.local_size <= 1 or _core.knob_value("NEZHA_AUTO_SHM") == "0":
+        return []
+    if "shm" not in _core.rail_kinds() or any(s.kind == "shm" for s in specs):
+        return []
+    lane = _core.RailConfig("shm", "", "shm", {})
+    lane.automatic = True
+    return [lane]
 
 
 def _meet_peers(engine: Any, info: environ.WorldInfo, timeout_s: float) -> None:

@@ -85,11 +85,21 @@ void Executor::timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double
   std::memset(buf.data(), 0, count * sizeof(float));
   collectives::CollectiveOptions copt = options(seq, timeout_s);
   auto start = std::chrono::steady_clock::now();
-  collectives::allreduce(*rails_[rail], buf.data(), count, DataType::kFloat32, ReduceOp::kSum, copt);
+  allreduce_on(rail, buf.data(), count, DataType::kFloat32, ReduceOp::kSum, copt);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   completed_[rail] = seq + 1;
   if (table_) table_->observe(rail, count * sizeof(float), secs);
   if (observer_) observer_(rail, count * sizeof(float), start, secs, label);
+}
+
+void Executor::allreduce_on(int rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+                            const collectives::CollectiveOptions& copt) {
+  transport::HierarchicalRail* h =
+      static_cast<size_t>(rail) < hierarchical_.size() ? hierarchical_[static_cast<size_t>(rail)] : nullptr;
+  if (h && h->hierarchical())
+    collectives::allreduce_hierarchical(h->host_lane(), h->network(), h->placement(), buf, count, dtype, op, copt);
+  else
+    collectives::allreduce(*rails_[rail], buf, count, dtype, op, copt);
 }
 
 void Executor::calibrate(int rail_index, size_t bytes) {
@@ -194,7 +204,7 @@ void Executor::run_share(ShareRecord& rec) {
   auto start = std::chrono::steady_clock::now();
   if (watchdog_) watchdog_->begin(r, "allreduce of " + names_str(job.resp));
   try {
-    collectives::allreduce(*rail, target, rec.share.count, job.resp.dtype, job.resp.op, copt);
+    allreduce_on(r, target, rec.share.count, job.resp.dtype, job.resp.op, copt);
     if (watchdog_) watchdog_->end(r, true);
     record_done(rec);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -29,6 +29,7 @@
 #include "engine/execution/rail_worker.h"
 #include "engine/request.h"
 #include "multirail/rail_table.h"
+#include "transport/hierarchical_rail.h"
 #include "transport/rail.h"
 
 namespace nezha::engine {
@@ -79,6 +80,10 @@ class Executor {
   Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, multirail::RailTable* table,
            ShareObserver observer, ExecutorHooks hooks = {});
   ~Executor();
+
+  // Allreduce shares (and calibration, probes) on rail i run the hierarchical allreduce over
+  // rails[i]'s host lane where rails[i] is non-null and hierarchical() (engine, before any work).
+  void use_hierarchical(std::vector<transport::HierarchicalRail*> rails) { hierarchical_ = std::move(rails); }
 
   // entries[i] belongs to resp.names[i]; an entry with no handle means this rank has joined and
   // takes part with zeros.
@@ -142,12 +147,16 @@ class Executor {
   void restore_input(const ShareRecord& rec, uint8_t* target, const uint8_t* range, size_t bytes);
   void record_done(ShareRecord& rec);
   bool record_lost(ShareRecord& rec, const std::string& what);
+  // An allreduce on one rail: flat, or hierarchical where use_hierarchical() said so.
+  void allreduce_on(int rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+                    const collectives::CollectiveOptions& copt);
   void run_allreduce(const Response& resp, std::vector<TensorEntry> entries);
   void run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries);
   static void finish_allreduce(AllreduceJob& job);
 
   ExecutorOptions opt_;
   std::vector<transport::Rail*> rails_;
+  std::vector<transport::HierarchicalRail*> hierarchical_;  // per rail, may be empty / null
   multirail::RailTable* table_;
   ShareObserver observer_;
   BufferPool pool_;
