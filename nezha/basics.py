@@ -82,10 +82,11 @@ def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None
 
 def _automatic_rails(specs: List[rails_mod.RailSpec], info: environ.WorldInfo) -> List[Any]:
     """The shared-memory rail nezha adds by itself (``NEZHA_AUTO_SHM``) where the launcher places
-    several ranks on this host and no rail of the spec is host-local already. The core makes it the
-    network rails' host lane (hierarchical allreduce; on one host it carries the allreduces), or
-    drops it where it cannot serve; the shm rail itself checks who really shares this host."""
-    if info.local_size <= 1 or _core.knob_value("NEZHA_AUTO_SHM") == "0":
+    several ranks on some host (fewer hosts than ranks: decided alike on every rank, which must
+    agree on the rails, a rank alone on its host included) and no rail of the spec is host-local
+    already. The core makes it the network rails' host lane (hierarchical allreduce; on one host it
+    carries the allreduces); the shm rail itself checks who really shares a host."""
+    if info.size <= 1 or info.cross_size >= info.size or _core.knob_value("NEZHA_AUTO_SHM") == "0":
         return []
     if "shm" not in _core.rail_kinds() or any(s.kind == "shm" for s in specs):
         return []

@@ -46,7 +46,9 @@ void Engine::build_rails() {
       ++network;
     }
   }
+  // Decided alike on every rank (they must agree on the rails): from the job's size and host count.
   const bool one_host = config_.local_size >= config_.size;
+  const bool co_located = config_.cross_size < config_.size;  // some host holds several ranks
   bool use_lanes = false, drop_lane = false;
   if (lane >= 0 && network > 0) {
     const RailConfig& lc = config_.rails[static_cast<size_t>(lane)];
@@ -55,7 +57,7 @@ void Engine::build_rails() {
     // Across hosts: lanes with NEZHA_HIERARCHICAL, else an automatic lane is dropped (a listed one
     // is refused at connect, naming the ranks it misses).
     if (one_host) use_lanes = lc.automatic;
-    else if (config_.hierarchical) use_lanes = true;
+    else if (config_.hierarchical && (co_located || !lc.automatic)) use_lanes = true;
     else drop_lane = lc.automatic;
   } else if (lane >= 0 && config_.rails[static_cast<size_t>(lane)].automatic && !one_host) {
     drop_lane = true;  // nothing to pair it with
@@ -66,7 +68,7 @@ void Engine::build_rails() {
     if (static_cast<int>(i) == lane && (use_lanes || drop_lane)) {
       if (drop_lane)
         NZ_LOG(Info) << rank_prefix(config_.rank) << "automatic rail '" << config_.rails[i].name
-                     << "' dropped: ranks are spread over hosts and NEZHA_HIERARCHICAL is off";
+                     << "' dropped: " << (co_located ? "NEZHA_HIERARCHICAL is off" : "one rank per host");
       continue;
     }
     std::unique_ptr<transport::Rail> rail = std::move(built[i]);

@@ -37,6 +37,7 @@ void place(EngineConfig& c, const std::vector<int>& host_of) {
   c.host_id = "h" + std::to_string(host_of[c.rank]);
   c.local_size = 0;
   for (int h : host_of) c.local_size += h == host_of[c.rank];
+  c.cross_size = host_of.back() + 1;
   c.control_inline_bytes = 0;  // small allreduces too must run on the rails
   c.control_addr = "127.0.0.1";
 }
@@ -190,6 +191,16 @@ TEST(EngineHierarchical, AutomaticShmIsDroppedAcrossHostsWithHierarchicalOff) {
   ASSERT_EQ(c[0].rail_stats().size(), 1u);
   EXPECT_EQ(c[0].rail_stats()[0].protocol, "tcp");
   testing::allreduce_and_check(c, "flat", 100000);
+}
+
+TEST(EngineHierarchical, AutomaticShmIsDroppedWhenEveryHostHasOneRank) {
+  const std::vector<int> host_of = hosts_of("1-1-1");
+  std::vector<RailConfig> rails = testing::loopback_rails(1);
+  rails.push_back(shm_lane(/*automatic=*/true));
+  Cluster c(3, rails, [&](EngineConfig& cfg) { place(cfg, host_of); });
+  ASSERT_EQ(c[0].rail_stats().size(), 1u);
+  EXPECT_EQ(c[0].rail_stats()[0].protocol, "tcp");
+  testing::allreduce_and_check(c, "spread", 100000);
 }
 
 TEST(EngineHierarchical, ListedShmAcrossHostsWithHierarchicalOffIsRefusedNamingTheRanks) {
