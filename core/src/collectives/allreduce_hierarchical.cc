@@ -1,6 +1,7 @@
 // allreduce_hierarchical(): reduce-scatter inside each host over its lane, allreduce of each slice
 // across hosts among its owners over the network rail, allgather inside each host (slice ownership
 // and why every rank gets the same bits: hierarchy.h).
+#include <algorithm>
 #include <cstdint>
 
 #include "collectives/algorithm_util.h"
@@ -37,13 +38,24 @@ void allreduce_hierarchical(transport::Rail& host_lane, transport::Rail& network
   if (shared_host)
     reducescatterv(lane, data, data + plan.block_offset[mine] * esize, plan.block_count, dtype, op, inner);
 
-  for (int j : plan.my_slices) {
-    uint8_t* slice = data + plan.slice_offset[j] * esize;
-    const size_t n = plan.slice_offset[j + 1] - plan.slice_offset[j];
-    transport::GroupRail across(network, plan.group_of_slice[j]);
-    CollectiveOptions cross = inner;
-    cross.postscale = opt.postscale;  // applied once per element, by its slice's owners
-    allreduce(across, slice, n, dtype, op, cross);
+  CollectiveOptions cross = inner;
+  cross.postscale = opt.postscale;  // applied once per element, by its slice's owners
+  std::vector<transport::GroupRail> groups;
+  size_t longest = 0;
+  for (int j : plan.my_slices) groups.emplace_back(network, plan.group_of_slice[j]);
+  for (size_t j = 0; j + 1 < plan.slice_offset.size(); ++j)
+    longest = std::max(longest, plan.slice_offset[j + 1] - plan.slice_offset[j]);
+  // Whole slices, or chunk by chunk across the owned slices (hierarchy.h: Interleaving); every
+  // member of a group sees the same slice length, so all skip or run the same chunks.
+  const size_t chunk = plan.interleave ? std::max<size_t>(1, opt.segment_bytes / esize) : std::max<size_t>(1, longest);
+  for (size_t begin = 0; begin < longest; begin += chunk) {
+    for (size_t k = 0; k < plan.my_slices.size(); ++k) {
+      const int j = plan.my_slices[k];
+      const size_t n = plan.slice_offset[j + 1] - plan.slice_offset[j];
+      if (begin >= n) continue;
+      allreduce(groups[k], data + (plan.slice_offset[j] + begin) * esize, std::min(chunk, n - begin), dtype, op,
+                cross);
+    }
   }
 
   if (shared_host) {

@@ -11,11 +11,13 @@ HierarchicalPlan plan_hierarchical(const transport::HostPlacement& placement, in
   HierarchicalPlan p;
   const int hosts = placement.hosts();
   std::vector<std::vector<int>> ranks_on(static_cast<size_t>(hosts));
-  int slices = 1;
+  int slices = 1, fewest = static_cast<int>(placement.host_of_rank.size());
   for (int h = 0; h < hosts; ++h) {
     ranks_on[h] = placement.ranks_on(h);
     slices = std::max(slices, static_cast<int>(ranks_on[h].size()));
+    fewest = std::min(fewest, static_cast<int>(ranks_on[h].size()));
   }
+  p.interleave = fewest < slices;
   const int my_host = placement.host_of_rank.at(static_cast<size_t>(rank));
   p.local_ranks = ranks_on[my_host];
   p.local_index = static_cast<int>(std::find(p.local_ranks.begin(), p.local_ranks.end(), rank) - p.local_ranks.begin());

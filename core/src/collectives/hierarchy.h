@@ -10,6 +10,13 @@
 // one path: inside its host by the ring reduce-scatter (once, by one rank), across hosts by its
 // slice's group (bit-identical among the owners), then copied to every rank by the allgather. So
 // every rank gets the same bits.
+//
+// Interleaving. Where a rank owns several slices (a host with fewer ranks), its peers in the later
+// groups would sit silent while it serves the earlier ones, and a rail that moves nothing for
+// NEZHA_RAIL_STALL_MS is failed over. So the cross-host phase then walks the slices in chunks:
+// chunk 0 of each owned slice in slice order, then chunk 1, ... (every rank in the same global order
+// (chunk, slice), so the no-deadlock argument above holds). A waiting rank then waits for a few
+// chunks, not for whole slices.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +34,7 @@ struct HierarchicalPlan {
   std::vector<size_t> block_offset;   // per local rank: first element of its run
   std::vector<int> my_slices;         // slices this rank owns, ascending
   std::vector<std::vector<int>> group_of_slice;  // per slice: its owners, one per host, host order
+  bool interleave = false;            // some rank owns several slices (see Interleaving above)
 };
 
 // Every rank computes the same slices and groups from the same placement.

@@ -23,6 +23,8 @@ TEST(HierarchyPlan, UnevenPlacementPutsTheLoneRankInEverySlicesGroup) {
   EXPECT_EQ(p3.group_of_slice[1], std::vector<int>({1, 3}));
   EXPECT_EQ(p3.group_of_slice[2], std::vector<int>({2, 3}));
   EXPECT_EQ(p3.block_count, std::vector<size_t>({3000}));
+  EXPECT_TRUE(p3.interleave);  // rank 3 serves three groups
+  EXPECT_FALSE(plan_hierarchical(placement({0, 0, 1, 1}), 0, 3000, 4).interleave);
 
   const auto p1 = plan_hierarchical(placement({0, 0, 0, 1}), 1, 3000, 4);
   EXPECT_EQ(p1.local_ranks, std::vector<int>({0, 1, 2}));

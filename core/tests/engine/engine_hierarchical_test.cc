@@ -111,7 +111,10 @@ class Placements : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Placements, EveryDtypeAndOpOverMemoryRailsMatchesTheReferenceOnEveryRank) {
   const std::vector<int> host_of = hosts_of(GetParam());
-  Cluster c(static_cast<int>(host_of.size()), memory_job(GetParam(), 2), [&](EngineConfig& cfg) { place(cfg, host_of); });
+  Cluster c(static_cast<int>(host_of.size()), memory_job(GetParam(), 2), [&](EngineConfig& cfg) {
+    place(cfg, host_of);
+    cfg.segment_bytes = 64 << 10;  // uneven placements: slices cross hosts in several interleaved chunks
+  });
   ASSERT_EQ(c[0].rail_stats().size(), 2u) << "the lane is folded into the two network rails";
   EXPECT_EQ(c[0].rail_stats()[0].protocol, "memory+memory");
   // Small (log-step across hosts), odd-sized (uneven slices) and large (striped, ring) payloads.

@@ -83,7 +83,8 @@ class Executor {
 
   // Allreduce shares (and calibration, probes) on rail i run the hierarchical allreduce over
   // rails[i]'s host lane where rails[i] is non-null and hierarchical() (engine, before any work).
-  void use_hierarchical(std::vector<transport::HierarchicalRail*> rails) { hierarchical_ = std::move(rails); }
+  // After the rails connected (the placement is known).
+  void use_hierarchical(std::vector<transport::HierarchicalRail*> rails);
 
   // entries[i] belongs to resp.names[i]; an entry with no handle means this rank has joined and
   // takes part with zeros.
