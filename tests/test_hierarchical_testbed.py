@@ -9,6 +9,7 @@ import signal
 import pytest
 
 from conftest import launch_direct, run_worker
+from test_multirail_testbed import run_with_a_cut
 from nezha.testbed.pytest_fixtures import testbed_factory  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.testbed
@@ -51,3 +52,16 @@ def test_killed_rank_is_named_on_every_other_rank_and_no_segment_is_left(testbed
     assert results[victim].returncode == -signal.SIGKILL
     left = [n for n in set(os.listdir("/dev/shm")) - before if "nezha" in n]
     assert not left, left
+
+
+def test_a_rail_cut_under_hierarchical_allreduces_fails_over_with_exact_results(testbed_factory):
+    """2 hosts x 2 ranks, collectives of every kind in flight (the 4 MiB allreduces hierarchical)
+    while host 1 loses rail 0 for 2 s: the rail fails over, every result is exact (checked by the
+    worker against numpy) and the job goes on."""
+    tb = testbed_factory(hosts=2, rails=2, rates=["1gbit", "1gbit"])
+    code, output = run_with_a_cut(tb, ["mixed_bursts.py", "120", "big"], rail=0, host=tb.hosts[1],
+                                  after_s=1.0, cut_s=2.0, slots_per_host=2)
+    assert code == 0, output[-4000:]
+    for r in range(4):
+        assert f"[{r}]<stdout>: OK rank {r}:" in output, output[-3000:]
+    assert "continuing on" in output, output[-3000:]  # the cut hit the run: a rail failed over
