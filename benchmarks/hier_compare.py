@@ -4,7 +4,9 @@ vs flat (NEZHA_HIERARCHICAL=0: the ring over all 4 ranks striped over both rails
 rails' interfaces, timed inside the hierarchical job (--baseline gloo). Needs root (the testbed);
 brings it up and down. Prints a markdown table for benchmarks/SHM.md.
 
-    .venv/bin/python benchmarks/hier_compare.py [--sizes 1M,16M,64M] [--out DIR]
+    .venv/bin/python benchmarks/hier_compare.py [--sizes 1M,16M,64M] [--slots 2,2] [--out DIR]
+
+--slots 3,1 places 3 ranks on the first host and 1 on the second (the uneven placement).
 """
 import argparse
 import json
@@ -17,9 +19,10 @@ BENCH = [sys.executable, "-m", "nezha.bench", "--op", "allreduce", "--dtype", "f
          "--iters", "auto", "--warmup", "2"]
 
 
-def run(testbed, label, json_path, sizes, env=None, gloo=False):
-    args = testbed.nezharun_args(slots_per_host=2)
-    cmd = [sys.executable, "-m", "nezha.runner", "-np", "4", *args, "--", *BENCH, "--sizes", sizes,
+def run(testbed, label, json_path, sizes, slots, env=None, gloo=False):
+    args = testbed.nezharun_args()
+    args[args.index("-H") + 1] = ",".join(f"{h}:{n}" for h, n in zip(testbed.hosts, slots))
+    cmd = [sys.executable, "-m", "nezha.runner", "-np", str(sum(slots)), *args, "--", *BENCH, "--sizes", sizes,
            "--json", json_path, "--impl-label", label]
     if gloo:
         ifnames = ",".join(testbed.interface(r) for r in range(testbed.rails))
@@ -35,12 +38,15 @@ def main():
     p.add_argument("--sizes", default="1M,16M,64M")
     p.add_argument("--out", default=tempfile.mkdtemp(prefix="hier-compare-"))
     p.add_argument("--prefix", default="nzhier")
+    p.add_argument("--slots", default="2,2", help="ranks per host, e.g. 3,1")
     args = p.parse_args()
+    slots = [int(n) for n in args.slots.split(",")]
     os.makedirs(args.out, exist_ok=True)
     from nezha.testbed import Testbed
-    with Testbed(hosts=2, rails=2, rates=["1gbit", "1gbit"], prefix=args.prefix) as tb:
-        records = run(tb, "nezha-hierarchical", os.path.join(args.out, "hier.json"), args.sizes, gloo=True)
-        records += run(tb, "nezha-flat", os.path.join(args.out, "flat.json"), args.sizes,
+    with Testbed(hosts=len(slots), rails=2, rates=["1gbit", "1gbit"], prefix=args.prefix) as tb:
+        records = run(tb, "nezha-hierarchical", os.path.join(args.out, "hier.json"), args.sizes, slots,
+                      gloo=True)
+        records += run(tb, "nezha-flat", os.path.join(args.out, "flat.json"), args.sizes, slots,
                        env={"NEZHA_HIERARCHICAL": "0"})
     impls = ["nezha-hierarchical", "nezha-flat", "gloo-2rails"]
     by = {(r["impl"], r["bytes"]): r for r in records}
