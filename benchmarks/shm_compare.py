@@ -1,6 +1,8 @@
-"""One host, 4 ranks: allreduce over the shm rail vs Nezha over loopback TCP vs Gloo on lo, in one
-run (issue 17). Gloo is timed inside the shm job's processes (--baseline gloo); the TCP job runs right
-after. Prints a markdown table for benchmarks/RESULTS.md.
+"""One host, 4 ranks: allreduce with Nezha's defaults (no rails given: the loopback TCP rail with the
+automatic shm lane carrying the allreduces) vs Nezha over loopback TCP alone (NEZHA_AUTO_SHM=0) vs
+Gloo on lo, in one run (issue 17); --with-shm-rail adds `--rails shm` (the shm rail alone). Gloo is
+timed inside the default job's processes (--baseline gloo); the other jobs run right after. Prints
+a markdown table for benchmarks/SHM.md.
 
     .venv/bin/python benchmarks/shm_compare.py [--sizes 8,1K,64K,1M,16M,64M] [--out DIR]
 """
@@ -16,13 +18,13 @@ BENCH = [sys.executable, "-m", "nezha.bench", "--op", "allreduce", "--dtype", "f
          "--iters", "auto", "--warmup", "2"]
 
 
-def run(label, json_path, sizes, rails=None, gloo=False):
+def run(label, json_path, sizes, rails=None, gloo=False, env=None):
     cmd = RUNNER + (["--rails", rails] if rails else []) + ["--"] + BENCH + [
         "--sizes", sizes, "--json", json_path, "--impl-label", label]
     if gloo:
         cmd += ["--baseline", "gloo", "--gloo-ifname", "lo", "--baseline-label", "gloo-lo"]
-    print("$ " + " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    print("$ " + " ".join(f"{k}={v}" for k, v in (env or {}).items()) + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     with open(json_path) as f:
         return json.load(f)
 
@@ -35,21 +37,27 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="8,1K,64K,1M,16M,64M")
     p.add_argument("--out", default=tempfile.mkdtemp(prefix="shm-compare-"))
+    p.add_argument("--with-shm-rail", action="store_true", help="also time --rails shm")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    records = run("nezha-shm", os.path.join(args.out, "shm.json"), args.sizes, rails="shm", gloo=True)
-    records += run("nezha-loopback", os.path.join(args.out, "tcp.json"), args.sizes)
-    impls = ["nezha-shm", "nezha-loopback", "gloo-lo"]
+    records = run("nezha-default", os.path.join(args.out, "default.json"), args.sizes, gloo=True)
+    records += run("nezha-loopback", os.path.join(args.out, "tcp.json"), args.sizes,
+                   env={"NEZHA_AUTO_SHM": "0"})
+    impls = ["nezha-default", "nezha-loopback", "gloo-lo"]
+    if args.with_shm_rail:
+        records += run("nezha-shm", os.path.join(args.out, "shm.json"), args.sizes, rails="shm")
+        impls.insert(2, "nezha-shm")
     by = {(r["impl"], r["bytes"]): r for r in records}
     sizes = sorted({r["bytes"] for r in records})
     print("\n| size | " + " | ".join(f"{i} time" for i in impls) + " | " +
-          " | ".join(f"{i} busbw" for i in impls) + " | shm vs gloo |")
+          " | ".join(f"{i} busbw" for i in impls) + " | default vs gloo |")
     print("|---:|" + "---:|" * (2 * len(impls) + 1))
     for b in sizes:
         row = [by.get((i, b)) for i in impls]
         times = [fmt_time(r["time_us"]) if r else "-" for r in row]
         bws = [f"{r['busbw_gbps']:.3f}" if r else "-" for r in row]
-        ratio = f"{row[2]['time_us'] / row[0]['time_us']:.2f}x" if row[0] and row[2] else "-"
+        gloo = row[impls.index("gloo-lo")]
+        ratio = f"{gloo['time_us'] / row[0]['time_us']:.2f}x" if row[0] and gloo else "-"
         print(f"| {b} | " + " | ".join(times) + " | " + " | ".join(bws) + f" | {ratio} |")
 
 

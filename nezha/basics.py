@@ -62,12 +62,13 @@ def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None
         config.secret = info.secret
         specs = rails_mod.resolve_rails(rails or info.rails, info.rendezvous_addr)
         config.rails = [_core.RailConfig(s.name, s.local_addr, s.kind, dict(s.options))
-                        for s in specs]
+                        for s in specs] + _automatic_rails(specs, info)
         # The launcher's host entry (placement): a host-local rail (shm) joins only ranks with the
         # same entry (and boot id and network namespace, which the rail checks itself).
-        config.host_id = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        config.host_id = (os.environ.get("NEZHA_HOST_ID") or os.environ.get("HOROVOD_HOSTNAME")
+                          or socket.gethostname())
         if any(s.kind not in rails_mod.NETWORK_KINDS for s in specs):
-            # A rail without an IPv4 address of its own (shm, ofi:shm) still needs the control
+            # A rail without an IPv4 address of its own (shm, ofi:shm, agg) still needs the control
             # channel's path; an ofi rail over an IP provider opens it on its own address.
             config.control_addr = rails_mod.route_source_address(info.rendezvous_addr)
         engine = _core.Engine(config)
@@ -78,6 +79,21 @@ def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None
         _state.engine, _state.info = engine, info
         _state.generation += 1
         _core.attach_engine(engine)  # for native callers: nezha.jax's XLA FFI handlers
+
+
+def _automatic_rails(specs: List[rails_mod.RailSpec], info: environ.WorldInfo) -> List[Any]:
+    """The shared-memory rail nezha adds by itself (``NEZHA_AUTO_SHM``) where the launcher places
+    several ranks on some host (fewer hosts than ranks: decided alike on every rank, which must
+    agree on the rails, a rank alone on its host included) and no rail of the spec is host-local
+    already. The core makes it the network rails' host lane (hierarchical allreduce; on one host it
+    carries the allreduces); the shm rail itself checks who really shares a host."""
+    if info.size <= 1 or info.cross_size >= info.size or _core.knob_value("NEZHA_AUTO_SHM") == "0":
+        return []
+    if "shm" not in _core.rail_kinds() or any(s.kind == "shm" for s in specs):
+        return []
+    lane = _core.RailConfig("shm", "", "shm", {})
+    lane.automatic = True
+    return [lane]
 
 
 def _meet_peers(engine: Any, info: environ.WorldInfo, timeout_s: float) -> None:

@@ -42,26 +42,34 @@ def run_worker(np_: int, script: str, *args: str, **kwargs) -> JobResult:
 
 
 def launch_direct(np_: int, script: str, *args: str, env: Optional[Dict[str, str]] = None,
-                  timeout: float = 120, wait_for: Optional[List[int]] = None) -> List[JobResult]:
+                  timeout: float = 120, wait_for: Optional[List[int]] = None,
+                  hosts: Optional[List[str]] = None, rendezvous_addr: str = "127.0.0.1") -> List[JobResult]:
     """Runs np_ ranks of tests/workers/<script> without a supervisor (no fail-fast), serving the
     rendezvous store from this process; returns one JobResult per rank. With `wait_for`, the
-    other ranks are killed once those have exited."""
+    other ranks are killed once those have exited. `hosts` (one testbed namespace per rank) starts
+    each rank with `ip netns exec HOST`, placed as nezharun would place them."""
     import secrets
 
     from nezha.rendezvous import StoreServer
 
     secret = secrets.token_bytes(16)
-    server = StoreServer("127.0.0.1", 0, secret).start()
+    server = StoreServer(rendezvous_addr, 0, secret).start()
+    hosts = hosts or ["localhost"] * np_
+    order = list(dict.fromkeys(hosts))
     procs = []
     try:
         for r in range(np_):
             e = {k: v for k, v in os.environ.items() if not k.startswith("NEZHA_")}
-            e.update({"NEZHA_RANK": str(r), "NEZHA_SIZE": str(np_), "NEZHA_LOCAL_RANK": str(r),
-                      "NEZHA_LOCAL_SIZE": str(np_), "NEZHA_CROSS_RANK": "0",
-                      "NEZHA_CROSS_SIZE": "1", "NEZHA_RENDEZVOUS_ADDR": "127.0.0.1",
+            e.update({"NEZHA_RANK": str(r), "NEZHA_SIZE": str(np_),
+                      "NEZHA_LOCAL_RANK": str(hosts[:r].count(hosts[r])),
+                      "NEZHA_LOCAL_SIZE": str(hosts.count(hosts[r])),
+                      "NEZHA_CROSS_RANK": str(order.index(hosts[r])),
+                      "NEZHA_CROSS_SIZE": str(len(order)), "NEZHA_HOST_ID": hosts[r],
+                      "NEZHA_RENDEZVOUS_ADDR": rendezvous_addr,
                       "NEZHA_RENDEZVOUS_PORT": str(server.port), "NEZHA_SECRET": secret.hex()})
             e.update(env or {})
-            procs.append(subprocess.Popen([sys.executable, str(WORKERS / script), *args], cwd=REPO,
+            prefix = [] if hosts[r] == "localhost" else ["ip", "netns", "exec", hosts[r]]
+            procs.append(subprocess.Popen([*prefix, sys.executable, str(WORKERS / script), *args], cwd=REPO,
                                           env=e, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
         # The ranks waited for first (whatever their number), then the others, killed if still running.

@@ -59,11 +59,12 @@ def test_failed_rail_fails_over_without_loss_and_is_readmitted(testbed_factory, 
     assert cycle["readmit_s"] <= 8.0, cycle
 
 
-def run_with_a_cut(tb, worker_args, rail, host, after_s, cut_s, env=None, timeout=180):
-    """Runs tests/workers/<worker_args> on every host of `tb` and cuts `rail` of `host` for `cut_s`
-    seconds, `after_s` after every rank printed READY; returns (exit code, output)."""
-    n = len(tb.hosts)
-    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", str(n), *tb.nezharun_args(), "--",
+def run_with_a_cut(tb, worker_args, rail, host, after_s, cut_s, env=None, timeout=180, slots_per_host=1):
+    """Runs tests/workers/<worker_args> on every host of `tb` (`slots_per_host` ranks each) and cuts
+    `rail` of `host` for `cut_s` seconds, `after_s` after every rank printed READY; returns (exit
+    code, output)."""
+    n = len(tb.hosts) * slots_per_host
+    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", str(n), *tb.nezharun_args(slots_per_host), "--",
            sys.executable, str(WORKERS / worker_args[0]), *worker_args[1:]]
     env = dict(os.environ, NEZHA_TIMEOUT_S="30", **(env or {}))
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -106,6 +106,8 @@ def test_horovod_layout_variables_are_set_beside_nezhas(tmp_path):
             assert e["HOROVOD_" + what] == e["NEZHA_" + what], what
     assert [e["HOROVOD_RANK"] for e in envs] == ["0", "1", "2"]
     assert [e["HOROVOD_HOSTNAME"] for e in envs] == ["localhost", "localhost", "127.0.0.1"]
+    # The host entry is also what shared memory's same-host rule compares (shm_address.h).
+    assert [e["NEZHA_HOST_ID"] for e in envs] == ["localhost", "localhost", "127.0.0.1"]
 
 
 def test_output_lines_are_prefixed_per_rank_and_stream():

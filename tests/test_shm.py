@@ -7,7 +7,9 @@ import signal
 
 import pytest
 
-from conftest import launch_direct
+import sys
+
+from conftest import launch_direct, run_job
 
 SHM = {"NEZHA_RAILS": "shm"}
 TIMEOUT_S = 4
@@ -51,3 +53,22 @@ def test_nothing_left_in_dev_shm_after_a_killed_job(job):
     # no file of ours may appear, whatever other processes on the machine do meanwhile.
     left = [n for n in set(os.listdir("/dev/shm")) - before if "nezha" in n]
     assert not left, left
+
+
+def test_a_one_host_job_uses_shm_by_default(job):
+    """No rails given, every rank on this host: the default TCP rail gets the automatic shm lane,
+    which carries the allreduces (every dtype x op against numpy, bit-identical; the bytes checked
+    to go through shared memory)."""
+    result = job(3, "hierarchical_check.py", timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(3):
+        assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
+
+
+def test_the_automatic_shm_knob_turns_it_off():
+    code = ("import nezha; nezha.init(); "
+            "print('KINDS', [s.get('kind', s.get('protocol')) for s in nezha.rail_stats()])")
+    result = run_job(2, [sys.executable, "-c", code], env={"NEZHA_AUTO_SHM": "0"}, timeout=60)
+    assert result.returncode == 0, result.output[-2000:]
+    for r in range(2):
+        assert "KINDS ['tcp']" in "\n".join(result.lines(r)), result.output[-2000:]

@@ -35,6 +35,8 @@ def rank_environment(placement: Placement, job: JobSettings) -> Dict[str, str]:
         "NEZHA_CROSS_SIZE": str(placement.cross_size),
         "NEZHA_RENDEZVOUS_ADDR": job.rendezvous_addr,
         "NEZHA_RENDEZVOUS_PORT": str(job.rendezvous_port),
+        # The host entry as the host list names it: shared memory joins only ranks of one entry.
+        "NEZHA_HOST_ID": placement.host,
         SECRET_VAR: job.secret_hex,
         # Ranks' output goes through pipes; unbuffered Python keeps it timely and ordered.
         "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
@@ -63,6 +65,6 @@ def forwarded_knobs(environ: Dict[str, str]) -> Dict[str, str]:
     """NEZHA_* knobs set for nezharun itself (log level, fusion threshold...) that remote ranks
     should see too; job-layout variables and the secret are excluded (nezharun sets those)."""
     layout = {"NEZHA_RANK", "NEZHA_SIZE", "NEZHA_LOCAL_RANK", "NEZHA_LOCAL_SIZE",
-              "NEZHA_CROSS_RANK", "NEZHA_CROSS_SIZE", "NEZHA_RENDEZVOUS_ADDR",
+              "NEZHA_CROSS_RANK", "NEZHA_CROSS_SIZE", "NEZHA_HOST_ID", "NEZHA_RENDEZVOUS_ADDR",
               "NEZHA_RENDEZVOUS_PORT", SECRET_VAR, "NEZHA_RAILS", "NEZHA_TIMELINE"}
     return {k: v for k, v in environ.items() if k.startswith("NEZHA_") and k not in layout}

@@ -167,6 +167,8 @@ PYBIND11_MODULE(_core, m) {
     for (const auto& k : knob_table()) out.append(py::make_tuple(k.env, k.default_value, k.doc));
     return out;
   }, "The NEZHA_* knob table: (name, default, doc) tuples.");
+  m.def("knob_value", [](const std::string& env) { return knob_string(env.c_str()); }, py::arg("env"),
+        "A knob's value: its environment variable if set, else the table's default (unknown: InvalidArgument).");
   // Native callers outside Python (XLA FFI handlers) reach the engine nezha.init() attached.
   m.def("attach_engine", [](Engine* e) { bindings::attach_engine(e); }, py::arg("engine").none(true),
         py::call_guard<py::gil_scoped_release>(),
@@ -259,6 +261,8 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("local_addr", &engine::RailConfig::local_addr)
       .def_readonly("kind", &engine::RailConfig::kind)
       .def_readonly("options", &engine::RailConfig::options)
+      .def_readwrite("automatic", &engine::RailConfig::automatic,
+                     "Added by nezha (NEZHA_AUTO_SHM), not named by the user: dropped where it cannot serve.")
       .def_property_readonly("protocol", [](const engine::RailConfig& c) { return c.kind; },
                              "The kind (this field's name before other kinds existed).");
   m.def("rail_kinds", &transport::known_rail_kinds, "Every rail kind the core's rail factory builds.");
@@ -277,6 +281,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("cross_size", &EngineConfig::cross_size)
       .def_readwrite("rails", &EngineConfig::rails)
       .def_readwrite("host_id", &EngineConfig::host_id)
+      .def_readwrite("hierarchical", &EngineConfig::hierarchical)
       .def_readwrite("control_addr", &EngineConfig::control_addr)
       .def_property("secret", [](const EngineConfig& c) { return py::bytes(c.secret); },
                     [](EngineConfig& c, py::bytes b) { c.secret = std::string(b); })
@@ -384,6 +389,7 @@ PYBIND11_MODULE(_core, m) {
           py::dict d;
           d["name"] = s.name; d["local_addr"] = s.local_addr; d["kind"] = s.protocol; d["protocol"] = s.protocol;
           d["state"] = s.state; d["bytes_sent"] = s.bytes_sent; d["bytes_received"] = s.bytes_received;
+          d["lane_bytes_sent"] = s.lane_bytes_sent;
           d["alpha_us"] = s.alpha_us; d["beta_gbps"] = s.beta_gbps; d["share"] = s.share;
           out.append(d);
         }

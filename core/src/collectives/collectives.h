@@ -15,6 +15,7 @@
 
 #include "common/deadline.h"
 #include "common/dtype.h"
+#include "transport/hierarchical_rail.h"
 #include "transport/rail.h"
 
 namespace nezha::collectives {
@@ -47,6 +48,13 @@ void allreduce_ring(transport::Rail& rail, void* buf, size_t count, DataType dty
 // Recursive doubling (non-powers of two fold the extra ranks in first and out last).
 void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
                        const CollectiveOptions& opt);
+
+// Hierarchical allreduce (design: hierarchy.h): reduce-scatter among the ranks of each host over
+// host_lane (a kHost rail), allreduce of each slice across hosts among its owners over network, then
+// allgather over host_lane. Both rails in job rank space; placement the same on every rank.
+void allreduce_hierarchical(transport::Rail& host_lane, transport::Rail& network,
+                            const transport::HostPlacement& placement, void* buf, size_t count, DataType dtype,
+                            ReduceOp op, const CollectiveOptions& opt);
 
 // out = concatenation over ranks r of bytes_per_rank[r] bytes; this rank's block is read from `in`
 // (which may alias its slot in out).

@@ -24,6 +24,8 @@ const std::vector<KnobSpec>& knob_table() {
       {"NEZHA_CONNECT_TIMEOUT_S", "60", "Longest wait for peers to connect at init()."},
       {"NEZHA_RAIL_FAILOVER", "1", "With several rails, go on when a rail fails (keeps a copy of each operation's input until every rank has it; 0: a rail failure fails its operations)."},
       {"NEZHA_RAIL_STALL_MS", "100", "With several rails: a rail that moves no data this long while it has work fails over to the other rails (the limit grows to 3x the longest pause seen on healthy operations)."},
+      {"NEZHA_HIERARCHICAL", "1", "Where hosts hold several ranks and a host-local rail (shm) is listed or automatic: allreduce reduce-scatters inside each host over shared memory, allreduces each slice across hosts over the network rails, and allgathers inside each host (0: flat over the network rails; a listed shm rail is then refused on a multi-host job, an automatic one dropped)."},
+      {"NEZHA_AUTO_SHM", "1", "Where the launcher places several ranks on a host, add a shared-memory rail by itself (with no rails given on one host it carries the allreduces; across hosts it is the hierarchical allreduce's host lane). 0: only the rails listed."},
   };
   return table;
 }

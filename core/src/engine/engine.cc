@@ -36,6 +36,7 @@ EngineConfig EngineConfig::from_knobs() {
   c.rail_failover = knob_int("NEZHA_RAIL_FAILOVER") != 0;
   c.cache_rounds = knob_int("NEZHA_CACHE_ROUNDS") != 0;
   // Capped so the largest result fits one control-message string.
+  c.hierarchical = knob_int("NEZHA_HIERARCHICAL") != 0;
   c.control_inline_bytes = static_cast<size_t>(
       std::clamp<int64_t>(knob_int("NEZHA_CONTROL_INLINE_BYTES"), 0, kMaxControlString));
   return c;
@@ -47,22 +48,7 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
                           std::to_string(config_.size));
   if (config_.rails.empty()) config_.rails.push_back({"lo", "127.0.0.1", "tcp", {}});
   process_sets_ = std::make_unique<ProcessSetTable>(config_.size);
-  for (size_t i = 0; i < config_.rails.size(); ++i) {
-    const RailConfig& rc = config_.rails[i];
-    transport::RailSpec spec;
-    spec.kind = rc.kind;
-    spec.name = rc.name;
-    spec.local_addr = rc.local_addr;
-    spec.options = rc.options;
-    transport::RailContext ctx;
-    ctx.rank = config_.rank;
-    ctx.size = config_.size;
-    ctx.rail_index = static_cast<int>(i);
-    ctx.secret = config_.secret;
-    ctx.host_id = config_.host_id;
-    ctx.socket_buffer_bytes = config_.socket_buffer_bytes;
-    rails_.push_back(transport::make_rail(spec, ctx));
-  }
+  build_rails();  // may fold a host-local rail into the network rails (config_.rails follows)
   // The control channel has its own connections on every rail's IPv4 address (or the control address
   // for a rail without one, such as shm): negotiation never queues behind bulk data, and losing a rail
   // (rail 0 included) does not cut it.
@@ -174,6 +160,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
         timeline_.share_done(rail, what, start, s, bytes);
       },
       std::move(hooks));
+  executor_->use_hierarchical(hierarchical_);
   if (config_.rank == 0) {
     CoordinatorOptions co;
     co.size = config_.size;
@@ -214,9 +201,8 @@ void Engine::refuse_partial_host_rails() const {
     if (!unreached.empty())
       throw InvalidArgument(rank_prefix(config_.rank) + "rail '" + props.name + "' (kind " + props.kind +
                             ") reaches only the ranks of this host, not rank(s) " + unreached +
-                            "; host-local rails are usable only when every rank shares one host "
-                            "(hierarchical allreduce across hosts is not implemented yet): list only "
-                            "network rails for this job");
+                            "; alone it serves only a job on one host: list network rails beside it "
+                            "(with NEZHA_HIERARCHICAL=1 it becomes their host lane) or only network rails");
   }
 }
 
@@ -360,6 +346,7 @@ std::vector<RailStat> Engine::rail_stats() const {
     auto c = rails_[i]->counters();
     s.bytes_sent = c.bytes_sent;
     s.bytes_received = c.bytes_received;
+    if (hierarchical_[i]) s.lane_bytes_sent = hierarchical_[i]->host_lane().counters().bytes_sent;
     // Every rank reports the coordinator's model (the one that decides the splits).
     s.alpha_us = status[i].estimate.alpha_us;
     s.beta_gbps = status[i].estimate.beta_gbps;

@@ -43,6 +43,7 @@
 #include "engine/timeline.h"
 #include "multirail/cost_model.h"
 #include "multirail/rail_table.h"
+#include "transport/hierarchical_rail.h"
 #include "transport/rail.h"
 #include "transport/rail_factory.h"
 
@@ -54,6 +55,9 @@ struct RailConfig {
   std::string local_addr;            // IP to bind for network kinds; empty for shm
   std::string kind = "tcp";          // "tcp", "mptcp", "shm", ... (transport/rail_kinds.cc)
   std::map<std::string, std::string> options;  // kind-specific, passed to the factory untouched
+  // Added by Nezha, not named by the user (the automatic shm lane, NEZHA_AUTO_SHM): dropped rather
+  // than refused where it cannot serve.
+  bool automatic = false;
 };
 
 struct EngineConfig {
@@ -86,6 +90,10 @@ struct EngineConfig {
   bool cache_rounds = false;  // NEZHA_CACHE_ROUNDS: cached allreduces skip rank 0 (cache_rounds.h)
   // NEZHA_CONTROL_INLINE_BYTES: small collectives done by rank 0 inside negotiation (control_inline.h).
   size_t control_inline_bytes = 16384;
+  // NEZHA_HIERARCHICAL: with a host-local rail (shm) beside network rails on a job whose hosts hold
+  // several ranks, allreduces go hierarchical (see build_rails()); off: a host-local rail that does
+  // not reach every rank is refused (named by the user) or dropped (automatic).
+  bool hierarchical = true;
 
   // Defaults from the knob table (NEZHA_* environment variables).
   static EngineConfig from_knobs();
@@ -102,7 +110,8 @@ struct EngineStats {
 
 struct RailStat {
   std::string name, local_addr, protocol, state;
-  uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;  // a rail with a host lane: both rails' together
+  uint64_t lane_bytes_sent = 0;  // of bytes_sent: through the rail's host lane (shared memory)
   double alpha_us = 0, beta_gbps = 0, share = 0;
 };
 
@@ -117,8 +126,8 @@ class Engine {
   // bytes (Rail::local_address(); any byte may occur): carry them as bytes.
   std::vector<std::string> listen_addresses() const;
   // addrs_by_rank[r] is rank r's listen_addresses(). Forms every connection, starts the loop.
-  // Throws InvalidArgument naming a host-local rail (RailReach::kHost) that does not reach every
-  // rank: such a rail needs the hierarchical path, which does not exist yet.
+  // Throws InvalidArgument naming a host-local rail (RailReach::kHost) left standing alone (not a
+  // host lane of the network rails, see build_rails()) that does not reach every rank.
   void connect_and_start(const std::vector<std::vector<std::string>>& addrs_by_rank);
 
   // Submits one tensor. Throws InvalidArgument for bad input (name in flight, engine stopped).
@@ -149,6 +158,7 @@ class Engine {
 
  private:
   void loop();
+  void build_rails();  // engine_rails.cc
   void refuse_partial_host_rails() const;  // see connect_and_start()
   void forward_new_work();  // route_new_work, then pump_rounds
   void route_new_work();    // cached allreduces to the rounds, the rest to rank 0
@@ -189,6 +199,7 @@ class Engine {
   std::unique_ptr<ProcessSetTable> process_sets_;  // read by the coordinator and the executor
   std::unique_ptr<ControlChannel> control_;
   std::vector<std::unique_ptr<transport::Rail>> rails_;  // built by transport::make_rail()
+  std::vector<transport::HierarchicalRail*> hierarchical_;  // per rail: rails_[i] with a host lane, or null
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<RailFailover> failover_;    // rank 0 only, with several rails

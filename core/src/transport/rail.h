@@ -97,6 +97,10 @@ class Rail {
   // After connect(): true if data calls to peer can work on this rail (false for itself, for a rank
   // a kHost rail does not reach, and for a peer whose connection was closed by an error).
   virtual bool reaches(int peer) const = 0;
+  // kHost rails: which host a rank's local_address() belongs to, as opaque bytes equal for exactly
+  // the ranks this rail joins (the hierarchical allreduce groups ranks by it on every rank alike).
+  // Throws InvalidArgument for bytes that are not such an address. kJob rails: "" (one "host").
+  virtual std::string host_key(const std::string& address) const { return {}; }
 
   virtual void send(int peer, uint64_t tag, const void* data, size_t bytes,
                     const Deadline& deadline) = 0;

@@ -294,12 +294,20 @@ namespace nezha::testing {
 // it (with ctx.size ranks) and kept alive while any of its rails is. The rail forwards every call
 // to the world's rail for that rank, so engines built from specs share one world.
 // Option host_size=N makes it a host-local rail (RailReach::kHost) whose "hosts" are blocks of N
-// consecutive ranks: it reaches only the ranks of its own block.
+// consecutive ranks: it reaches only the ranks of its own block. Option hosts=3-1 does the same with
+// blocks of the sizes given (uneven placements).
 class MemoryWorldRail : public transport::Rail {
  public:
-  MemoryWorldRail(std::shared_ptr<MemoryWorld> world, int rank, int host_size)
-      : world_(std::move(world)), rail_(world_->rail(rank)), props_(rail_.properties()), host_size_(host_size) {
-    if (host_size_ > 0) props_.reach = transport::RailReach::kHost;
+  MemoryWorldRail(std::shared_ptr<MemoryWorld> world, int rank, std::vector<int> host_of_rank)
+      : world_(std::move(world)), rail_(world_->rail(rank)), props_(rail_.properties()),
+        host_of_rank_(std::move(host_of_rank)) {
+    if (!host_of_rank_.empty()) props_.reach = transport::RailReach::kHost;
+  }
+  std::string host_key(const std::string& address) const override {
+    for (int p = 0; p < rail_.size(); ++p)
+      if (!host_of_rank_.empty() && world_->rail(p).local_address() == address)
+        return "host" + std::to_string(host_of_rank_[static_cast<size_t>(p)]);
+    return {};
   }
   ~MemoryWorldRail() override { rail_.close(); }
   const transport::RailProperties& properties() const override { return props_; }
@@ -310,7 +318,9 @@ class MemoryWorldRail : public transport::Rail {
   void reset() override { rail_.reset(); }
   void close() override { rail_.close(); }
   bool reaches(int peer) const override {
-    if (host_size_ > 0 && peer / host_size_ != rail_.rank() / host_size_) return false;
+    if (!host_of_rank_.empty() && (peer < 0 || peer >= rail_.size() ||
+                                   host_of_rank_[static_cast<size_t>(peer)] != host_of_rank_[static_cast<size_t>(rail_.rank())]))
+      return false;
     return rail_.reaches(peer);
   }
   void send(int peer, uint64_t tag, const void* data, size_t bytes, const Deadline& d) override {
@@ -331,12 +341,12 @@ class MemoryWorldRail : public transport::Rail {
   std::shared_ptr<MemoryWorld> world_;
   transport::Rail& rail_;
   transport::RailProperties props_;
-  int host_size_;
+  std::vector<int> host_of_rank_;  // empty: reach the job
 };
 
 inline std::unique_ptr<transport::Rail> make_memory_rail(const transport::RailSpec& spec,
                                                          const transport::RailContext& ctx) {
-  transport::reject_unknown_options(spec, {"world", "host_size"});
+  transport::reject_unknown_options(spec, {"world", "host_size", "hosts"});
   auto it = spec.options.find("world");
   if (it == spec.options.end()) throw InvalidArgument("rail '" + spec.name + "': kind memory needs world=NAME");
   static std::mutex mu;
@@ -344,17 +354,33 @@ inline std::unique_ptr<transport::Rail> make_memory_rail(const transport::RailSp
   std::shared_ptr<MemoryWorld> world;
   {
     std::lock_guard<std::mutex> lock(mu);
-    world = worlds[it->second].lock();
+    world = worlds[it->second + "/" + std::to_string(ctx.rail_index)].lock();
     if (!world) {
       world = std::make_shared<MemoryWorld>(ctx.size, spec.name);
-      worlds[it->second] = world;
+      worlds[it->second + "/" + std::to_string(ctx.rail_index)] = world;
     }
   }
   if (world->size() != ctx.size)
     throw InvalidArgument("memory world " + it->second + " has " + std::to_string(world->size()) +
                           " ranks, not " + std::to_string(ctx.size));
+  std::vector<int> host_of_rank;
   const int host_size = static_cast<int>(transport::rail_option_bytes(spec, "host_size", 0));
-  return std::make_unique<MemoryWorldRail>(world, ctx.rank, host_size);
+  if (host_size > 0)
+    for (int r = 0; r < ctx.size; ++r) host_of_rank.push_back(r / host_size);
+  auto hosts = spec.options.find("hosts");
+  if (hosts != spec.options.end()) {  // "3-1": block sizes
+    std::string text = hosts->second;
+    for (size_t pos = 0, h = 0; pos <= text.size(); ++h) {
+      size_t dash = text.find('-', pos);
+      if (dash == std::string::npos) dash = text.size();
+      const int n = std::stoi(text.substr(pos, dash - pos));
+      for (int i = 0; i < n; ++i) host_of_rank.push_back(static_cast<int>(h));
+      pos = dash + 1;
+    }
+    if (static_cast<int>(host_of_rank.size()) != ctx.size)
+      throw InvalidArgument("memory rail hosts=" + text + " does not add up to " + std::to_string(ctx.size));
+  }
+  return std::make_unique<MemoryWorldRail>(world, ctx.rank, std::move(host_of_rank));
 }
 
 // Registers kind "memory" once per process (the one registration line a transport needs).

@@ -97,3 +97,25 @@ TEST(RailWatchdog, LearnedLimitIsCappedAtOneSecond) {
 
 }  // namespace
 }  // namespace nezha::engine
+
+namespace nezha::engine {
+namespace {
+
+TEST(RailWatchdog, ARailsOwnFloorHoldsItsReportsBackAndIsCappedAtOneSecond) {
+  Harness h;  // shared floor 50 ms
+  h.dog.set_min_silence(1, 0.4);
+  EXPECT_DOUBLE_EQ(h.dog.limit_s(1), 0.4);
+  EXPECT_DOUBLE_EQ(h.dog.limit_s(0), 0.05);
+  h.dog.begin(0, "share");
+  h.dog.begin(1, "share");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rail 0 past its limit, rail 1 not
+  h.dog.end(0, false);
+  h.dog.end(1, false);
+  ASSERT_GE(h.count(), 1u);
+  for (int r : h.reports) EXPECT_EQ(r, 0);
+  h.dog.set_min_silence(1, 5);
+  EXPECT_DOUBLE_EQ(h.dog.limit_s(1), 1.0);
+}
+
+}  // namespace
+}  // namespace nezha::engine

@@ -30,6 +30,7 @@
 #include "engine/execution/rail_worker.h"
 #include "engine/request.h"
 #include "multirail/rail_table.h"
+#include "transport/hierarchical_rail.h"
 #include "transport/rail.h"
 
 namespace nezha::engine {
@@ -82,6 +83,11 @@ class Executor {
   Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, multirail::RailTable* table,
            ShareObserver observer, ExecutorHooks hooks = {});
   ~Executor();
+
+  // Allreduce shares (and calibration, probes) on rail i run the hierarchical allreduce over
+  // rails[i]'s host lane where rails[i] is non-null and hierarchical() (engine, before any work).
+  // After the rails connected (the placement is known).
+  void use_hierarchical(std::vector<transport::HierarchicalRail*> rails);
 
   // entries[i] belongs to resp.names[i]; an entry with no handle means this rank has joined and
   // takes part with zeros. An operation of a process set runs among its members, over views of the
@@ -156,6 +162,9 @@ class Executor {
   void restore_input(const ShareRecord& rec, uint8_t* target, const uint8_t* range, size_t bytes);
   void record_done(ShareRecord& rec);
   bool record_lost(ShareRecord& rec, const std::string& what);
+  // An allreduce on one rail: flat, or hierarchical where use_hierarchical() said so.
+  void allreduce_on(int rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+                    const collectives::CollectiveOptions& copt);
   void run_allreduce(const Response& resp, std::vector<TensorEntry> entries);
   void run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries);
   // Striped broadcast, allgather, alltoall, reducescatter (executor_striped.cc): one record per
@@ -168,6 +177,7 @@ class Executor {
 
   ExecutorOptions opt_;
   std::vector<transport::Rail*> rails_;
+  std::vector<transport::HierarchicalRail*> hierarchical_;  // per rail, may be empty / null
   multirail::RailTable* table_;
   ShareObserver observer_;
   BufferPool pool_;

@@ -34,13 +34,19 @@ void RailWatchdog::stop() {
 }
 
 Clock::duration RailWatchdog::limit_locked(int rail) const {
-  return std::max(min_silence_, std::min<Clock::duration>(kGapFactor * slots_[rail].healthy_pause,
-                                                           kMaxLimit));
+  return std::max({min_silence_, slots_[rail].min_silence,
+                   std::min<Clock::duration>(kGapFactor * slots_[rail].healthy_pause, kMaxLimit)});
 }
 
 double RailWatchdog::limit_s(int rail) {
   std::lock_guard<std::mutex> lock(mu_);
   return std::chrono::duration<double>(limit_locked(rail)).count();
+}
+
+void RailWatchdog::set_min_silence(int rail, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  slots_[rail].min_silence = std::min<Clock::duration>(
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)), kMaxLimit);
 }
 
 void RailWatchdog::begin(int rail, std::string what) {

@@ -48,6 +48,10 @@ class RailWatchdog {
   void stop();
 
   double limit_s(int rail);  // the current silence limit (tests, logs)
+  // Raises one rail's minimum silence limit (capped at the 1 s maximum): a rail whose operations
+  // legitimately pause longer (a hierarchical allreduce across hosts: a rank waits while the other
+  // host's ranks work over shared memory). Call before the rail's first operation.
+  void set_min_silence(int rail, double seconds);
 
  private:
   void run();
@@ -60,6 +64,7 @@ class RailWatchdog {
     bool moved = false;               // the current operation has moved a byte
     Clock::duration longest_pause{};  // within the current operation, after its first byte
     Clock::duration healthy_pause{};  // decaying maximum over operations that completed
+    Clock::duration min_silence{};    // this rail's own floor (set_min_silence), 0: the shared one
     std::string what;
   };
   Clock::duration min_silence_;

@@ -14,7 +14,7 @@ namespace nezha::engine {
 // Longest tensor name (and error message) a control message carries.
 constexpr size_t kMaxControlString = 1u << 16;
 
-// Rail failover and re-admission (engine/failover.md has the whole protocol). Workers report to rank
+// Rail failover and re-admission (engine/failover/rail_failover.h has the whole protocol). Workers report to rank
 // 0 (kFailed, kDrained, kProbeReady, kProbeResult); rank 0 decides and tells everyone (kDown, kRedo,
 // kProbe, kConnect, kProbeFailed, kUp) in the same ordered stream as the responses, so every rank
 // changes a rail's state at the same point of its operation sequence.

@@ -102,6 +102,14 @@ void ShmRail::throw_if_aborted() const {
   throw NezhaError("rail " + config_.name + " aborted: " + abort_reason_);
 }
 
+std::string ShmRail::host_key(const std::string& address) const {
+  const shm::ShmAddress a = shm::decode_address(address, "rail " + config_.name + ": host_key");
+  // Length-prefixed parts, so no choice of host entry can make two different hosts' keys equal.
+  const std::string netns = std::to_string(a.netns_inode);
+  return std::to_string(a.host_id.size()) + ":" + a.host_id + std::to_string(a.boot_id.size()) + ":" +
+         a.boot_id + netns;
+}
+
 void ShmRail::connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) {
   if (static_cast<int>(addresses_by_rank.size()) != size_)
     throw InvalidArgument("rail " + config_.name + ": connect() got " + std::to_string(addresses_by_rank.size()) +

@@ -68,6 +68,8 @@ class ShmRail : public Rail {
   void reset() override;
   void close() override;
   bool reaches(int peer) const override;
+  // Launcher host entry, boot id and network namespace (the same-host rule of shm_address.h).
+  std::string host_key(const std::string& address) const override;
 
   const RailProperties& properties() const override { return properties_; }
   int rank() const override { return rank_; }

@@ -1,0 +1,91 @@
+// Engine: building the rails from the user's list (and the automatic shm lane), and deciding where a
+// host-local rail goes: host lanes of the network rails (hierarchical allreduce), a rail of its own
+// (a one-host job), or nowhere (an automatic lane that cannot serve).
+#include "common/logging.h"
+#include "engine/engine.h"
+#include "engine/engine_internal.h"
+
+namespace nezha::engine {
+
+using namespace internal;
+
+namespace {
+transport::RailSpec spec_of(const RailConfig& rc) {
+  transport::RailSpec spec;
+  spec.kind = rc.kind;
+  spec.name = rc.name;
+  spec.local_addr = rc.local_addr;
+  spec.options = rc.options;
+  return spec;
+}
+}  // namespace
+
+void Engine::build_rails() {
+  auto context = [&](int index) {
+    transport::RailContext ctx;
+    ctx.rank = config_.rank;
+    ctx.size = config_.size;
+    ctx.rail_index = index;
+    ctx.secret = config_.secret;
+    ctx.host_id = config_.host_id;
+    ctx.socket_buffer_bytes = config_.socket_buffer_bytes;
+    return ctx;
+  };
+  std::vector<std::unique_ptr<transport::Rail>> built;
+  for (size_t i = 0; i < config_.rails.size(); ++i)
+    built.push_back(transport::make_rail(spec_of(config_.rails[i]), context(static_cast<int>(i))));
+
+  // The first host-local rail may become the host lane of every network rail. The launcher's
+  // placement only decides whether to try (one host, or several ranks on some host); who really
+  // shares memory comes from the lanes' addresses at connect (HierarchicalRail).
+  int lane = -1, network = 0;
+  for (size_t i = 0; i < built.size(); ++i) {
+    if (built[i]->properties().reach == transport::RailReach::kHost) {
+      if (lane < 0) lane = static_cast<int>(i);
+    } else {
+      ++network;
+    }
+  }
+  // Decided alike on every rank (they must agree on the rails): from the job's size and host count.
+  const bool one_host = config_.local_size >= config_.size;
+  const bool co_located = config_.cross_size < config_.size;  // some host holds several ranks
+  bool use_lanes = false, drop_lane = false;
+  if (lane >= 0 && network > 0) {
+    const RailConfig& lc = config_.rails[static_cast<size_t>(lane)];
+    // A one-host job: an automatic lane carries the allreduces of the default rail; a lane the user
+    // listed beside network rails stays a rail of its own, striped with them (as before lanes).
+    // Across hosts: lanes with NEZHA_HIERARCHICAL, else an automatic lane is dropped (a listed one
+    // is refused at connect, naming the ranks it misses).
+    if (one_host) use_lanes = lc.automatic;
+    else if (config_.hierarchical && (co_located || !lc.automatic)) use_lanes = true;
+    else drop_lane = lc.automatic;
+  } else if (lane >= 0 && config_.rails[static_cast<size_t>(lane)].automatic && !one_host) {
+    drop_lane = true;  // nothing to pair it with
+  }
+
+  std::vector<RailConfig> kept;
+  for (size_t i = 0; i < built.size(); ++i) {
+    if (static_cast<int>(i) == lane && (use_lanes || drop_lane)) {
+      if (drop_lane)
+        NZ_LOG(Info) << rank_prefix(config_.rank) << "automatic rail '" << config_.rails[i].name
+                     << "' dropped: " << (co_located ? "NEZHA_HIERARCHICAL is off" : "one rank per host");
+      continue;
+    }
+    std::unique_ptr<transport::Rail> rail = std::move(built[i]);
+    transport::HierarchicalRail* hier = nullptr;
+    if (use_lanes && rail->properties().reach == transport::RailReach::kJob) {
+      // Each network rail its own lane (own segments): rails' workers never share one.
+      auto lane_rail = transport::make_rail(spec_of(config_.rails[static_cast<size_t>(lane)]),
+                                            context(static_cast<int>(config_.rails.size() + i)));
+      auto h = std::make_unique<transport::HierarchicalRail>(std::move(rail), std::move(lane_rail));
+      hier = h.get();
+      rail = std::move(h);
+    }
+    kept.push_back(config_.rails[i]);
+    rails_.push_back(std::move(rail));
+    hierarchical_.push_back(hier);
+  }
+  config_.rails = std::move(kept);
+}
+
+}  // namespace nezha::engine
