@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +94,19 @@ def launch_direct(np_: int, script: str, *args: str, env: Optional[Dict[str, str
                 p.kill()
                 p.wait()
         server.stop()
+
+
+def assert_victim_named(results: List[JobResult], victim: int, survivors: List[int],
+                        within_s: float) -> None:
+    """dead_peer.py's check: every survivor raised (exit 3) within `within_s` seconds naming the
+    victim, and the victim was SIGKILLed."""
+    for rank in survivors:
+        res = results[rank]
+        assert res.returncode == 3, res.output[-2000:]
+        line = next(l for l in res.output.splitlines() if l.startswith("RAISED"))
+        assert float(re.search(r"after (\S+)s", line).group(1)) < within_s, line
+        assert f"rank {victim}" in line, line
+    assert results[victim].returncode == -signal.SIGKILL
 
 
 def run_example(*args, env: Optional[Dict[str, str]] = None, timeout_s: float = 150) -> str:

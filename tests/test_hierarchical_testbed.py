@@ -3,12 +3,10 @@
 crossing hosts over two shaped rails; results against numpy, bit-identical; a rank killed
 mid-operation is named on every other rank within NEZHA_TIMEOUT_S; nothing left in /dev/shm."""
 import os
-import re
-import signal
 
 import pytest
 
-from conftest import launch_direct, run_worker
+from conftest import assert_victim_named, launch_direct, run_worker
 from test_multirail_testbed import run_with_a_cut
 from nezha.testbed.pytest_fixtures import testbed_factory  # noqa: F401 (fixture)
 
@@ -43,13 +41,7 @@ def test_killed_rank_is_named_on_every_other_rank_and_no_segment_is_left(testbed
                             env={"NEZHA_RAILS": ",".join(tb.rail_subnets),
                                  "NEZHA_TIMEOUT_S": str(TIMEOUT_S)},
                             timeout=TIMEOUT_S + 60, wait_for=survivors)
-    for rank in survivors:
-        res = results[rank]
-        assert res.returncode == 3, res.output[-2000:]
-        line = next(l for l in res.output.splitlines() if l.startswith("RAISED"))
-        assert float(re.search(r"after (\S+)s", line).group(1)) < TIMEOUT_S, line
-        assert f"rank {victim}" in line, line
-    assert results[victim].returncode == -signal.SIGKILL
+    assert_victim_named(results, victim, survivors, within_s=TIMEOUT_S)
     left = [n for n in set(os.listdir("/dev/shm")) - before if "nezha" in n]
     assert not left, left
 

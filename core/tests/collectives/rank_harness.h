@@ -26,42 +26,8 @@ namespace nezha::testing {
 // that a bug fails the test instead of hanging the suite.
 inline Deadline test_deadline() { return Deadline::after_seconds(20); }
 
-// Returns the exception each rank threw (null where it returned normally).
-// send_buffer_bytes: what the rails claim they buffer (0 makes the algorithms run unpipelined).
-inline bool harness_uses_shm() {
-  const char* kind = std::getenv("NEZHA_TEST_RAIL");
-  return kind != nullptr && std::string(kind) == "shm";
-}
-
-// The shm variant: a ring that holds a 64 KiB segment, so pipelined and lock-step paths both run
-// (send_buffer_bytes cannot be claimed here; the ring size decides it).
-inline std::vector<std::exception_ptr> run_ranks_collect_shm(
-    int size, const std::function<void(transport::Rail&)>& body) {
-  transport::ShmRailConfig config = transport::testing::small_ring_config("collectives");
-  config.ring_bytes = 96 << 10;
-  auto rails = transport::testing::make_shm_mesh(size, config);
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(*rails[r]);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-// The ofi variant (NEZHA_TEST_RAIL=ofi, the "ofi." copy): a mesh of OfiRails over libfabric's
-// tcp;ofi_rxm provider (or NEZHA_TEST_OFI_PROVIDER) with 16 KiB chunks, so messages span many chunks.
-inline bool harness_uses_ofi() {
-  const char* kind = std::getenv("NEZHA_TEST_RAIL");
-  return kind != nullptr && std::string(kind) == "ofi";
-}
-
+// Runs body(*rails[r]) on one thread per rank; returns the exception each rank threw (null where
+// it returned normally).
 template <typename Rails>
 std::vector<std::exception_ptr> run_body_on(Rails& rails, int size, const std::function<void(transport::Rail&)>& body) {
   std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
@@ -78,6 +44,29 @@ std::vector<std::exception_ptr> run_body_on(Rails& rails, int size, const std::f
   for (auto& t : threads) t.join();
   return errors;
 }
+
+inline bool harness_uses_shm() {
+  const char* kind = std::getenv("NEZHA_TEST_RAIL");
+  return kind != nullptr && std::string(kind) == "shm";
+}
+
+// The shm variant: a ring that holds a 64 KiB segment, so pipelined and lock-step paths both run
+// (send_buffer_bytes cannot be claimed here; the ring size decides it).
+inline std::vector<std::exception_ptr> run_ranks_collect_shm(
+    int size, const std::function<void(transport::Rail&)>& body) {
+  transport::ShmRailConfig config = transport::testing::small_ring_config("collectives");
+  config.ring_bytes = 96 << 10;
+  auto rails = transport::testing::make_shm_mesh(size, config);
+  return run_body_on(rails, size, body);
+}
+
+// The ofi variant (NEZHA_TEST_RAIL=ofi, the "ofi." copy): a mesh of OfiRails over libfabric's
+// tcp;ofi_rxm provider (or NEZHA_TEST_OFI_PROVIDER) with 16 KiB chunks, so messages span many chunks.
+inline bool harness_uses_ofi() {
+  const char* kind = std::getenv("NEZHA_TEST_RAIL");
+  return kind != nullptr && std::string(kind) == "ofi";
+}
+
 
 inline std::vector<std::exception_ptr> run_ranks_collect_ofi(int size, const std::function<void(transport::Rail&)>& body) {
 #ifdef NEZHA_WITH_OFI
@@ -100,6 +89,8 @@ inline std::vector<std::exception_ptr> run_ranks_collect_ofi(int size, const std
 #endif
 }
 
+// Runs `body` per rank over the rails this binary's copy tests (memory, shm or ofi). send_buffer_bytes:
+// what the in-memory rails claim they buffer (0 makes the algorithms run unpipelined).
 inline std::vector<std::exception_ptr> run_ranks_collect(
     int size, const std::function<void(transport::Rail&)>& body,
     size_t send_buffer_bytes = std::numeric_limits<size_t>::max()) {
@@ -107,18 +98,9 @@ inline std::vector<std::exception_ptr> run_ranks_collect(
   if (harness_uses_ofi()) return run_ranks_collect_ofi(size, body);
   MemoryWorld world(size);
   world.set_send_buffer_bytes(send_buffer_bytes);
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(world.rail(r));
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  std::vector<transport::Rail*> rails;
+  for (int r = 0; r < size; ++r) rails.push_back(&world.rail(r));
+  auto errors = run_body_on(rails, size, body);
   // A completed collective consumed every message it sent.
   bool all_ok = true;
   for (auto& e : errors) all_ok = all_ok && !e;
