@@ -24,6 +24,7 @@ using nezha::engine::Engine;
 using nezha::engine::EngineConfig;
 using nezha::engine::OpHandle;
 using nezha::engine::OpType;
+using nezha::engine::OutputBytes;
 using nezha::engine::TensorEntry;
 
 namespace {
