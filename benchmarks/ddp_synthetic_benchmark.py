@@ -133,6 +133,11 @@ def main(argv=None):
                        "compute_only": not distributed,
                        "losses": [float(v) for v in losses]}, f, indent=2)
     if distributed:
+        # Every rank past its last allreduce, and DDP's reducer (whose hooks Gloo's worker thread
+        # calls back into Python) gone, before the process group goes: otherwise a rank's Gloo
+        # thread can still be reaching for the GIL while the interpreter exits (torch aborts).
+        dist.barrier()
+        del model, optimizer
         dist.destroy_process_group()
 
 
