@@ -27,6 +27,27 @@ def test_a_provider_that_does_not_exist_is_a_clear_error():
         _core.Engine(config)
 
 
+def test_nezha_imports_where_libfabric_cannot_be_loaded_and_an_ofi_rail_says_why(tmp_path):
+    # A "libfabric.so.1" that is not a library, first on the search path: a _core linked against
+    # libfabric would fail to import; ours loads it only when an ofi rail is asked for.
+    (tmp_path / "libfabric.so.1").write_bytes(b"not an ELF file")
+    script = (
+        "import nezha, nezha._core as c\n"
+        "assert not c.ofi_available() and c.ofi_providers() == []\n"
+        "config = c.EngineConfig()\n"
+        "config.rails = [c.RailConfig('r', 'tcp;ofi_rxm@127.0.0.1', 'ofi')]\n"
+        "try:\n"
+        "    c.Engine(config)\n"
+        "except nezha.NezhaError as e:\n"
+        "    print('refused:', e)\n")
+    env = dict(__import__("os").environ, LD_LIBRARY_PATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "refused: rail 'r' (kind ofi): libfabric cannot be loaded" in out.stdout, out.stdout
+    assert "libfabric1" in out.stdout
+
+
 @needs_ofi
 def test_libfabric_lists_its_tcp_provider():
     assert any(p.startswith("tcp") for p in _core.ofi_providers()), _core.ofi_providers()

@@ -254,6 +254,86 @@ TEST(OfiRail, ATimeoutNamesThePeerAndClosesIt) {
   EXPECT_FALSE(rails[1]->reaches(0));
 }
 
+TEST(OfiRail, ASendWithinItsBufferReturnsBeforeThePeerReceivesAndArrivesWhileTheSenderIdles) {
+  // send_buffer_bytes() = window / 2 chunks (2 x 16 KiB here). A message that fits is handed over once
+  // its chunks are posted: the send returns although rank 1 posts no receive yet. The chunks are
+  // larger than ofi_rxm's eager buffers, so they complete only as rendezvous that the sender's side
+  // must progress; rank 0 then never calls into the rail again, so only its progress thread can.
+  auto rails = make_ofi_mesh(2);
+  if (ofi_test_config().provider == "shm") {
+    EXPECT_EQ(rails[0]->send_buffer_bytes(), 0u);  // every send waits for its completion there
+    GTEST_SKIP() << "this provider does not buffer sends (shm)";
+  }
+  ASSERT_EQ(rails[0]->send_buffer_bytes(), size_t{2} * ofi_test_config().chunk_bytes);
+  const size_t bytes = rails[0]->send_buffer_bytes() - 1000;
+  const auto out = pattern(0, 5, bytes);
+  const uint64_t sent_before = rails[0]->counters().bytes_sent;  // the handshake's
+  rails[0]->send(1, 9, out.data(), out.size(), Deadline::after_seconds(0.5));  // nobody receives yet
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::vector<uint8_t> in(bytes);
+  rails[1]->recv(0, 9, in.data(), in.size(), Deadline::after_seconds(5));
+  EXPECT_EQ(first_mismatch(in, 0, 5), -1);
+  // Counted once the sender's completion queue reports the chunks done: its progress thread's work.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (rails[0]->counters().bytes_sent - sent_before < bytes && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(rails[0]->counters().bytes_sent - sent_before, bytes);
+
+  // A message larger than the buffer is not handed over: with no receiver it times out.
+  const auto big = pattern(0, 6, rails[0]->send_buffer_bytes() * 3);
+  EXPECT_THROW(rails[0]->send(1, 10, big.data(), big.size(), Deadline::after_seconds(0.3)), TimeoutError);
+}
+
+TEST(OfiRail, SendsNobodyReceivedAreDrainedByResetSoTheMeshCanBeReadmitted) {
+  // Rank 0 hands over two buffered messages that rank 1 never receives (it "failed over"): they hold
+  // every send slot (window = 4 chunks), so without reset()'s drain the handshake of the re-admission
+  // could post nothing. Twice, so the second round also meets what is left of the first.
+  auto rails = make_ofi_mesh(2);
+  if (rails[0]->send_buffer_bytes() == 0) GTEST_SKIP() << "this provider does not buffer sends (shm)";
+  const size_t bytes = rails[0]->send_buffer_bytes();
+  for (int round = 0; round < 2; ++round) {
+    for (uint64_t tag : {1, 2}) {
+      const auto out = pattern(0, tag, bytes);
+      rails[0]->send(1, tag, out.data(), bytes, Deadline::after_seconds(2));
+    }
+    run_ranks(2, [&](int me) { rails[me]->reset(); });
+    const auto addrs = ofi_addresses(rails);
+    run_ranks(2, [&](int me) { rails[me]->connect(addrs, Deadline::after_seconds(10)); });
+    run_ranks(2, [&](int me) {
+      const auto out = pattern(me, 7, bytes * 3);
+      std::vector<uint8_t> in(bytes * 3);
+      rails[me]->sendrecv(1 - me, out.data(), out.size(), 1 - me, in.data(), in.size(), 3, generous());
+      EXPECT_EQ(first_mismatch(in, 1 - me, 7), -1) << "rank " << me << " round " << round;
+    });
+  }
+}
+
+TEST(OfiRail, BufferedSendsKeepARingOfMessagesFlowingBothWays) {
+  // The ring's pipelined pattern (collectives/ring.cc): send message i+1 while receiving message i,
+  // 3 ranks, many messages of one buffer's size; every byte checked.
+  auto rails = make_ofi_mesh(3);
+  const size_t bytes = rails[0]->send_buffer_bytes();
+  if (bytes == 0) GTEST_SKIP() << "this provider does not buffer sends (shm)";
+  constexpr int kMessages = 40;
+  run_ranks(3, [&](int me) {
+    const int next = (me + 1) % 3, prev = (me + 2) % 3;
+    std::vector<uint8_t> in(bytes);
+    auto message = [&](int rank, int i) { return pattern(rank, static_cast<uint8_t>(i), bytes); };
+    auto first = message(me, 0);
+    rails[me]->send(next, 1000, first.data(), bytes, generous());
+    for (int i = 0; i < kMessages; ++i) {
+      if (i + 1 < kMessages) {
+        auto ahead = message(me, i + 1);
+        rails[me]->sendrecv_tags(next, ahead.data(), bytes, 1000 + i + 1, prev, in.data(), bytes, 1000 + i,
+                                 generous());
+      } else {
+        rails[me]->recv(prev, 1000 + i, in.data(), bytes, generous());
+      }
+      ASSERT_EQ(first_mismatch(in, prev, static_cast<uint8_t>(i)), -1) << "rank " << me << " message " << i;
+    }
+  });
+}
+
 }  // namespace
 }  // namespace nezha::transport
 

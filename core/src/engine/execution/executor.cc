@@ -126,7 +126,7 @@ collectives::CollectiveOptions Executor::options(uint64_t seq, double timeout_s)
 }
 
 void Executor::timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double timeout_s,
-                                    const char* label) {
+                                    const char* label, bool observe) {
   const size_t count = bytes / sizeof(float);
   BufferPool::Buffer buf = pool_.acquire(count * sizeof(float));
   std::memset(buf.data(), 0, count * sizeof(float));
@@ -135,7 +135,7 @@ void Executor::timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double
   allreduce_on(rail, buf.data(), count, DataType::kFloat32, ReduceOp::kSum, copt);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   completed_[rail] = seq + 1;
-  if (table_) table_->observe(rail, count * sizeof(float), secs);
+  if (table_ && observe) table_->observe(rail, count * sizeof(float), secs);
   if (observer_) observer_(rail, count * sizeof(float), start, secs, label);
 }
 
@@ -164,13 +164,14 @@ void Executor::allreduce_on(int rail, void* buf, size_t count, DataType dtype, R
     collectives::allreduce(*rails_[rail], buf, count, dtype, op, copt);
 }
 
-void Executor::calibrate(int rail_index, size_t bytes) {
+void Executor::calibrate(int rail_index, size_t bytes, bool observe) {
   const uint64_t seq = seq_[rail_index]++;
   std::promise<void> done;
   auto result = done.get_future();
-  workers_[rail_index]->post([&, rail_index, bytes, seq] {
+  workers_[rail_index]->post([&, rail_index, bytes, seq, observe] {
     try {
-      timed_test_allreduce(rail_index, bytes, seq, opt_.timeout_s, "calibration");
+      timed_test_allreduce(rail_index, bytes, seq, opt_.timeout_s, observe ? "calibration" : "calibration warm-up",
+                           observe);
       done.set_value();
     } catch (...) {
       done.set_exception(std::current_exception());

@@ -99,7 +99,7 @@ class Executor {
 
   // Times a float32 allreduce of `bytes` on one rail (all ranks call it in the same order) and
   // reports it to the observer: how the cost model learns every rail before real traffic.
-  void calibrate(int rail, size_t bytes);
+  void calibrate(int rail, size_t bytes, bool observe = true);  // observe: feed the rail's cost model
 
   // Waits until every posted job has run (bounded); stops the workers.
   void stop();
@@ -151,7 +151,8 @@ class Executor {
   collectives::CollectiveOptions options(uint64_t seq, double timeout_s) const;
   // A zeroed float32 allreduce of `bytes` on the rail, timed and reported to the observer as
   // `label`; on the rail's worker (calibration, probes).
-  void timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double timeout_s, const char* label);
+  void timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double timeout_s, const char* label,
+                            bool observe = true);
   // Ledger bookkeeping shared by allreduce shares and one-rail collectives (executor_failover.cc):
   // the record starts (keeps a copy of `bytes` at `input` on its first run), completes, or fails
   // (returns true when it was marked lost for a redo rather than failed for good).

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "transport/ofi/ofi_library.h"
 #include "transport/ofi/ofi_providers.h"
 
 namespace nezha::transport::ofi {
@@ -35,41 +36,49 @@ std::string available_providers() {
 // fi_getinfo walks every provider libfabric has (psm, verbs, udp, ...): ~10 ms each time. A job
 // opens each rail once, but tests open thousands; the answer for a (provider, node) pair does not
 // change within a process, so it is kept and duplicated; freed at exit.
-int cached_getinfo(fi_info* hints, const char* node, uint64_t flags, const std::string& provider, fi_info** out) {
+int cached_getinfo(const FabricLibrary& lib, fi_info* hints, const char* node, uint64_t flags,
+                   const std::string& provider, fi_info** out) {
   struct Cache {
     std::mutex mu;
     std::map<std::pair<std::string, std::string>, fi_info*> entries;
+    const FabricLibrary* lib = nullptr;
     ~Cache() {
-      for (auto& [key, info] : entries) fi_freeinfo(info);
+      for (auto& [key, info] : entries) lib->freeinfo(info);
     }
   };
   static Cache cache;
   const auto key = std::make_pair(provider, std::string(node ? node : ""));
   std::lock_guard<std::mutex> lock(cache.mu);
+  cache.lib = &lib;
   auto it = cache.entries.find(key);
   if (it == cache.entries.end()) {
     fi_info* info = nullptr;
-    const int rc = fi_getinfo(kApiVersion, node, nullptr, flags, hints, &info);
+    const int rc = lib.getinfo(kApiVersion, node, nullptr, flags, hints, &info);
     if (rc != 0 || !info) return rc != 0 ? rc : -FI_ENODATA;
     it = cache.entries.emplace(key, info).first;
   }
-  *out = fi_dupinfo(it->second);  // the first (preferred) match only
+  *out = lib.dupinfo(it->second);  // the first (preferred) match only
   return *out ? 0 : -FI_ENOMEM;
 }
 
 }  // namespace
 
-std::string OfiEndpoint::error_text(ssize_t err) { return fi_strerror(static_cast<int>(err < 0 ? -err : err)); }
+std::string OfiEndpoint::error_text(ssize_t err) {
+  const int e = static_cast<int>(err < 0 ? -err : err);
+  const FabricLibrary* lib = try_fabric_library();
+  return lib ? lib->strerror(e) : "libfabric error " + std::to_string(e);
+}
 
 void OfiEndpoint::fail(const std::string& call, ssize_t err) const {
   throw NezhaError("rail " + config_.rail + " (ofi, provider " + config_.provider + "): " + call +
                    " failed: " + error_text(err));
 }
 
-OfiEndpoint::OfiEndpoint(EndpointConfig config) : config_(std::move(config)) {
+OfiEndpoint::OfiEndpoint(EndpointConfig config)
+    : config_(std::move(config)), lib_(&fabric_library(config_.rail)) {
   if (config_.slots == 0 || config_.slot_bytes == 0)
     throw InvalidArgument("rail " + config_.rail + ": the ofi staging pool needs slots and slot bytes");
-  fi_info* hints = fi_allocinfo();
+  fi_info* hints = lib_->allocinfo();
   if (!hints) throw NezhaError("rail " + config_.rail + ": fi_allocinfo() failed");
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_TAGGED | FI_DIRECTED_RECV;
@@ -82,8 +91,8 @@ OfiEndpoint::OfiEndpoint(EndpointConfig config) : config_(std::move(config)) {
   hints->rx_attr->msg_order = FI_ORDER_SAS;
   hints->fabric_attr->prov_name = strdup(config_.provider.c_str());
   const char* node = config_.node.empty() ? nullptr : config_.node.c_str();
-  const int rc = cached_getinfo(hints, node, node ? FI_SOURCE : 0, config_.provider, &info_);
-  fi_freeinfo(hints);
+  const int rc = cached_getinfo(*lib_, hints, node, node ? FI_SOURCE : 0, config_.provider, &info_);
+  lib_->freeinfo(hints);
   if (rc != 0 || !info_) {
     info_ = nullptr;
     throw NezhaError("rail " + config_.rail + ": libfabric has no usable provider '" + config_.provider +
@@ -93,7 +102,7 @@ OfiEndpoint::OfiEndpoint(EndpointConfig config) : config_(std::move(config)) {
   }
   provider_name_ = info_->fabric_attr->prov_name ? info_->fabric_attr->prov_name : config_.provider;
   try {
-    int err = fi_fabric(info_->fabric_attr, &fabric_, nullptr);
+    int err = lib_->fabric(info_->fabric_attr, &fabric_, nullptr);
     if (err) fail("fi_fabric", err);
     err = fi_domain(fabric_, info_, &domain_, nullptr);
     if (err) fail("fi_domain", err);
@@ -147,7 +156,7 @@ void OfiEndpoint::close_all() {
   if (cq_) fi_close(&cq_->fid);
   if (domain_) fi_close(&domain_->fid);
   if (fabric_) fi_close(&fabric_->fid);
-  if (info_) fi_freeinfo(info_);
+  if (info_) lib_->freeinfo(info_);
   std::free(pool_);
   ep_ = nullptr, mr_ = nullptr, av_ = nullptr, cq_ = nullptr, domain_ = nullptr, fabric_ = nullptr;
   info_ = nullptr, pool_ = nullptr;
@@ -220,25 +229,35 @@ size_t OfiEndpoint::poll_completions(std::vector<Completion>& out) {
   }
 }
 
-void OfiEndpoint::wait(int abort_fd, const Deadline& deadline) {
+void OfiEndpoint::wait(std::unique_lock<std::mutex>& lock, int wake_fd, const Deadline& deadline) {
   if (cq_fd_ < 0) {
     // No wait object: yield while completions came recently (a transfer in full flow), else sleep
-    // 1 ms slices on the abort fd. Only a data call in progress waits; an idle rail runs nothing.
+    // 1 ms slices on the wake fd. Only a transfer in progress waits; an idle rail runs nothing.
     if (Clock::now() - last_completion_ < std::chrono::microseconds(200)) {
+      lock.unlock();
       sched_yield();
+      lock.lock();
       return;
     }
-    pollfd fd{abort_fd, POLLIN, 0};
-    if (::poll(&fd, 1, std::min(1, deadline.remaining_ms())) < 0 && errno != EINTR)
-      throw NezhaError("rail " + config_.rail + ": poll() failed: " + std::strerror(errno));
+    pollfd fd{wake_fd, POLLIN, 0};
+    lock.unlock();
+    const int rc = ::poll(&fd, 1, std::min(1, deadline.remaining_ms()));
+    const int poll_errno = errno;
+    lock.lock();
+    if (rc < 0 && poll_errno != EINTR)
+      throw NezhaError("rail " + config_.rail + ": poll() failed: " + std::strerror(poll_errno));
     return;
   }
   fid* fids[1] = {&cq_->fid};
   // fi_trywait also drives progress; -FI_EAGAIN means something is (or may be) pending: go read it.
   if (fi_trywait(fabric_, fids, 1) != FI_SUCCESS) return;
-  pollfd fds[2] = {{abort_fd, POLLIN, 0}, {cq_fd_, POLLIN, 0}};
-  if (::poll(fds, 2, deadline.remaining_ms()) < 0 && errno != EINTR)
-    throw NezhaError("rail " + config_.rail + ": poll() on the completion queue failed: " + std::strerror(errno));
+  pollfd fds[2] = {{wake_fd, POLLIN, 0}, {cq_fd_, POLLIN, 0}};
+  lock.unlock();
+  const int rc = ::poll(fds, 2, deadline.remaining_ms());
+  const int poll_errno = errno;
+  lock.lock();
+  if (rc < 0 && poll_errno != EINTR)
+    throw NezhaError("rail " + config_.rail + ": poll() on the completion queue failed: " + std::strerror(poll_errno));
 }
 
 }  // namespace nezha::transport::ofi

@@ -13,8 +13,8 @@
 // A provider without one (shm in libfabric 1.17) gets a CQ without a wait object, and a waiting data
 // call yields while completions flow and otherwise sleeps in 1 ms slices.
 //
-// Threads. Every call except the constructor/destructor is made by the rail's data thread (the
-// FI_THREAD_DOMAIN model); nothing here is called from abort().
+// Threads. Calls come from the rail's data thread and its progress thread, serialised by the rail's
+// lock (the FI_THREAD_DOMAIN model); nothing here is called from abort().
 #pragma once
 
 #include <rdma/fabric.h>
@@ -24,12 +24,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/deadline.h"
 
 namespace nezha::transport::ofi {
+
+struct FabricLibrary;
 
 struct EndpointConfig {
   std::string rail;       // rail name, for error messages
@@ -77,9 +80,10 @@ class OfiEndpoint {
 
   // Appends the completions available now (never blocks); returns how many.
   size_t poll_completions(std::vector<Completion>& out);
-  // Sleeps until the completion queue may have something, abort_fd is readable, or the deadline
-  // passes; returns at once if a completion is already pending.
-  void wait(int abort_fd, const Deadline& deadline);
+  // Sleeps until the completion queue may have something, wake_fd is readable, or the deadline
+  // passes; returns at once if a completion is already pending. `lock` (the rail's libfabric lock,
+  // held on entry and on return) is released only while sleeping in poll().
+  void wait(std::unique_lock<std::mutex>& lock, int wake_fd, const Deadline& deadline);
 
   static std::string error_text(ssize_t err);  // fi_strerror of a (negative or positive) error
 
@@ -88,6 +92,7 @@ class OfiEndpoint {
   void close_all();
 
   EndpointConfig config_;
+  const FabricLibrary* lib_;  // libfabric, loaded (ofi_library.h)
   std::string provider_name_;
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;

@@ -7,7 +7,8 @@
 
 namespace nezha::transport::ofi {
 
-// Whether this build has the ofi rail (libfabric was found at build time).
+// Whether ofi rails can be opened: this build has the ofi rail (libfabric's headers were found at
+// build time) and libfabric.so.1 loads now.
 bool ofi_available();
 
 // The providers (as libfabric names them, e.g. "tcp;ofi_rxm", "verbs;ofi_rxm", "shm") that offer RDM

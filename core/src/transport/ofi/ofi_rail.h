@@ -15,6 +15,27 @@
 // data receive to that peer is posted: data from a peer that has not proven the secret is never
 // accepted. Pairs run in one global order, so the sequential handshakes cannot deadlock.
 //
+// Send buffering and the progress thread. Like a TCP socket buffer, a message of at most
+// send_buffer_bytes() is handed over once all its chunks are copied into staging slots and posted;
+// the call returns before the provider completes them (at most `window` send chunks are posted at a
+// time, so receives always find slots). That lets the ring keep one segment in flight ahead of the
+// one it receives (collectives/ring.cc). ofi_rxm progresses manually: a rendezvous send moves only
+// while its sender calls into libfabric, so each rail has a progress thread that, while such detached
+// sends are outstanding and no data call is driving the rail, reads the completion queue (sleeping on
+// its fd; without one, in 1 ms slices). It sleeps on a condition variable otherwise: an idle rail
+// burns no CPU. A detached send that fails closes its peer; the next call to that peer throws.
+// Only over ofi_rxm (verbs;ofi_rxm, tcp;ofi_rxm): libfabric 1.17's shm provider sometimes leaves the
+// second of two queued messages undelivered, so over it every send waits for its completion.
+// One lock serialises libfabric and the rail's slot/peer state between the two threads; the data
+// thread releases it only while sleeping in poll(), and the progress thread stays off the completion
+// queue while a data call is running, so completions are read by the thread that waits for them.
+//
+// Stale sends. ofi_rxm completes a rendezvous send only once the receiver matches it; a send left
+// posted by a failed mesh (the receiver failed over, or reset first) would keep its staging slot
+// forever, and a few failovers would leave no slot to send with. So reset(), which the engine runs on
+// every rank together before re-admission, accepts and discards any message of an earlier epoch
+// (ofi_rail_lifecycle.cc) until its own sends are done and the stale traffic has stopped, at most 1 s.
+//
 // Failures. A completion error, short or truncated message, or timeout closes that peer on this rail
 // (later calls throw PeerError at once); receives still posted for it are cancelled. abort() wakes a
 // waiting data call through an eventfd; the rail stays poisoned until reset(), which cancels and
@@ -22,9 +43,11 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "transport/rail.h"
@@ -75,14 +98,22 @@ class OfiRail : public Rail {
 
   RailCounters counters() const override;
   void abort(const std::string& reason) override;
+  size_t send_buffer_bytes() const override { return buffered_sends_ ? config_.window / 2 * config_.chunk_bytes : 0; }
 
  private:
   struct Stream;  // one direction of a transfer (ofi_rail.cc)
   struct Op;      // one posted chunk, owning a staging slot
+  struct Driving; // scope in which a data call reads the completion queue (ofi_rail.cc)
 
-  void transfer(Stream* out, Stream* in, const Deadline& deadline);
+  using Lock = std::unique_lock<std::mutex>;
+  // transfer, post, reap, orphan, check_peer and close_peer run with fab_mu_ held (`lk`).
+  void transfer(Lock& lk, Stream* out, Stream* in, const Deadline& deadline);
   void post(Stream& s);
-  void reap(const Deadline& deadline, bool block);
+  void reap(Lock& lk, const Deadline& deadline, bool block);
+  void progress_loop();
+  void stop_progress();
+  // reset(): accepts and discards messages of every earlier epoch, so peers' sends of them complete.
+  void drain_stale_epoch(Lock& lk);
   void orphan(Stream& s);  // detaches s's posted chunks (cancelling receives) after s failed
   void handshake(int peer, const Deadline& deadline);
   void send_small(int peer, uint64_t wire_tag, const std::string& payload, const Deadline& deadline);
@@ -111,6 +142,20 @@ class OfiRail : public Rail {
   std::atomic<uint64_t> bytes_received_{0};
   mutable std::mutex mu_;  // guards abort_reason_
   std::string abort_reason_;
+
+  std::mutex fab_mu_;  // libfabric calls, ops_, free_slots_, peer state, the fields below
+  std::condition_variable progress_cv_;
+  bool active_ = false;        // a data call (or connect/reset) is driving the completion queue
+  bool stop_ = false;          // close(): the progress thread exits
+  size_t sends_busy_ = 0;      // send chunks posted and not yet completed
+  size_t detached_sends_ = 0;  // ... of which no call is waiting for (buffered or abandoned)
+  uint32_t drain_patterns_posted_ = 0;  // drain_stale_epoch's receives still posted, one bit each
+  Clock::time_point last_drained_{};
+  int wake_fd_ = -1;           // eventfd: wakes the progress thread's poll() at close
+  std::thread progress_;       // started last in the constructor
+  // Send buffering is for providers layered on ofi_rxm (verbs, tcp), whose behaviour the tests
+  // establish; libfabric 1.17's shm provider sometimes never delivers a second queued message.
+  bool buffered_sends_ = false;
 };
 
 // The factory's maker for kind "ofi" (rail_kinds.cc). Without libfabric at build time it throws a
