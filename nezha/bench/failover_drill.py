@@ -135,10 +135,14 @@ def main(argv=None) -> int:
     p.add_argument("--fault", choices=["cut", "throttle", "reset"], default="cut",
                    help="pull the cable, shape the rail to 8 kbit/s, or reset its connections")
     p.add_argument("--rail", type=int, default=1, help="the rail to fail (0 also carries a control path)")
+    p.add_argument("--rails", default=None,
+                   help="rail spec instead of the testbed's two TCP rails, {0} and {1} standing for the "
+                        "rails' subnets, e.g. '{0},ofi:tcp;ofi_rxm@{1}'")
     args = p.parse_args(argv)
     with Testbed(hosts=args.hosts, rails=2, rates=[args.rate, args.rate]) as tb:
+        rails = args.rails.format(*tb.rail_subnets) if args.rails else None
         r = run_drill(tb, cycles=args.cycles, down_s=args.down_s, up_s=args.up_s, elements=args.elements,
-                      fault=args.fault, rate=args.rate, rail=args.rail)
+                      fault=args.fault, rate=args.rate, rail=args.rail, rails=rails)
     if r["returncode"] != 0 or not r["cycles"]:
         print(r["output"][-4000:])
         return 1
