@@ -6,15 +6,18 @@
 
 #include "collectives/algorithm_util.h"
 #include "collectives/collectives.h"
+#include "collectives/ring.h"
 
 namespace nezha::collectives {
 
-void alltoallv(transport::Rail& rail, const void* in, const std::vector<size_t>& send_bytes,
-               void* out, const std::vector<size_t>& recv_bytes, const CollectiveOptions& opt) {
+void alltoallv_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& send_blocks,
+                      const std::vector<size_t>& send_bytes, const std::vector<uint8_t*>& recv_blocks,
+                      const std::vector<size_t>& recv_bytes, const CollectiveOptions& opt) {
   const int n = rail.size();
   const int r = rail.rank();
-  detail::require(send_bytes.size() == static_cast<size_t>(n) &&
-                      recv_bytes.size() == static_cast<size_t>(n),
+  const auto N = static_cast<size_t>(n);
+  detail::require(send_bytes.size() == N && recv_bytes.size() == N && send_blocks.size() == N &&
+                      recv_blocks.size() == N,
                   "alltoallv: " + std::to_string(send_bytes.size()) + " send and " +
                       std::to_string(recv_bytes.size()) + " receive sizes given for " +
                       std::to_string(n) + " ranks");
@@ -22,23 +25,40 @@ void alltoallv(transport::Rail& rail, const void* in, const std::vector<size_t>&
                   "alltoallv: rank " + std::to_string(r) + " sends itself " +
                       std::to_string(send_bytes[r]) + " bytes but expects " +
                       std::to_string(recv_bytes[r]));
-  const std::vector<size_t> send_off = detail::prefix_offsets(send_bytes);
-  const std::vector<size_t> recv_off = detail::prefix_offsets(recv_bytes);
-  detail::require(in != nullptr || send_off.back() == 0, "alltoallv: null input buffer");
-  detail::require(out != nullptr || recv_off.back() == 0, "alltoallv: null output buffer");
-
-  const auto* src = static_cast<const uint8_t*>(in);
-  auto* dst = static_cast<uint8_t*>(out);
-  if (send_bytes[r] > 0) std::memcpy(dst + recv_off[r], src + send_off[r], send_bytes[r]);
+  for (int i = 0; i < n; ++i) {
+    detail::require(send_blocks[i] != nullptr || send_bytes[i] == 0,
+                    "alltoallv: null input block for rank " + std::to_string(i));
+    detail::require(recv_blocks[i] != nullptr || recv_bytes[i] == 0,
+                    "alltoallv: null output block for rank " + std::to_string(i));
+  }
+  if (send_bytes[r] > 0) std::memcpy(recv_blocks[r], send_blocks[r], send_bytes[r]);
 
   // Every pair exchanges a message even when it is empty: a peer cannot tell "nothing for you"
   // from "not there yet" without it, and skipping on one side only would desynchronise tags.
   for (int k = 1; k < n; ++k) {
     const int to = detail::ring_mod(r + k, n);
     const int from = detail::ring_mod(r - k, n);
-    rail.sendrecv(to, src + send_off[to], send_bytes[to], from, dst + recv_off[from],
-                  recv_bytes[from], make_tag(opt.seq, static_cast<uint64_t>(k)), opt.deadline);
+    rail.sendrecv(to, send_blocks[to], send_bytes[to], from, recv_blocks[from], recv_bytes[from],
+                  make_tag(opt.seq, static_cast<uint64_t>(k)), opt.deadline);
   }
+}
+
+void alltoallv(transport::Rail& rail, const void* in, const std::vector<size_t>& send_bytes,
+               void* out, const std::vector<size_t>& recv_bytes, const CollectiveOptions& opt) {
+  const auto N = static_cast<size_t>(rail.size());
+  detail::require(send_bytes.size() == N && recv_bytes.size() == N,
+                  "alltoallv: " + std::to_string(send_bytes.size()) + " send and " +
+                      std::to_string(recv_bytes.size()) + " receive sizes given for " +
+                      std::to_string(rail.size()) + " ranks");
+  detail::require(in != nullptr || detail::prefix_offsets(send_bytes).back() == 0,
+                  "alltoallv: null input buffer");
+  detail::require(out != nullptr || detail::prefix_offsets(recv_bytes).back() == 0,
+                  "alltoallv: null output buffer");
+  // Block addresses of a null buffer with no bytes are never dereferenced.
+  const std::vector<uint8_t*> send =
+      detail::block_addresses(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), send_bytes);
+  alltoallv_blocks(rail, std::vector<const uint8_t*>(send.begin(), send.end()), send_bytes,
+                   detail::block_addresses(static_cast<uint8_t*>(out), recv_bytes), recv_bytes, opt);
 }
 
 }  // namespace nezha::collectives

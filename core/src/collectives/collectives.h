@@ -61,6 +61,29 @@ void allreduce_hierarchical(transport::Rail& host_lane, transport::Rail& network
 void allgatherv(transport::Rail& rail, const void* in, void* out,
                 const std::vector<size_t>& bytes_per_rank, const CollectiveOptions& opt);
 
+// Scattered-block forms of allgatherv, alltoallv and reducescatterv: block i (of rank i, or for or
+// from rank i) at its own address instead of consecutive in one buffer. A share of a striped
+// operation carries a part of every block, spread out in the whole operation's buffers; these let
+// it read and write those parts where they are (no packing into a buffer per rail and unpacking).
+// Messages and results are those of the contiguous forms.
+
+// out_blocks[i] receives rank i's bytes_per_rank[i] bytes; this rank's are copied from `in`.
+void allgatherv_blocks(transport::Rail& rail, const void* in, const std::vector<uint8_t*>& out_blocks,
+                       const std::vector<size_t>& bytes_per_rank, const CollectiveOptions& opt);
+
+// send_bytes[i] bytes at send_blocks[i] go to rank i; recv_bytes[i] bytes from rank i land at
+// recv_blocks[i].
+void alltoallv_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& send_blocks,
+                      const std::vector<size_t>& send_bytes, const std::vector<uint8_t*>& recv_blocks,
+                      const std::vector<size_t>& recv_bytes, const CollectiveOptions& opt);
+
+// This rank's input of block i (counts[i] elements) is read at in_blocks[i] and never written.
+// work_blocks[i] receives partial sums (scratch the caller provides; it may be in_blocks[i]);
+// work_blocks[rank] ends holding the reduction of block `rank`. No copy of the input is made.
+void reducescatterv_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& in_blocks,
+                           const std::vector<uint8_t*>& work_blocks, const std::vector<size_t>& counts,
+                           DataType dtype, ReduceOp op, const CollectiveOptions& opt);
+
 // buf (bytes long) is copied from root to every rank: a binomial tree below
 // kBroadcastChainMinBytes (log2 n steps), a pipelined chain from there on (every rank sends the
 // data once, so the root's link carries it once instead of log2 n times).

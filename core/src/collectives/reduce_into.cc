@@ -1,5 +1,7 @@
 // reduce_into(): dispatch once per call on (dtype, op) to a typed loop from reduce_ops.h.
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "collectives/half_convert.h"
@@ -71,6 +73,22 @@ void reduce_into(void* dst, const void* src, size_t count, DataType dtype, Reduc
       return reduce_typed<ops::Max>(dst, src, count, dtype);
     case ReduceOp::kProduct:
       return reduce_typed<ops::Product>(dst, src, count, dtype);
+  }
+}
+
+void reduce_to(void* dst, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op) {
+  // A chunk of a is copied, then reduced while still in L1/L2: one pass over memory, and one
+  // kernel per dtype x op instead of a second, three-operand family.
+  constexpr size_t kChunkBytes = 32 << 10;
+  const size_t esize = dtype_size(dtype);
+  const size_t chunk = std::max<size_t>(1, kChunkBytes / esize);
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* x = static_cast<const uint8_t*>(a);
+  const auto* y = static_cast<const uint8_t*>(b);
+  for (size_t done = 0; done < count; done += chunk) {
+    const size_t m = std::min(chunk, count - done);
+    std::memcpy(d + done * esize, x + done * esize, m * esize);
+    reduce_into(d + done * esize, y + done * esize, m, dtype, op);
   }
 }
 

@@ -26,13 +26,15 @@ size_t segments_for(size_t largest_block, size_t segment_size) {
 
 // Message i of a ring phase (step i / nseg, segment i % nseg): what goes to the next rank, where the
 // one from the previous rank is received, and where in the caller's buffer its data ends up
-// (`lands`: the reduce-scatter receives into scratch and adds it there; the allgather receives there).
+// (`lands`: the reduce-scatter receives into scratch and adds it to `own`, this rank's partial sum,
+// there; the allgather receives there).
 struct Exchange {
   const uint8_t* send;
   size_t send_bytes;
   uint8_t* recv;
   size_t recv_bytes;
   uint8_t* lands;
+  const uint8_t* own = nullptr;
 };
 
 // Runs the `count` messages of a ring phase (each planned once); before_receive(x) runs before
@@ -85,23 +87,33 @@ void run_phase(transport::Rail& rail, size_t count, size_t nseg, size_t largest_
 
 }  // namespace
 
-void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& counts,
-                         DataType dtype, ReduceOp op, size_t segment_elems, TagSequence& tags,
-                         const Deadline& deadline, const OverwriteHook* before_overwrite,
-                         double postscale) {
+std::vector<uint8_t*> block_addresses(uint8_t* buf, const std::vector<size_t>& block_bytes) {
+  std::vector<uint8_t*> at(block_bytes.size());
+  for (size_t i = 0; i < block_bytes.size(); ++i) {
+    at[i] = buf;
+    buf += block_bytes[i];
+  }
+  return at;
+}
+
+void ring_reduce_scatter_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& inputs,
+                                const std::vector<uint8_t*>& blocks, const std::vector<size_t>& counts,
+                                DataType dtype, ReduceOp op, size_t segment_elems, TagSequence& tags,
+                                const Deadline& deadline, const OverwriteHook* before_overwrite,
+                                const uint8_t* hook_base, double postscale) {
   const int n = rail.size();
   const int r = rail.rank();
   if (n == 1) return;
   const size_t largest = *std::max_element(counts.begin(), counts.end());
   if (largest == 0) return;
   const size_t esize = dtype_size(dtype);
-  const std::vector<size_t> offsets = prefix_offsets(counts);
   const size_t nseg = segments_for(largest, segment_elems);
   AlignedBuffer scratch(std::min(segment_elems, largest) * esize);
   const size_t last_step_from = static_cast<size_t>(n - 2) * nseg;  // its messages complete block r
 
-  // Step s: send block r-s-1 (which holds s+1 contributions), receive block r-s-2 and add ours.
-  // After n-1 steps the block received last, block r, holds all n contributions.
+  // Step s: send block r-s-1 (which holds s+1 contributions: at s = 0 our input alone), receive
+  // block r-s-2 and add our input of it. After n-1 steps the block received last, block r, holds all
+  // n contributions. Each block is received once, so blocks[b] = inputs[b] (op) received.
   auto plan = [&](size_t i) {
     const int s = static_cast<int>(i / nseg);
     const size_t k = i % nseg;
@@ -109,30 +121,49 @@ void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<
     const int recv_block = ring_mod(r - s - 2, n);
     const Segment out = segment_of(k, segment_elems, counts[send_block]);
     const Segment in = segment_of(k, segment_elems, counts[recv_block]);
-    return Exchange{buf + (offsets[send_block] + out.begin) * esize, out.length * esize,
-                    scratch.data(), in.length * esize, buf + (offsets[recv_block] + in.begin) * esize};
+    const uint8_t* from = s == 0 ? inputs[send_block] : blocks[send_block];
+    return Exchange{from + out.begin * esize, out.length * esize, scratch.data(), in.length * esize,
+                    blocks[recv_block] + in.begin * esize, inputs[recv_block] + in.begin * esize};
   };
   run_phase(
       rail, static_cast<size_t>(n - 1) * nseg, nseg, std::min(segment_elems, largest) * esize, tags,
       deadline, plan, [](const Exchange&) {},
       [&, i = size_t{0}](const Exchange& x) mutable {
         if (before_overwrite && x.recv_bytes > 0)
-          (*before_overwrite)(static_cast<size_t>(x.lands - buf), x.recv_bytes);
-        reduce_into(x.lands, scratch.data(), x.recv_bytes / esize, dtype, op);
-        if (postscale != 1.0 && i >= last_step_from) scale(x.lands, x.recv_bytes / esize, dtype, postscale);
+          (*before_overwrite)(static_cast<size_t>(x.lands - hook_base), x.recv_bytes);
+        const size_t count = x.recv_bytes / esize;
+        if (x.own == x.lands) {
+          reduce_into(x.lands, scratch.data(), count, dtype, op);
+        } else {
+          reduce_to(x.lands, x.own, scratch.data(), count, dtype, op);
+        }
+        if (postscale != 1.0 && i >= last_step_from) scale(x.lands, count, dtype, postscale);
         ++i;
       });
 }
 
-void ring_allgather(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& block_bytes,
-                    size_t segment_bytes, TagSequence& tags, const Deadline& deadline,
-                    const OverwriteHook* before_overwrite) {
+void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& counts,
+                         DataType dtype, ReduceOp op, size_t segment_elems, TagSequence& tags,
+                         const Deadline& deadline, const OverwriteHook* before_overwrite,
+                         double postscale) {
+  const size_t esize = dtype_size(dtype);
+  std::vector<size_t> bytes(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * esize;
+  const std::vector<uint8_t*> blocks = block_addresses(buf, bytes);
+  const std::vector<const uint8_t*> inputs(blocks.begin(), blocks.end());
+  ring_reduce_scatter_blocks(rail, inputs, blocks, counts, dtype, op, segment_elems, tags, deadline,
+                             before_overwrite, buf, postscale);
+}
+
+void ring_allgather_blocks(transport::Rail& rail, const std::vector<uint8_t*>& blocks,
+                           const std::vector<size_t>& block_bytes, size_t segment_bytes, TagSequence& tags,
+                           const Deadline& deadline, const OverwriteHook* before_overwrite,
+                           const uint8_t* hook_base) {
   const int n = rail.size();
   const int r = rail.rank();
   if (n == 1) return;
   const size_t largest = *std::max_element(block_bytes.begin(), block_bytes.end());
   if (largest == 0) return;
-  const std::vector<size_t> offsets = prefix_offsets(block_bytes);
   segment_bytes = std::max<size_t>(segment_bytes, 1);
   const size_t nseg = segments_for(largest, segment_bytes);
 
@@ -144,17 +175,24 @@ void ring_allgather(transport::Rail& rail, uint8_t* buf, const std::vector<size_
     const int recv_block = ring_mod(r - s - 1, n);
     const Segment out = segment_of(k, segment_bytes, block_bytes[send_block]);
     const Segment in = segment_of(k, segment_bytes, block_bytes[recv_block]);
-    uint8_t* dest = buf + offsets[recv_block] + in.begin;
-    return Exchange{buf + offsets[send_block] + out.begin, out.length, dest, in.length, dest};
+    uint8_t* dest = blocks[recv_block] + in.begin;
+    return Exchange{blocks[send_block] + out.begin, out.length, dest, in.length, dest};
   };
   run_phase(
       rail, static_cast<size_t>(n - 1) * nseg, nseg, std::min(segment_bytes, largest), tags, deadline,
       plan,
       [&](const Exchange& x) {
         if (before_overwrite && x.recv_bytes > 0)
-          (*before_overwrite)(static_cast<size_t>(x.lands - buf), x.recv_bytes);
+          (*before_overwrite)(static_cast<size_t>(x.lands - hook_base), x.recv_bytes);
       },
       [](const Exchange&) {});
+}
+
+void ring_allgather(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& block_bytes,
+                    size_t segment_bytes, TagSequence& tags, const Deadline& deadline,
+                    const OverwriteHook* before_overwrite) {
+  ring_allgather_blocks(rail, block_addresses(buf, block_bytes), block_bytes, segment_bytes, tags,
+                        deadline, before_overwrite, buf);
 }
 
 }  // namespace nezha::collectives::detail

@@ -156,7 +156,9 @@ class Executor {
   // Ledger bookkeeping shared by allreduce shares and one-rail collectives (executor_failover.cc):
   // the record starts (keeps a copy of `bytes` at `input` on its first run), completes, or fails
   // (returns true when it was marked lost for a redo rather than failed for good).
-  void record_started(ShareRecord& rec, const void* input, size_t bytes);
+  // `pack`, if given, writes the copy instead of a memcpy from `input` (a striped share's parts).
+  void record_started(ShareRecord& rec, const void* input, size_t bytes,
+                      const std::function<void(uint8_t*)>& pack = {});
   // Failover: keeps bytes [offset, offset + bytes) of an allreduce share (data = its range of the
   // job's buffer) before the ring first overwrites them; restore_input rebuilds the input in target.
   void save_before_overwrite(ShareRecord& rec, const uint8_t* data, size_t offset, size_t bytes);

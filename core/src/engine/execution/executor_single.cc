@@ -147,11 +147,26 @@ void Executor::run_single(const Response& resp, const TensorEntry& e, transport:
       size_t row = static_cast<size_t>(resp.row_elements[0]);
       std::vector<size_t> counts(n);
       for (int i = 0; i < n; ++i) counts[i] = static_cast<size_t>(resp.rank_rows[i]) * row;
+      // Partial sums go to scratch, this rank's block straight to the output; the input is read
+      // where it is (copied first only to prescale it).
       BufferPool::Buffer scratch = pool_.acquire(total * esize);
-      std::memcpy(scratch.data(), input, total * esize);
-      if (resp.prescale != 1.0) collectives::scale(scratch.data(), total, resp.dtype, resp.prescale);
       res.output.resize(counts[me] * esize);
-      collectives::reducescatterv(rail, scratch.data(), res.output.data(), counts, resp.dtype, resp.op, copt);
+      std::vector<const uint8_t*> in_at(n);
+      std::vector<uint8_t*> work_at(n);
+      const auto* src = static_cast<const uint8_t*>(input);
+      if (resp.prescale != 1.0) {
+        std::memcpy(scratch.data(), input, total * esize);
+        collectives::scale(scratch.data(), total, resp.dtype, resp.prescale);
+        src = scratch.data();
+      }
+      size_t at = 0;
+      for (int i = 0; i < n; ++i) {
+        in_at[i] = src + at * esize;
+        work_at[i] = scratch.data() + at * esize;
+        at += counts[i];
+      }
+      work_at[me] = res.output.data();
+      collectives::reducescatterv_blocks(rail, in_at, work_at, counts, resp.dtype, resp.op, copt);
       double post = effective_postscale(resp, n);
       if (post != 1.0) collectives::scale(res.output.data(), counts[me], resp.dtype, post);
       res.output_shape = with_rows(shape, resp.rank_rows[me]);

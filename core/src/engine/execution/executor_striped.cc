@@ -2,10 +2,12 @@
 //
 // The plan gives each rail a share of the operation; the share carries the same proportion of
 // every block the operation moves (striped_parts.h), so every rail finishes together as with an
-// allreduce. Each share is a record in its rail's ledger like any other: its input, packed into one
-// contiguous buffer, is copied when it first runs, and a share lost with its rail is redone on a
-// survivor from that copy (inputs are never overwritten: every output here is separate, an in-place
-// broadcast's receivers excepted, and receivers need no input). A rank that had completed a share
+// allreduce. A share reads and writes its parts of every block where they lie in the operation's
+// input and output (the collectives' *_blocks forms): nothing is packed per rail or unpacked after.
+// Each share is a record in its rail's ledger like any other: its parts of the input are copied,
+// packed, when it first runs, and a share lost with its rail is redone on a survivor from that copy
+// (inputs are never overwritten: every output here is separate, an in-place broadcast's receivers
+// excepted, and receivers need no input; a redo rewrites the same output ranges with the same bytes). A rank that had completed a share
 // takes part in its redo into scratch memory, leaving what it delivered alone.
 #include <algorithm>
 #include <cstring>
@@ -112,9 +114,12 @@ void Executor::run_striped_part(ShareRecord& rec) {
   const std::string what = std::string(op_type_name(resp.type)) + " of " + names_str(resp);
   collectives::CollectiveOptions copt = options(rec.seq, opt_.timeout_s);
 
-  // The part's input, packed (kept for a redo on its first run), and where its result goes.
-  BufferPool::Buffer packed, scratch;
-  const uint8_t* input = nullptr;
+  // Where this share's part of each block is read and written: in the caller's input and the
+  // operation's output, in place (collectives' *_blocks forms), so nothing is packed per rail and
+  // unpacked after. With failover the parts of the input are copied once, packed, on the share's
+  // first run (record_started), and a redo reads that copy.
+  BufferPool::Buffer scratch, work;
+  const uint8_t* input = nullptr;  // broadcast's root, allgather: this rank's contiguous part
   size_t input_bytes = 0;
   std::vector<BlockPart> send_parts(n), recv_parts(n);
   std::vector<size_t> send_offsets(n, 0), recv_offsets(n, 0);  // of each block, in elements
@@ -164,37 +169,60 @@ void Executor::run_striped_part(ShareRecord& rec) {
         }
       }
       for (const auto& p : send_parts) input_bytes += p.count * esize;
-      if (!rec.original.data()) {  // first run: pack from the caller's input
-        packed = pool_.acquire(input_bytes);
-        size_t at = 0;
-        for (int i = 0; i < n; ++i) {
-          std::memcpy(packed.data() + at, in + (send_offsets[i] + send_parts[i].begin) * esize,
-                      send_parts[i].count * esize);
-          at += send_parts[i].count * esize;
-        }
-        input = packed.data();
-      }
       break;
     }
     default:
       throw NezhaError(std::string("unexpected striped operation ") + op_type_name(resp.type));
   }
-  record_started(rec, input, input_bytes);
-  if (rec.original.data() && input_bytes > 0) input = rec.original.data();  // a redo: the kept copy
-
-  // Allgather, alltoall: the parts received from each rank, packed in rank order, go to their
-  // block's range of the output.
-  auto unpack_received = [&](const uint8_t* packed_parts) {
+  // The parts of the caller's input this share sends (alltoall, reducescatter), in rank order.
+  auto caller_part = [&](int i) { return in + (send_offsets[i] + send_parts[i].begin) * esize; };
+  auto pack = [&](uint8_t* to) {
     for (int i = 0; i < n; ++i) {
-      const size_t bytes = recv_parts[i].count * esize;
-      std::memcpy(res.output.data() + (recv_offsets[i] + recv_parts[i].begin) * esize, packed_parts, bytes);
-      packed_parts += bytes;
+      std::memcpy(to, caller_part(i), send_parts[i].count * esize);
+      to += send_parts[i].count * esize;
     }
   };
-  // The rail is watched while it communicates, not while this rank then copies what it received
-  // into the output: 128 MB per rail for a 64 MB allgather on 4 ranks moves no byte, and on 2 busy
-  // cores took longer than the 100 ms the watchdog allows a silent rail (false failovers on an idle
-  // testbed).
+  const bool packs = resp.type == OpType::kAlltoall || resp.type == OpType::kReducescatter;
+  record_started(rec, input, input_bytes, packs ? std::function<void(uint8_t*)>(pack) : nullptr);
+  if (rec.original.data() && input_bytes > 0) input = rec.original.data();  // the kept copy
+  // Consecutive parts of `sizes` bytes starting at `base` (a packed buffer's blocks).
+  auto consecutive = [&](uint8_t* base, const std::vector<size_t>& sizes) {
+    std::vector<uint8_t*> at(n);
+    for (int i = 0; i < n; ++i) {
+      at[i] = base;
+      base += sizes[i];
+    }
+    return at;
+  };
+  std::vector<size_t> send_bytes(n), recv_bytes(n);
+  for (int i = 0; i < n; ++i) {
+    send_bytes[i] = send_parts[i].count * esize;
+    recv_bytes[i] = recv_parts[i].count * esize;
+  }
+  // Where the parts this share sends are read: the kept copy (packed) or the caller's input.
+  std::vector<const uint8_t*> send_at(n);
+  if (packs) {
+    const std::vector<uint8_t*> kept =
+        rec.original.data() ? consecutive(rec.original.data(), send_bytes) : std::vector<uint8_t*>();
+    for (int i = 0; i < n; ++i) send_at[i] = kept.empty() ? caller_part(i) : kept[i];
+  }
+  // Where the parts this share receives go: their block's range of the output, or scratch for a
+  // rank that takes part in a redo of what it already delivered.
+  auto received_at = [&] {
+    if (rec.into_scratch) {
+      size_t sum = 0;
+      for (size_t b : recv_bytes) sum += b;
+      scratch = pool_.acquire(sum);
+      return consecutive(scratch.data(), recv_bytes);
+    }
+    std::vector<uint8_t*> at(n);
+    for (int i = 0; i < n; ++i) at[i] = res.output.data() + (recv_offsets[i] + recv_parts[i].begin) * esize;
+    return at;
+  };
+
+  // The rail is watched while it communicates, not while this rank then scales what it received:
+  // a step that moves no byte and, on 2 busy cores, can outlast the 100 ms the watchdog allows a
+  // silent rail.
   bool watched = watchdog_ != nullptr;
   auto communicated = [&] {
     if (watched) watchdog_->end(r, true);
@@ -214,43 +242,36 @@ void Executor::run_striped_part(ShareRecord& rec) {
         collectives::broadcast(*rail, target, bytes, root, copt);
         break;
       }
-      case OpType::kAllgather: {
-        std::vector<size_t> bytes(n);
-        size_t sum = 0;
-        for (int i = 0; i < n; ++i) sum += (bytes[i] = recv_parts[i].count * esize);
-        scratch = pool_.acquire(sum);
-        collectives::allgatherv(*rail, input, scratch.data(), bytes, copt);
-        communicated();
-        if (!rec.into_scratch) unpack_received(scratch.data());
+      case OpType::kAllgather:
+        collectives::allgatherv_blocks(*rail, input, received_at(), recv_bytes, copt);
+        break;
+      case OpType::kAlltoall: {
+        collectives::alltoallv_blocks(*rail, send_at, send_bytes, received_at(), recv_bytes, copt);
         break;
       }
       case OpType::kReducescatter: {
+        // Partial sums go to a work buffer (packed), this rank's block straight to the output.
+        work = pool_.acquire(input_bytes);
+        std::vector<uint8_t*> work_at = consecutive(work.data(), send_bytes);
+        if (resp.prescale != 1.0) {  // the scaled input is reduced in place in the work buffer
+          for (int i = 0; i < n; ++i) std::memcpy(work_at[i], send_at[i], send_bytes[i]);
+          collectives::scale(work.data(), input_bytes / esize, resp.dtype, resp.prescale);
+          send_at.assign(work_at.begin(), work_at.end());
+        }
+        uint8_t* mine = nullptr;
+        if (rec.into_scratch) {
+          scratch = pool_.acquire(send_bytes[me]);
+          mine = scratch.data();
+        } else {
+          mine = res.output.data() + send_parts[me].begin * esize;
+        }
+        work_at[me] = mine;
         std::vector<size_t> counts(n);
         for (int i = 0; i < n; ++i) counts[i] = send_parts[i].count;
-        BufferPool::Buffer work = pool_.acquire(input_bytes);  // reducescatterv clobbers its input
-        std::memcpy(work.data(), input, input_bytes);
-        size_t work_count = input_bytes / esize;
-        if (resp.prescale != 1.0) collectives::scale(work.data(), work_count, resp.dtype, resp.prescale);
-        scratch = pool_.acquire(counts[me] * esize);
-        collectives::reducescatterv(*rail, work.data(), scratch.data(), counts, resp.dtype, resp.op, copt);
+        collectives::reducescatterv_blocks(*rail, send_at, work_at, counts, resp.dtype, resp.op, copt);
         communicated();
         const double post = effective_postscale(resp, n);
-        if (post != 1.0) collectives::scale(scratch.data(), counts[me], resp.dtype, post);
-        if (!rec.into_scratch)
-          std::memcpy(res.output.data() + send_parts[me].begin * esize, scratch.data(), counts[me] * esize);
-        break;
-      }
-      case OpType::kAlltoall: {
-        std::vector<size_t> send(n), recv(n);
-        size_t sum = 0;
-        for (int i = 0; i < n; ++i) {
-          send[i] = send_parts[i].count * esize;
-          sum += (recv[i] = recv_parts[i].count * esize);
-        }
-        scratch = pool_.acquire(sum);
-        collectives::alltoallv(*rail, input, send, scratch.data(), recv, copt);
-        communicated();
-        if (!rec.into_scratch) unpack_received(scratch.data());
+        if (post != 1.0) collectives::scale(mine, counts[me], resp.dtype, post);
         break;
       }
       default:

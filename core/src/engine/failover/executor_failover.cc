@@ -31,7 +31,8 @@ void Executor::post_probe(int rail, size_t bytes, std::function<void()> prepare,
   });
 }
 
-void Executor::record_started(ShareRecord& rec, const void* input, size_t bytes) {
+void Executor::record_started(ShareRecord& rec, const void* input, size_t bytes,
+                              const std::function<void(uint8_t*)>& pack) {
   running_[rec.share.rail] = rec.seq + 1;
   if (!opt_.failover) return;
   std::lock_guard<std::mutex> lock(ledger_mu_);
@@ -40,7 +41,11 @@ void Executor::record_started(ShareRecord& rec, const void* input, size_t bytes)
     rec.original = originals_.acquire(bytes);
     rec.original_bytes = bytes;
     // An allreduce share's input is saved range by range while it runs (save_before_overwrite).
-    if (rec.single) std::memcpy(rec.original.data(), input, bytes);
+    if (rec.single && pack) {
+      pack(rec.original.data());
+    } else if (rec.single) {
+      std::memcpy(rec.original.data(), input, bytes);
+    }
   }
 }
 
