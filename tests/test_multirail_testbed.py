@@ -53,6 +53,8 @@ def test_failed_rail_fails_over_without_loss_and_is_readmitted(testbed_factory, 
         warnings = [l for l in r["output"].splitlines()
                     if l.startswith(f"[{rank}]<stderr>") and "continuing on" in l]
         assert len(warnings) == 1, warnings  # the one line a user sees
+        if fault == "cut":  # noticed by the cut host's carrier, not after a silence limit
+            assert "has no carrier" in warnings[0], warnings
     (cycle,) = r["cycles"]
     # Targets: stall <= 200 ms, re-admission <= 5 s; generous bounds for a loaded 2-core machine.
     assert cycle["stall_s"] <= 1.0, cycle

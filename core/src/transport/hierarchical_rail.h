@@ -63,6 +63,7 @@ class HierarchicalRail : public Rail {
   }
   size_t send_buffer_bytes() const override { return network_->send_buffer_bytes(); }
   RailCounters counters() const override;  // both rails' bytes (the watchdog sees lane progress)
+  std::string link_fault() const override { return network_->link_fault(); }
   void abort(const std::string& reason) override;
 
   // After connect(). The allreduce's two rails and the placement (the same on every rank).

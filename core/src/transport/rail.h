@@ -126,6 +126,10 @@ class Rail {
 
   virtual RailCounters counters() const = 0;
   virtual void abort(const std::string& reason) = 0;
+  // Non-empty when this rank's own link of the rail is known to be gone (its interface lost its
+  // carrier): a certain failure, unlike silence, which may be a late peer. "" when up or unknown.
+  // Thread-safe and cheap: the watchdog asks a few times per silence limit while the rail works.
+  virtual std::string link_fault() const { return {}; }
 
   // The in-network reduction this rail offers (collective_rail.h), or null for a point-to-point rail.
   virtual CollectiveRail* collective() { return nullptr; }

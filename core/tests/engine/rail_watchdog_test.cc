@@ -117,5 +117,62 @@ TEST(RailWatchdog, ARailsOwnFloorHoldsItsReportsBackAndIsCappedAtOneSecond) {
   EXPECT_DOUBLE_EQ(h.dog.limit_s(1), 1.0);
 }
 
+// A rail whose link is gone is reported through on_link_lost within a few link ticks (10 ms), long
+// before the silence limit, once per operation, even while it still moves bytes; a rail whose
+// link is up is not; an idle rail's link is not checked at all.
+TEST(RailWatchdog, ALostLinkIsReportedAtOnceAndOncePerOperation) {
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<bool> carrier{true};
+  std::atomic<int> link_checks{0};
+  std::mutex mu;
+  std::vector<std::string> lost;
+  std::atomic<int> stalls{0};
+  RailWatchdog dog{
+      1, 1.0, [&](int) { return bytes.load(); }, [&](int, const std::string&) { ++stalls; },
+      [&](int) {
+        ++link_checks;
+        return carrier ? std::string() : std::string("interface rail9 has no carrier");
+      },
+      [&](int rail, const std::string& what) {
+        std::lock_guard<std::mutex> lock(mu);
+        lost.push_back(std::to_string(rail) + ": " + what);
+      }};
+  auto lost_count = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return lost.size();
+  };
+  std::this_thread::sleep_for(milliseconds(60));
+  EXPECT_EQ(link_checks.load(), 0) << "an idle rail's link was checked";
+
+  dog.begin(0, "share A");
+  for (int i = 0; i < 5; ++i) {  // working, link up
+    bytes += 100;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(lost_count(), 0u);
+  EXPECT_GT(link_checks.load(), 0);
+  carrier = false;
+  const auto cut = std::chrono::steady_clock::now();
+  while (lost_count() == 0 && std::chrono::steady_clock::now() - cut < std::chrono::seconds(5)) {
+    bytes += 100;  // data still moving (socket buffers drain): the link is what counts
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  const double waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - cut).count();
+  ASSERT_EQ(lost_count(), 1u);
+  EXPECT_LT(waited_ms, 500.0) << "a generous bound: the link is checked every 10 ms";
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(lost_count(), 1u) << "reported more than once per operation";
+  dog.end(0, false);
+  dog.begin(0, "share B");  // the next operation on the same dead link: reported again
+  std::this_thread::sleep_for(milliseconds(100));
+  dog.end(0, false);
+  dog.stop();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(lost.size(), 2u);
+  EXPECT_NE(lost[0].find("0: share A lost its link: interface rail9 has no carrier"), std::string::npos) << lost[0];
+  EXPECT_NE(lost[1].find("share B"), std::string::npos) << lost[1];
+  EXPECT_EQ(stalls.load(), 0) << "a lost link is not also reported as silence";
+}
+
 }  // namespace
 }  // namespace nezha::engine

@@ -39,6 +39,17 @@ Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails,
         },
         [this](int rail, const std::string& what) {
           hooks_.on_rail_error(rail, what, /*stalled=*/true, running_[rail] - 1);
+        },
+        [this](int rail) { return rails_[rail]->link_fault(); },
+        [this](int rail, const std::string& what) {
+          // A certain failure: no check whether peers are merely late. On the last rail up it is
+          // left to the silence limit and the operation's deadline, as a stall is (a cable
+          // plugged back within NEZHA_TIMEOUT_S then costs a pause, not the job).
+          int up = 0;
+          for (size_t i = 0; i < rails_.size(); ++i)
+            up += table_ && table_->state(static_cast<int>(i)) == multirail::RailState::kUp;
+          const bool certain = !table_ || up >= 2;
+          hooks_.on_rail_error(rail, what, /*stalled=*/!certain, running_[rail] - 1);
         });
   for (size_t i = 0; i < rails_.size(); ++i) workers_.push_back(std::make_unique<RailWorker>());
 }

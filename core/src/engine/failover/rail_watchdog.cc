@@ -12,13 +12,18 @@ constexpr double kHealthyDecay = 0.98;  // per completed operation: an old hiccu
 // However slow the machine, a rail silent this long is reported: a limit learned from one freak
 // pause must not hide a pulled cable for seconds.
 constexpr std::chrono::seconds kMaxLimit{1};
+// How often a working rail's link is checked: one ioctl per rail, and only while it works.
+constexpr std::chrono::milliseconds kLinkTick{10};
 }  // namespace
 
 RailWatchdog::RailWatchdog(size_t num_rails, double min_silence_s,
-                           std::function<uint64_t(int rail)> bytes_moved, Callback on_stall)
+                           std::function<uint64_t(int rail)> bytes_moved, Callback on_stall,
+                           std::function<std::string(int rail)> link_fault, Callback on_link_lost)
     : min_silence_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_silence_s))),
       bytes_moved_(std::move(bytes_moved)),
       on_stall_(std::move(on_stall)),
+      link_fault_(on_link_lost ? std::move(link_fault) : nullptr),
+      on_link_lost_(std::move(on_link_lost)),
       slots_(num_rails),
       thread_([this] { run(); }) {}
 
@@ -60,6 +65,7 @@ void RailWatchdog::begin(int rail, std::string what) {
     s.last_progress = Clock::now();
     s.longest_pause = Clock::duration::zero();
     s.moved = false;
+    s.link_reported = false;
     s.what = std::move(what);
     wake = idle_;  // a ticking watchdog sees the new work on its next tick: no wakeup per operation
   }
@@ -81,7 +87,8 @@ void RailWatchdog::run() {
   while (!stopping_) {
     bool watching = false;
     Clock::duration tick = min_silence_ / kTicksPerLimit;
-    std::vector<std::pair<int, std::string>> stalled;
+    if (link_fault_) tick = std::min<Clock::duration>(tick, kLinkTick);
+    std::vector<std::pair<int, std::string>> stalled, lost;
     Clock::time_point now = Clock::now();
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& s = slots_[i];
@@ -89,6 +96,14 @@ void RailWatchdog::run() {
       watching = true;
       const Clock::duration limit = limit_locked(static_cast<int>(i));
       tick = std::min(tick, limit / kTicksPerLimit);
+      if (link_fault_ && !s.link_reported) {
+        std::string fault = link_fault_(static_cast<int>(i));
+        if (!fault.empty()) {
+          s.link_reported = true;
+          lost.emplace_back(static_cast<int>(i), s.what + " lost its link: " + fault);
+          continue;
+        }
+      }
       uint64_t bytes = bytes_moved_(static_cast<int>(i));
       if (bytes != s.bytes) {
         if (s.moved) s.longest_pause = std::max(s.longest_pause, now - s.last_progress);
@@ -104,8 +119,9 @@ void RailWatchdog::run() {
         s.last_progress = now + kReportAgainAfter * limit;
       }
     }
-    if (!stalled.empty()) {
+    if (!stalled.empty() || !lost.empty()) {
       lock.unlock();
+      for (const auto& [rail, what] : lost) on_link_lost_(rail, what);
       for (const auto& [rail, what] : stalled) on_stall_(rail, what);
       lock.lock();
       continue;

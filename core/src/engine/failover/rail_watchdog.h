@@ -14,6 +14,10 @@
 // second), which the engine's stall check tells apart from a dead rail; learning from it once
 // raised the limit past 3 s and hid the first cable cut of a run.
 //
+// A rail whose own link is gone (Rail::link_fault(): the interface lost its carrier) is reported at
+// once through on_link_lost, checked every kLinkTick while the rail works: a pulled cable then
+// costs a tick, not a silence limit, and is never mistaken for a late peer.
+//
 // Wakes only while some rail has work running (sleeps on a condition variable otherwise); a rail
 // that stays silent is reported again every few limits.
 #pragma once
@@ -35,8 +39,11 @@ class RailWatchdog {
   // on_stall(rail, what) runs on the watchdog thread; it must not block for long.
   using Callback = std::function<void(int rail, const std::string& what)>;
   // bytes_moved(rail): the rail's sent + received byte counters (thread-safe).
+  // link_fault(rail) (optional): Rail::link_fault(); non-empty goes to on_link_lost(rail, what),
+  // once per operation.
   RailWatchdog(size_t num_rails, double min_silence_s, std::function<uint64_t(int rail)> bytes_moved,
-               Callback on_stall);
+               Callback on_stall, std::function<std::string(int rail)> link_fault = {},
+               Callback on_link_lost = {});
   ~RailWatchdog();
   RailWatchdog(const RailWatchdog&) = delete;
   RailWatchdog& operator=(const RailWatchdog&) = delete;
@@ -62,6 +69,7 @@ class RailWatchdog {
     uint64_t bytes = 0;
     Clock::time_point last_progress{};
     bool moved = false;               // the current operation has moved a byte
+    bool link_reported = false;       // the current operation's link loss was reported
     Clock::duration longest_pause{};  // within the current operation, after its first byte
     Clock::duration healthy_pause{};  // decaying maximum over operations that completed
     Clock::duration min_silence{};    // this rail's own floor (set_min_silence), 0: the shared one
@@ -70,6 +78,8 @@ class RailWatchdog {
   Clock::duration min_silence_;
   std::function<uint64_t(int)> bytes_moved_;
   Callback on_stall_;
+  std::function<std::string(int)> link_fault_;
+  Callback on_link_lost_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Slot> slots_;

@@ -68,6 +68,8 @@ TcpRail::TcpRail(TcpRailConfig config, int rank, int size)
   properties_.kind = config_.mptcp ? "mptcp" : "tcp";
   properties_.reach = RailReach::kJob;
   properties_.max_share_bytes = config_.max_share_bytes;
+  if (!config_.mptcp && !config_.local_addr.empty())
+    link_ = std::make_unique<tcp::LinkState>(config_.local_addr);
 
   abort_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!abort_fd_.valid()) throw NezhaError("rail " + config_.name + ": eventfd() failed: " + tcp::errno_text(errno));

@@ -39,6 +39,7 @@
 #include "transport/rail_factory.h"
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/frame_stream.h"
+#include "transport/tcp/link_state.h"
 #include "transport/tcp/socket.h"
 
 namespace nezha::transport {
@@ -84,6 +85,9 @@ class TcpRail : public Rail, public MessagePath {
 
   RailCounters counters() const override;
   void abort(const std::string& reason) override;
+  // The carrier of the interface holding config.local_addr (not for MPTCP: its subflows outlive
+  // any one interface).
+  std::string link_fault() const override { return link_ ? link_->fault() : std::string(); }
 
   // MessagePath (message_path.h): the control channel's calls.
   void send_message(int peer, const std::string& payload, const Deadline& deadline) override;
@@ -145,6 +149,7 @@ class TcpRail : public Rail, public MessagePath {
   bool admitting_ = true;  // true until connect() returns
   std::string abort_reason_;
   std::unique_ptr<tcp::Acceptor> acceptor_;
+  std::unique_ptr<tcp::LinkState> link_;  // null for MPTCP and without a local address
 };
 
 // The factory's maker for kinds "tcp" and "mptcp" (rail_kinds.cc): binds spec.local_addr.
