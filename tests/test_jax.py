@@ -19,8 +19,15 @@ COLLECTIVE_CHECKS = {"pytree allreduce eager and jit", "allgather broadcast redu
 
 
 def _run(script, num_ranks, *args, env=None):
+    # On the CPU backend even where jax has a GPU: the FFI handlers serve CPU buffers.
     return run_workers(os.path.join(WORKERS, script), num_ranks=num_ranks, timeout_s=150,
-                       args=args, env={"NEZHA_TIMEOUT_S": "10", **(env or {})})
+                       args=args, env={"NEZHA_TIMEOUT_S": "10", "JAX_PLATFORMS": "cpu", **(env or {})})
+
+
+def _accelerator_backend():
+    import jax
+    backend = jax.default_backend()
+    return None if backend == "cpu" else backend
 
 
 @pytest.mark.timeout(180)
@@ -37,6 +44,16 @@ def test_collectives_ffi(num_ranks):
 def test_collectives_io_callback_fallback():
     output = _run("w_collectives.py", 2, "callback", env={"NEZHA_JAX_FORCE_CALLBACK": "1"})
     assert_every_rank_passed(output, 2, COLLECTIVE_CHECKS | {"path callback"})
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(_accelerator_backend() is None, reason="jax has no accelerator backend here")
+def test_collectives_inside_jit_on_an_accelerator():
+    """Where jax.jit compiles for a GPU, collectives inside jit go through the io_callback (the FFI
+    handlers take CPU buffers): the same checks against numpy, results left on the device."""
+    output = _run("w_collectives.py", 2, "callback",
+                  env={"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    assert_every_rank_passed(output, 2, COLLECTIVE_CHECKS | {"path callback", "results on the accelerator"})
 
 
 @pytest.mark.timeout(180)

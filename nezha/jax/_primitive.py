@@ -1,7 +1,8 @@
 """One JAX primitive for every nezha collective inside a traced computation.
 
 ``collective_p`` lowers to a side-effecting XLA FFI custom call, ``nezha_collective``, compiled into
-``nezha._core`` (bindings/jax_ffi.cc) when the build found jaxlib's FFI headers: XLA never drops or
+``nezha._core`` (bindings/jax_ffi.cc) when the build found jaxlib's FFI headers and jit compiles for
+the CPU (on an accelerator backend the io_callback below serves): XLA never drops or
 merges it, and its asynchronous handler submits each collective to the engine as XLA reaches it.
 The engine matches collectives across ranks by name, so ranks may reach a program's independent
 collectives in different orders; no JAX effect is needed (an ordered effect would take every call
@@ -56,6 +57,20 @@ def _warn_fallback() -> None:
                   "inside jax.jit use an ordered io_callback (holds the GIL, copies each buffer). "
                   "Reinstall nezha with jax present to get the FFI path.", RuntimeWarning,
                   stacklevel=3)
+
+
+def jit_runs_on_cpu() -> bool:
+    """Whether jax.jit compiles for the CPU here. The FFI handlers are CPU handlers (they hand host
+    buffers to the engine); where jax's default backend is an accelerator (cuda, rocm), collectives
+    inside jit go through the io_callback instead: JAX copies each buffer to the host and back."""
+    return jax.default_backend() == "cpu"
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_accelerator() -> None:
+    warnings.warn(f"nezha.jax: jax.jit compiles for {jax.default_backend()!r} here; collectives "
+                  "inside jit go through an ordered io_callback (device -> host -> device copies). "
+                  "The FFI path serves CPU buffers only.", RuntimeWarning, stacklevel=3)
 
 
 def output_avals(kind: str, avals: Sequence[Any]) -> List[jax_core.ShapedArray]:
@@ -164,12 +179,19 @@ def run_collective(kind: str, arrays: Sequence[Any], *, name: str, reduce_op: An
     """Runs one collective on traced arrays (one grouped submission for all of them)."""
     params = dict(kind=kind, name=name, reduce_op=ops.ReduceOp(int(reduce_op)),
                   prescale=float(prescale), postscale=float(postscale), root=int(root))
-    if ffi_available() and not force_fallback:
+    on_cpu = jit_runs_on_cpu()
+    if ffi_available() and not force_fallback and on_cpu:
         return collective_p.bind(*arrays, **params)
-    if not force_fallback:
+    if not on_cpu:
+        _warn_accelerator()
+    elif not force_fallback:
         _warn_fallback()
     avals = [jax.typeof(a) for a in arrays]
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in output_avals(kind, avals)]
     callback = functools.partial(_host_collective, kind, name, params["reduce_op"],
                                  params["prescale"], params["postscale"], params["root"])
-    return list(io_callback(callback, shapes, *arrays, ordered=True))
+    # Ordered on the CPU, whose runtime may run independent blocking callbacks concurrently. On an
+    # accelerator the callbacks of one program run in its stream's order (the same on every rank),
+    # and an ordered effect would be worse than useless: once one collective fails (a mismatch), the
+    # failed runtime token is handed to every later ordered call, which then fails as well.
+    return list(io_callback(callback, shapes, *arrays, ordered=on_cpu))

@@ -22,6 +22,12 @@ uses_ffi = "nezha_collective" in hlo
 if uses_ffi != (MODE == "ffi"):
     fail("mode %s, but the lowered program %s the FFI custom call" % (MODE, "has" if uses_ffi else "lacks"))
 report("path " + MODE)
+if jax.default_backend() != "cpu":  # an accelerator: jitted results stay on it
+    y = jax.jit(lambda t: nj.allreduce(t, op=nj.Sum))(jnp.ones(3))
+    platforms = {d.platform for d in y.devices()}
+    if platforms != {jax.default_backend()} or not np.allclose(np.asarray(y), n):
+        fail("jitted allreduce on %s: %s on %s" % (jax.default_backend(), np.asarray(y), platforms))
+    report("results on the accelerator")
 
 
 def rank_tree(k):
