@@ -33,6 +33,7 @@
 // job can go on (another rail) or must fail (every rail to a peer lost).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -130,6 +131,11 @@ class Rail {
   // carrier): a certain failure, unlike silence, which may be a late peer. "" when up or unknown.
   // Thread-safe and cheap: the watchdog asks a few times per silence limit while the rail works.
   virtual std::string link_fault() const { return {}; }
+  // Whether the transport can vouch that every connection still delivers: nothing this rank sent
+  // has waited `quiet` or longer for the peer's acknowledgement. A silent rail that delivers has a
+  // late or busy peer (a starved CPU, a full receive window), not a broken path, and is not failed
+  // over (failing it over would not help). false: some connection is stuck, or it cannot tell.
+  virtual bool delivering(std::chrono::milliseconds quiet) const { return false; }
 
   // The in-network reduction this rail offers (collective_rail.h), or null for a point-to-point rail.
   virtual CollectiveRail* collective() { return nullptr; }

@@ -174,5 +174,42 @@ TEST(RailWatchdog, ALostLinkIsReportedAtOnceAndOncePerOperation) {
   EXPECT_EQ(stalls.load(), 0) << "a lost link is not also reported as silence";
 }
 
+// A silent rail whose transport vouches that its connections deliver (a late peer) is not
+// reported at the silence limit, only once silent for the 1 s maximum; one that does not vouch is
+// reported at the limit.
+TEST(RailWatchdog, ASilentRailThatStillDeliversIsReportedOnlyAtTheMaximum) {
+  for (bool delivers : {true, false}) {
+    SCOPED_TRACE(delivers ? "delivering" : "stuck");
+    std::atomic<int> asked{0};
+    std::mutex mu;
+    std::vector<std::chrono::steady_clock::time_point> reports;
+    RailWatchdog dog{1, 0.05, [](int) { return uint64_t{0}; },
+                     [&](int, const std::string&) {
+                       std::lock_guard<std::mutex> lock(mu);
+                       reports.push_back(std::chrono::steady_clock::now());
+                     },
+                     [](int) { return std::string(); }, [](int, const std::string&) {},
+                     [&](int, milliseconds quiet) {
+                       ++asked;
+                       EXPECT_EQ(quiet.count(), 50);  // the silence limit
+                       return delivers;
+                     }};
+    const auto start = std::chrono::steady_clock::now();
+    dog.begin(0, "share");
+    std::this_thread::sleep_for(milliseconds(delivers ? 1400 : 300));
+    dog.end(0, false);
+    dog.stop();
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_FALSE(reports.empty());
+    const double first_ms = std::chrono::duration<double, std::milli>(reports[0] - start).count();
+    EXPECT_GT(asked.load(), 0);
+    if (delivers) {
+      EXPECT_GE(first_ms, 990.0) << "reported before the maximum although the rail delivers";
+    } else {
+      EXPECT_LT(first_ms, 290.0) << "a stuck rail is reported at the limit (generous bound)";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace nezha::engine

@@ -50,7 +50,8 @@ Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails,
             up += table_ && table_->state(static_cast<int>(i)) == multirail::RailState::kUp;
           const bool certain = !table_ || up >= 2;
           hooks_.on_rail_error(rail, what, /*stalled=*/!certain, running_[rail] - 1);
-        });
+        },
+        [this](int rail, std::chrono::milliseconds quiet) { return rails_[rail]->delivering(quiet); });
   for (size_t i = 0; i < rails_.size(); ++i) workers_.push_back(std::make_unique<RailWorker>());
 }
 

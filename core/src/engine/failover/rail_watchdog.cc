@@ -18,12 +18,14 @@ constexpr std::chrono::milliseconds kLinkTick{10};
 
 RailWatchdog::RailWatchdog(size_t num_rails, double min_silence_s,
                            std::function<uint64_t(int rail)> bytes_moved, Callback on_stall,
-                           std::function<std::string(int rail)> link_fault, Callback on_link_lost)
+                           std::function<std::string(int rail)> link_fault, Callback on_link_lost,
+                           std::function<bool(int rail, std::chrono::milliseconds quiet)> delivering)
     : min_silence_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_silence_s))),
       bytes_moved_(std::move(bytes_moved)),
       on_stall_(std::move(on_stall)),
       link_fault_(on_link_lost ? std::move(link_fault) : nullptr),
       on_link_lost_(std::move(on_link_lost)),
+      delivering_(std::move(delivering)),
       slots_(num_rails),
       thread_([this] { run(); }) {}
 
@@ -111,6 +113,10 @@ void RailWatchdog::run() {
         s.bytes = bytes;
         s.last_progress = now;
       } else if (now - s.last_progress >= limit) {
+        const auto silent = now - s.last_progress;
+        if (delivering_ && silent < kMaxLimit &&
+            delivering_(static_cast<int>(i), std::chrono::duration_cast<std::chrono::milliseconds>(limit)))
+          continue;  // a late peer, not a broken path: watched on, reported at the maximum
         double ms = std::chrono::duration<double, std::milli>(now - s.last_progress).count();
         stalled.emplace_back(static_cast<int>(i), s.what + " moved no data for " +
                                                       std::to_string(static_cast<int>(ms)) + " ms");

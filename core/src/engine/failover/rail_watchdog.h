@@ -18,10 +18,16 @@
 // once through on_link_lost, checked every kLinkTick while the rail works: a pulled cable then
 // costs a tick, not a silence limit, and is never mistaken for a late peer.
 //
+// A rail silent for the limit whose transport vouches that every connection still delivers
+// (Rail::delivering: TCP has nothing unacknowledged for the limit) is not reported until it has
+// been silent for the 1 s maximum: its peer is late or busy (a starved CPU), which failing the rail
+// over would not mend; on 2 shared cores that was the one source of false failovers left.
+//
 // Wakes only while some rail has work running (sleeps on a condition variable otherwise); a rail
 // that stays silent is reported again every few limits.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -40,10 +46,11 @@ class RailWatchdog {
   using Callback = std::function<void(int rail, const std::string& what)>;
   // bytes_moved(rail): the rail's sent + received byte counters (thread-safe).
   // link_fault(rail) (optional): Rail::link_fault(); non-empty goes to on_link_lost(rail, what),
-  // once per operation.
+  // once per operation. delivering(rail, quiet) (optional): Rail::delivering().
   RailWatchdog(size_t num_rails, double min_silence_s, std::function<uint64_t(int rail)> bytes_moved,
                Callback on_stall, std::function<std::string(int rail)> link_fault = {},
-               Callback on_link_lost = {});
+               Callback on_link_lost = {},
+               std::function<bool(int rail, std::chrono::milliseconds quiet)> delivering = {});
   ~RailWatchdog();
   RailWatchdog(const RailWatchdog&) = delete;
   RailWatchdog& operator=(const RailWatchdog&) = delete;
@@ -79,6 +86,7 @@ class RailWatchdog {
   std::function<uint64_t(int)> bytes_moved_;
   Callback on_stall_;
   std::function<std::string(int)> link_fault_;
+  std::function<bool(int, std::chrono::milliseconds)> delivering_;
   Callback on_link_lost_;
   std::mutex mu_;
   std::condition_variable cv_;

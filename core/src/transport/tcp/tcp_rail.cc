@@ -1,5 +1,7 @@
 #include "transport/tcp/tcp_rail.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -58,7 +60,9 @@ TcpRail::TcpRail(TcpRailConfig config, int rank, int size)
       rank_(rank),
       size_(size),
       peers_(size > 0 ? size : 0),
-      reachable_(new std::atomic<bool>[size > 0 ? size : 0]()) {
+      reachable_(new std::atomic<bool>[size > 0 ? size : 0]()),
+      watched_fds_(new std::atomic<int>[size > 0 ? size : 0]) {
+  for (int peer = 0; peer < size; ++peer) watched_fds_[peer].store(-1);
   if (size <= 0 || rank < 0 || rank >= size)
     throw InvalidArgument("TcpRail: rank " + std::to_string(rank) + " is outside a job of " +
                           std::to_string(size) + " ranks");
@@ -121,6 +125,7 @@ void TcpRail::admit(int peer, Fd fd, const std::string& remote) {
     return;
   }
   peers_[peer].fd = std::move(fd);
+  watched_fds_[peer].store(peers_[peer].fd.get(), std::memory_order_release);
   reachable_[peer].store(true, std::memory_order_release);
   admitted_.notify_all();
 }
@@ -187,6 +192,7 @@ void TcpRail::connect_to(int peer, const std::string& endpoint, const Deadline& 
     }
     std::lock_guard<std::mutex> lock(mu_);
     peers_[peer].fd = std::move(fd);
+    watched_fds_[peer].store(peers_[peer].fd.get(), std::memory_order_release);
     reachable_[peer].store(true, std::memory_order_release);
     return;
   }
@@ -281,6 +287,7 @@ void TcpRail::close_peer(int peer, const std::string& why) {
   Peer& p = peers_[peer];
   if (p.closed_reason.empty()) p.closed_reason = why;
   reachable_[peer].store(false, std::memory_order_release);
+  watched_fds_[peer].store(-1, std::memory_order_release);
   p.fd.reset();
   p.control_rx.reset();
   NZ_LOG(Debug) << why;
@@ -457,7 +464,10 @@ void TcpRail::append_poll_fds(std::vector<pollfd>& fds) const {
 
 void TcpRail::reset() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (int peer = 0; peer < size_; ++peer) reachable_[peer].store(false, std::memory_order_release);
+  for (int peer = 0; peer < size_; ++peer) {
+    reachable_[peer].store(false, std::memory_order_release);
+    watched_fds_[peer].store(-1, std::memory_order_release);
+  }
   for (Peer& p : peers_) {
     p.fd.reset();
     p.closed_reason.clear();
@@ -476,8 +486,29 @@ void TcpRail::reset() {
 void TcpRail::close() {
   abort("rail closed");
   if (acceptor_) acceptor_->stop();
-  for (int peer = 0; peer < size_; ++peer) reachable_[peer].store(false, std::memory_order_release);
+  for (int peer = 0; peer < size_; ++peer) {
+    reachable_[peer].store(false, std::memory_order_release);
+    watched_fds_[peer].store(-1, std::memory_order_release);
+  }
   for (Peer& p : peers_) p.fd.reset();
+}
+
+bool TcpRail::delivering(std::chrono::milliseconds quiet) const {
+  // TCP_INFO of each connection: data the peer's kernel has not acknowledged for `quiet` means a
+  // path that drops packets (a cut beyond this host's own link, a link throttled to nothing); all
+  // acknowledged (the peer's window may be full: it is late or busy) means the path works. The fd
+  // may be closed (and its number reused) while this reads: a stale answer only delays a report.
+  bool any = false;
+  for (int peer = 0; peer < size_; ++peer) {
+    const int fd = watched_fds_[peer].load(std::memory_order_acquire);
+    if (fd < 0) continue;
+    tcp_info info{};
+    socklen_t len = sizeof info;
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
+    if (info.tcpi_unacked > 0 && info.tcpi_last_ack_recv >= static_cast<uint32_t>(quiet.count())) return false;
+    any = true;
+  }
+  return any;
 }
 
 }  // namespace nezha::transport

@@ -88,6 +88,7 @@ class TcpRail : public Rail, public MessagePath {
   // The carrier of the interface holding config.local_addr (not for MPTCP: its subflows outlive
   // any one interface).
   std::string link_fault() const override { return link_ ? link_->fault() : std::string(); }
+  bool delivering(std::chrono::milliseconds quiet) const override;
 
   // MessagePath (message_path.h): the control channel's calls.
   void send_message(int peer, const std::string& payload, const Deadline& deadline) override;
@@ -137,6 +138,7 @@ class TcpRail : public Rail, public MessagePath {
   std::string listen_address_;
   std::vector<Peer> peers_;
   std::unique_ptr<std::atomic<bool>[]> reachable_;  // per peer: connected and not closed (reaches())
+  std::unique_ptr<std::atomic<int>[]> watched_fds_;  // per peer: its socket while reachable, else -1
   tcp::Fd abort_fd_;  // eventfd, readable once abort() was called; in every poll set
   std::atomic<bool> aborted_{false};
   std::atomic<uint64_t> bytes_sent_{0};
