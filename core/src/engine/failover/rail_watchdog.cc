@@ -12,6 +12,10 @@ constexpr double kHealthyDecay = 0.98;  // per completed operation: an old hiccu
 // However slow the machine, a rail silent this long is reported: a limit learned from one freak
 // pause must not hide a pulled cable for seconds.
 constexpr std::chrono::seconds kMaxLimit{1};
+// A silent rail whose connections still deliver is reported after this many limits instead of one.
+// Its peer is late (starved of CPU: 100-170 ms on 2 busy cores) or its path is slow in a direction
+// this rank does not send on (a link throttled to nothing): the grace must stay short for the latter.
+constexpr int kLatePeerLimits = 2;
 // How often a working rail's link is checked: one ioctl per rail, and only while it works.
 constexpr std::chrono::milliseconds kLinkTick{10};
 }  // namespace
@@ -114,9 +118,9 @@ void RailWatchdog::run() {
         s.last_progress = now;
       } else if (now - s.last_progress >= limit) {
         const auto silent = now - s.last_progress;
-        if (delivering_ && silent < kMaxLimit &&
+        if (delivering_ && silent < kLatePeerLimits * limit &&
             delivering_(static_cast<int>(i), std::chrono::duration_cast<std::chrono::milliseconds>(limit)))
-          continue;  // a late peer, not a broken path: watched on, reported at the maximum
+          continue;  // a late peer, not a broken path: watched on a while longer
         double ms = std::chrono::duration<double, std::milli>(now - s.last_progress).count();
         stalled.emplace_back(static_cast<int>(i), s.what + " moved no data for " +
                                                       std::to_string(static_cast<int>(ms)) + " ms");

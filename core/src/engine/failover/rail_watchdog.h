@@ -19,9 +19,10 @@
 // costs a tick, not a silence limit, and is never mistaken for a late peer.
 //
 // A rail silent for the limit whose transport vouches that every connection still delivers
-// (Rail::delivering: TCP has nothing unacknowledged for the limit) is not reported until it has
-// been silent for the 1 s maximum: its peer is late or busy (a starved CPU), which failing the rail
-// over would not mend; on 2 shared cores that was the one source of false failovers left.
+// (Rail::delivering: TCP has nothing unacknowledged for the limit) is reported only after twice the
+// limit: its peer is most likely late (a starved CPU: 100-170 ms on 2 shared cores, the one source
+// of false failovers left), which failing the rail over would not mend. Not longer: a link
+// throttled to nothing in the direction this rank only receives on looks the same from here.
 //
 // Wakes only while some rail has work running (sleeps on a condition variable otherwise); a rail
 // that stays silent is reported again every few limits.
