@@ -35,4 +35,7 @@ class Deadline {
   Clock::time_point at_;
 };
 
+// The sooner of two deadlines (a step's own bound inside a whole operation's).
+inline Deadline earlier(const Deadline& a, const Deadline& b) { return a.at() < b.at() ? a : b; }
+
 }  // namespace nezha

@@ -27,8 +27,6 @@ constexpr uint64_t kUserTagLimit = uint64_t{1} << kEpochShift;
 // A handshake message: one FrameType byte, then the auth.h payload.
 constexpr size_t kHandshakeMessageBytes = 1 + kMaxHandshakePayloadBytes;
 
-inline Deadline earlier(const Deadline& a, const Deadline& b) { return a.at() < b.at() ? a : b; }
-
 inline std::string seconds_since(Clock::time_point start) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", std::chrono::duration<double>(Clock::now() - start).count());

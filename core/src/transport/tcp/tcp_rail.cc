@@ -32,8 +32,6 @@ std::string seconds_since(Clock::time_point start) {
   return buf;
 }
 
-Deadline earlier(const Deadline& a, const Deadline& b) { return a.at() < b.at() ? a : b; }
-
 // Errors after which retrying the connect makes sense: the peer may not be listening yet.
 bool retryable_connect_error(int err) {
   return err == ECONNREFUSED || err == ECONNRESET || err == EHOSTUNREACH || err == ENETUNREACH ||
