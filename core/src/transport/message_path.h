@@ -39,6 +39,8 @@ class MessagePath {
   // For waiting on several paths at once: appends every fd whose readiness means progress (POLLIN);
   // when any is readable, recv_message_any(-1, an expired deadline) makes progress without blocking.
   virtual void append_poll_fds(std::vector<struct pollfd>& fds) const = 0;
+  // As Rail::link_fault(): non-empty when this rank's own link of the path is gone (no carrier).
+  virtual std::string link_fault() const { return {}; }
 };
 
 }  // namespace nezha::transport

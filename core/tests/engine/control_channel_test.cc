@@ -133,6 +133,40 @@ TEST(ControlChannel, MessagesLostUnderACutGoAroundItWithinASecond) {
   EXPECT_EQ(p[1].path_of(0), 1);
 }
 
+TEST(ControlChannel, AMessageOnAPathWhoseLinkIsGoneMovesAtOnceNotAfterTheAckTimeout) {
+  // Rank 1's cable to rail a is pulled: a loses what rank 1 sends, and its interface has no
+  // carrier. The first run of rank 1's timers after the send moves the message to b, long before
+  // the 100 ms ack timeout (a pulled cable under the control path used to cost that much more).
+  Pair p(2);
+  p[1].testing_black_hole(0);
+  p[1].testing_link_fault(0, "interface rail0 has no carrier");
+  p[1].send(0, "request");
+  EXPECT_FALSE(p[1].recv_any(-1, Deadline::after_seconds(0)));  // runs the timers once, waits not
+  EXPECT_EQ(p[1].path_of(0), 1);
+  run_ranks(2, [&](int r) {
+    if (r == 0) {
+      EXPECT_EQ(p.receive(0, 1), std::vector<std::string>{"request"});
+      for (int i = 0; i < 3; ++i) p.quiet(0);  // acknowledges it on b
+    } else {
+      for (int i = 0; i < 3; ++i) p.quiet(1);
+    }
+  });
+  EXPECT_EQ(p[1].path_of(0), 1);
+  EXPECT_EQ(p[0].path_of(1), 1);  // rank 0 followed rank 1's move
+}
+
+TEST(ControlChannel, ALinkFaultOnEveryPathIsLeftToTheAckTimeouts) {
+  // Both of rank 1's links report a fault (its next path is no better): no move on the carrier
+  // alone, so no resend every 10 ms; the ack timeout handles it as before.
+  Pair p(2);
+  p[1].testing_link_fault(0, "no carrier");
+  p[1].testing_link_fault(1, "no carrier");
+  p[1].send(0, "request");
+  EXPECT_FALSE(p[1].recv_any(-1, Deadline::after_seconds(0)));
+  EXPECT_EQ(p[1].path_of(0), 0);
+  EXPECT_EQ(p.receive(0, 1), std::vector<std::string>{"request"});  // a still delivers here
+}
+
 TEST(ControlChannel, AckTimeoutsTryAvoidedPathsWhenThePreferredOneIsCut) {
   // Rail a was marked down by mistake (avoided), rail b is really cut: a still works and must be
   // used, or no rank could tell rank 0 anything until the job timed out.

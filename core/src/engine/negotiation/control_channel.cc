@@ -26,6 +26,9 @@ constexpr size_t kMaxEarly = 1u << 16;    // messages held ahead of a gap, per p
 constexpr auto kAckDelay = std::chrono::milliseconds(10);
 constexpr auto kAckTimeout = std::chrono::milliseconds(100);
 constexpr auto kMaxAckTimeout = std::chrono::milliseconds(3200);
+// While a message is unacknowledged, its path's link (carrier) is checked this often: a pulled
+// cable under the control path then costs this, not the ack timeout.
+constexpr auto kLinkCheck = std::chrono::milliseconds(10);
 constexpr uint64_t kBareAck = ~uint64_t{0};  // message number of an acknowledgement alone
 
 uint64_t read_u64(const std::string& s, size_t at) {
@@ -41,6 +44,7 @@ void append_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const ch
 ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, const std::string& secret,
                                int rank, int size, size_t socket_buffer_bytes)
     : rank_(rank), size_(size), avoided_(paths.size(), false), black_hole_(paths.size(), false),
+      testing_link_faults_(paths.size()),
       peers_(size) {
   if (paths.empty()) throw InvalidArgument("the control channel needs at least one rail");
   for (size_t i = 0; i < paths.size(); ++i) {
@@ -169,9 +173,25 @@ void ControlChannel::send_bare_ack(int peer) {
 std::optional<Clock::time_point> ControlChannel::run_timers(Clock::time_point now) {
   std::optional<Clock::time_point> next;
   auto consider = [&next](Clock::time_point t) { next = next ? std::min(*next, t) : t; };
+  // Each path's link, read at most once per run and only for paths carrying unacknowledged messages.
+  std::vector<std::optional<std::string>> faults(paths_.size());
+  auto fault_of = [&](int path) -> const std::string& {
+    if (!faults[path])
+      faults[path] = testing_link_faults_[path].empty() ? paths_[path]->link_fault() : testing_link_faults_[path];
+    return *faults[path];
+  };
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     PeerState& p = peers_[peer];
+    if (!p.unacked.empty() && p.path >= 0 && !fault_of(p.path).empty()) {
+      // This rank's own link of the path is gone: move now if the next path's link is up (else the
+      // ack timeout below moves through every path in turn, as it would without a carrier check).
+      const int to = pick_path(p, true);
+      if (to >= 0 && to != p.path && fault_of(to).empty()) {
+        move_peer(peer, "rail '" + names_[p.path].substr(8) + "': " + fault_of(p.path), true);
+        flush(peer, 0);
+      }
+    }
     if (!p.unacked.empty() && now - p.unacked.front().sent_at >= p.ack_timeout) {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.unacked.front().sent_at);
       p.ack_timeout = std::min<Clock::duration>(2 * p.ack_timeout, kMaxAckTimeout);
@@ -182,7 +202,7 @@ std::optional<Clock::time_point> ControlChannel::run_timers(Clock::time_point no
       flush(peer, 0);  // restarts the clock of every message it resends
     }
     if (p.ack_owed_since && now - *p.ack_owed_since >= kAckDelay) send_bare_ack(peer);
-    if (!p.unacked.empty()) consider(p.unacked.front().sent_at + p.ack_timeout);
+    if (!p.unacked.empty()) consider(std::min(p.unacked.front().sent_at + p.ack_timeout, now + kLinkCheck));
     if (p.ack_owed_since) consider(*p.ack_owed_since + kAckDelay);
   }
   return next;

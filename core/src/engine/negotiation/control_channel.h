@@ -72,6 +72,8 @@ class ControlChannel {
   void testing_abort_path(int path, const std::string& why) { paths_.at(path)->abort(why); }
   // Tests: path `path` loses everything silently on this rank, as under a pulled cable.
   void testing_black_hole(int path) { black_hole_.at(path) = true; }
+  // Tests: this rank's link of path `path` reports `why` as its fault (MessagePath::link_fault).
+  void testing_link_fault(int path, const std::string& why) { testing_link_faults_.at(path) = why; }
 
  private:
   // Orders the moves of a pair's path: a higher version wins; at equal versions, the higher rank.
@@ -116,6 +118,7 @@ class ControlChannel {
   std::vector<std::unique_ptr<transport::MessagePath>> paths_;
   std::vector<bool> avoided_;
   std::vector<bool> black_hole_;
+  std::vector<std::string> testing_link_faults_;
   std::vector<PeerState> peers_;
   std::deque<transport::MessagePath::Message> ready_;
   std::exception_ptr deferred_error_;  // a peer lost after sending what ready_ still holds
