@@ -31,6 +31,7 @@ EngineConfig EngineConfig::from_knobs() {
   c.logstep_max_bytes = static_cast<size_t>(knob_int("NEZHA_LOGSTEP_MAX_BYTES"));
   c.segment_bytes = static_cast<size_t>(std::max<int64_t>(64, knob_int("NEZHA_SEGMENT_BYTES")));
   c.socket_buffer_bytes = static_cast<size_t>(knob_int("NEZHA_SOCKET_BUFFER_BYTES"));
+  c.balance_bytes = static_cast<size_t>(std::max<int64_t>(0, knob_int("NEZHA_BALANCE_BYTES")));
   c.timeline_path = knob_string("NEZHA_TIMELINE");
   c.rail_stall_ms = knob_double("NEZHA_RAIL_STALL_MS");
   c.rail_failover = knob_int("NEZHA_RAIL_FAILOVER") != 0;
@@ -139,6 +140,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   eo.timeout_s = config_.timeout_s;
   eo.segment_bytes = config_.segment_bytes;
   eo.logstep_max_bytes = config_.logstep_max_bytes;
+  eo.balance_bytes = config_.balance_bytes;
   eo.failover = failover;
   eo.stall_s = config_.rail_stall_ms / 1000.0;
   eo.process_sets = process_sets_.get();

@@ -78,6 +78,7 @@ struct EngineConfig {
   double stall_shutdown_s = 0;
   size_t logstep_max_bytes = 65536;
   size_t segment_bytes = 1 << 20;
+  size_t balance_bytes = 1 << 20;  // NEZHA_BALANCE_BYTES: see ExecutorOptions::balance_bytes
   size_t socket_buffer_bytes = 4 << 20;
   std::string timeline_path;  // NEZHA_TIMELINE: empty = no timeline
   double rail_stall_ms = 100;  // NEZHA_RAIL_STALL_MS: see ExecutorOptions::stall_s

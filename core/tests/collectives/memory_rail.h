@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <limits>
@@ -27,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.h"
@@ -54,6 +56,10 @@ class MemoryWorld {
   // claim 0 so that the algorithms take their unpipelined (lock-step) paths.
   void set_send_buffer_bytes(size_t bytes) { send_buffer_bytes_ = bytes; }
 
+  // A slower link: every send sleeps this many microseconds per KiB it carries (0: none). May change
+  // while ranks send (a rail whose rate drops mid-operation).
+  void set_send_pace(double us_per_kib) { send_us_per_kib_ = us_per_kib; }
+
   // Messages sent but not yet received, over all mailboxes (a finished collective leaves none).
   size_t undelivered() {
     size_t total = 0;
@@ -66,6 +72,7 @@ class MemoryWorld {
 
  private:
   size_t send_buffer_bytes_ = SIZE_MAX;
+  std::atomic<double> send_us_per_kib_{0};
 
   struct Message {
     uint64_t tag;
@@ -158,6 +165,8 @@ class MemoryWorld {
       }
       box.cv.notify_all();
       bytes_sent_ += bytes;
+      if (const double pace = world_.send_us_per_kib_; pace > 0)  // after queueing: the data leaves slowly
+        std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(pace * bytes / 1024)));
     }
 
     void recv(int peer, uint64_t tag, void* data, size_t bytes,
@@ -344,20 +353,37 @@ class MemoryWorldRail : public transport::Rail {
   std::vector<int> host_of_rank_;  // empty: reach the job
 };
 
+// The worlds the factory made, by "<world option>/<rail index>" (tests reach a world through it).
+struct MemoryWorldRegistry {
+  std::mutex mu;
+  std::map<std::string, std::weak_ptr<MemoryWorld>> worlds;
+  static MemoryWorldRegistry& get() {
+    static MemoryWorldRegistry registry;
+    return registry;
+  }
+};
+
+// The world behind the rails of option world=`name` at index `rail_index`, null if none is alive.
+inline std::shared_ptr<MemoryWorld> find_memory_world(const std::string& name, int rail_index) {
+  MemoryWorldRegistry& reg = MemoryWorldRegistry::get();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = reg.worlds.find(name + "/" + std::to_string(rail_index));
+  return it == reg.worlds.end() ? nullptr : it->second.lock();
+}
+
 inline std::unique_ptr<transport::Rail> make_memory_rail(const transport::RailSpec& spec,
                                                          const transport::RailContext& ctx) {
   transport::reject_unknown_options(spec, {"world", "host_size", "hosts"});
   auto it = spec.options.find("world");
   if (it == spec.options.end()) throw InvalidArgument("rail '" + spec.name + "': kind memory needs world=NAME");
-  static std::mutex mu;
-  static std::map<std::string, std::weak_ptr<MemoryWorld>> worlds;
+  MemoryWorldRegistry& reg = MemoryWorldRegistry::get();
   std::shared_ptr<MemoryWorld> world;
   {
-    std::lock_guard<std::mutex> lock(mu);
-    world = worlds[it->second + "/" + std::to_string(ctx.rail_index)].lock();
+    std::lock_guard<std::mutex> lock(reg.mu);
+    world = reg.worlds[it->second + "/" + std::to_string(ctx.rail_index)].lock();
     if (!world) {
       world = std::make_shared<MemoryWorld>(ctx.size, spec.name);
-      worlds[it->second + "/" + std::to_string(ctx.rail_index)] = world;
+      reg.worlds[it->second + "/" + std::to_string(ctx.rail_index)] = world;
     }
   }
   if (world->size() != ctx.size)

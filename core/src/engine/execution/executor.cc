@@ -1,6 +1,7 @@
 #include "engine/execution/executor.h"
 #include "engine/execution/executor_jobs.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -222,11 +223,19 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
 
   std::vector<multirail::RailShare> plan = resp.plan;
   if (plan.empty()) plan.push_back({0, 0, total});
+  if (balances(plan, total * esize, job->size)) {
+    // Ranges start on 4 KiB from their share's start (whole pages for the copies and the ring).
+    const size_t align = std::max<size_t>(1, 4096 / esize);
+    job->balancer = std::make_unique<ShareBalancer>(plan, opt_.balance_bytes / esize, align);
+    if (opt_.failover) job->original = originals_.acquire(total * esize);
+  }
   job->parts_left = static_cast<int>(plan.size());
-  for (const auto& share : plan) {
+  for (size_t part = 0; part < plan.size(); ++part) {
+    const multirail::RailShare& share = plan[part];
     auto rec = std::make_shared<ShareRecord>();
     rec->job = job;
     rec->share = share;
+    rec->part = part;
     rec->seq = seq_[share.rail]++;
     if (opt_.failover) {
       std::lock_guard<std::mutex> lock(ledger_mu_);
@@ -245,6 +254,7 @@ void Executor::post_share(std::shared_ptr<ShareRecord> rec, bool may_inline) {
   auto run = [this, rec]() {
     if (rec->skipped) run_skipped(*rec);
     else if (rec->single) run_single_record(*rec);
+    else if (rec->job->balancer) run_balanced_share(*rec);
     else run_share(*rec);
   };
   if (!(may_inline && workers_[r]->try_run_inline(run))) workers_[r]->post(std::move(run));

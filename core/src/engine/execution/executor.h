@@ -28,6 +28,7 @@
 #include "engine/process_sets.h"
 #include "engine/failover/rail_watchdog.h"
 #include "engine/execution/rail_worker.h"
+#include "engine/execution/share_balancer.h"
 #include "engine/request.h"
 #include "multirail/rail_table.h"
 #include "transport/hierarchical_rail.h"
@@ -56,6 +57,10 @@ struct ExecutorOptions {
   size_t segment_bytes = 1 << 20;
   size_t logstep_max_bytes = 65536;
   size_t inline_max_bytes = 65536;  // allreduces up to this size may run on the engine thread
+  // Striped allreduces of at least kBalanceMinRanges x this many bytes are re-split among their rails
+  // while they run, in ranges of at least this (share_balancer.h); 0: shares run as planned. Must be
+  // the same on every rank (NEZHA_BALANCE_BYTES, like NEZHA_SEGMENT_BYTES).
+  size_t balance_bytes = 1 << 20;
   bool failover = false;            // keep input copies so a failed rail's shares can be redone
   double stall_s = 0.1;  // minimum silence limit of a busy rail (RailWatchdog adapts it upwards)
   // Members of the process sets responses name (process_sets.h); null: only the global set.
@@ -132,6 +137,14 @@ class Executor {
   struct ShareRecord;
   void post_share(std::shared_ptr<ShareRecord> rec, bool may_inline);
   void run_share(ShareRecord& rec);          // an allreduce share
+  // A share of a balanced allreduce (executor_balanced.cc): the ranges the leader hands its rail, or
+  // in a redo the ranges it had handed the part.
+  void run_balanced_share(ShareRecord& rec);
+  // Runs one range of a balanced share on `rail` (the record's rail, or its process set's view):
+  // into scratch when the record says so, from the saved input in a redo.
+  void run_balanced_range(ShareRecord& rec, transport::Rail& rail, const ShareBalancer::Range& range);
+  // Whether `resp` (an allreduce of `bytes` with this plan) is re-split while it runs.
+  bool balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size) const;
   void run_single_record(ShareRecord& rec);  // a one-rail collective
   void run_skipped(ShareRecord& rec);        // another process set's: counts as done
   // `rail`: the operation's rail, or its process set's view of it (rank() and size() in the set;

@@ -10,6 +10,7 @@
 
 #include "engine/execution/executor.h"
 #include "engine/execution/saved_ranges.h"
+#include "engine/execution/share_balancer.h"
 
 namespace nezha::engine {
 
@@ -47,6 +48,13 @@ struct Executor::AllreduceJob {
   std::mutex mu;
   std::string error;
   std::atomic<bool> finished{false};  // handles completed (normally or by fail_all)
+  // Re-split among its rails while it runs (share_balancer.h, executor_balanced.cc); null: every
+  // share runs as planned.
+  std::unique_ptr<ShareBalancer> balancer;
+  // Balanced, with failover: the input of each range, saved as the rings first overwrite it, at the
+  // buffer's own byte offsets (ranges never overlap, so the rails share it); each part's record
+  // says which bytes it saved.
+  BufferPool::Buffer original;
 };
 
 // One share of an allreduce on one rail, kept in the rail's ledger while failover is on.
@@ -55,6 +63,7 @@ struct Executor::ShareRecord {
   std::shared_ptr<AllreduceJob> job;     // an allreduce share, or
   std::shared_ptr<SingleJob> single;     // a whole one-rail collective (share: rail only)
   multirail::RailShare share;  // share.rail: the rail it runs on
+  size_t part = 0;             // which share of the plan (a balanced allreduce's ranges follow it)
   uint64_t seq = 0;
   State state = State::kQueued;  // guarded by ledger_mu_
   // The input, for a redo. A single op's is copied whole when it first starts; an allreduce share's

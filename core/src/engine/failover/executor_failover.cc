@@ -122,7 +122,10 @@ void Executor::redo(int rail, uint64_t first, int target) {
     const size_t esize = old->job ? dtype_size(old->job->resp.dtype) : 1;
     // A striped part's input is packed from the caller's buffers when it first runs (never
     // overwritten: outputs are separate); it has a copy once it has started.
-    const size_t bytes = old->job      ? old->share.count * esize
+    // A balanced share's input is saved in its job's buffer (job->original), range by range.
+    const bool balanced = old->job && old->job->balancer;
+    const size_t bytes = balanced       ? 0
+                         : old->job     ? old->share.count * esize
                          : old->striped ? 0
                                         : single_input_bytes(*old->single);
     auto rec = std::make_shared<ShareRecord>();
@@ -131,6 +134,7 @@ void Executor::redo(int rail, uint64_t first, int target) {
     rec->striped = old->striped;
     rec->share = old->share;
     rec->share.rail = target;
+    rec->part = old->part;
     rec->is_redo = true;
     {
       std::lock_guard<std::mutex> lock(ledger_mu_);
@@ -139,7 +143,7 @@ void Executor::redo(int rail, uint64_t first, int target) {
                       << (old->state == ShareRecord::State::kQueued ? "queued" : "running")
                       << " on rail " << rail << " (the rail was not drained)";
       rec->into_scratch = old->into_scratch || old->state == ShareRecord::State::kDone;
-      if (old->original.data()) {
+      if (old->original.data() || balanced) {
         rec->original = std::move(old->original);
         rec->saved = std::move(old->saved);
       } else if (bytes > 0) {
