@@ -112,7 +112,9 @@ TEST(BalancedAllreduceTest, WithBalancingOffTheSlowedRailKeepsItsPlannedShare) {
 TEST(BalancedAllreduceTest, ARailSlowedWhileTheOperationRunsHandsItsRestToTheOther) {
   const Split split = run_with_rail1_slowed(256 << 10, /*mid_operation=*/true);
   EXPECT_NEAR(split.warmed_up, 0.5, 0.1);
-  EXPECT_LT(split.slowed, 0.38) << "the rail slowed mid-operation kept too much of its share";
+  // Looser than above: where the slowdown lands in the operation depends on the machine's speed
+  // (0.25 here, 0.38 under ThreadSanitizer); the planned split keeps ~0.5.
+  EXPECT_LT(split.slowed, 0.45) << "the rail slowed mid-operation kept too much of its share";
 }
 
 TEST(BalancedAllreduceTest, AProcessSetsAllreduceIsBalancedAmongItsMembers) {
