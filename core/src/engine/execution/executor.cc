@@ -269,11 +269,7 @@ void Executor::run_share(ShareRecord& rec) {
   const size_t esize = dtype_size(job.resp.dtype);
   const size_t bytes = rec.share.count * esize;
   uint8_t* target = job.data + rec.share.offset * esize;
-  if (job.finished && !rec.into_scratch) return;
-  if (fatal_) {  // fail_all: the job cannot go on; skipped, counted as failed
-    if (!rec.into_scratch) fail_part(job, fatal_error(job.resp));
-    return;
-  }
+  if (!share_may_run(rec)) return;
   record_started(rec, target, bytes);
   const uint8_t* range = target;
   BufferPool::Buffer scratch;
@@ -304,14 +300,28 @@ void Executor::run_share(ShareRecord& rec) {
     if (observer_) observer_(r, bytes, start, secs, (rec.is_redo ? "redo: " : "") + names_str(job.resp));
     if (!rec.into_scratch) part_done(job);
   } catch (const std::exception& e) {
-    if (watchdog_) watchdog_->end(r, false);
-    std::string what = "allreduce of " + names_str(job.resp) + " failed on rail '" +
-                       rail->properties().name + "': " + e.what();
-    if (record_lost(rec, what)) return;
-    if (rec.into_scratch) return;
-    std::string fatal = fatal_error(job.resp);  // the cause, rather than the rail's abort
-    fail_part(job, fatal.empty() ? what : fatal);
+    share_failed(rec, rail->properties().name, e.what());
   }
+}
+
+bool Executor::share_may_run(ShareRecord& rec) {
+  AllreduceJob& job = *rec.job;
+  if (job.finished && !rec.into_scratch) return false;
+  if (fatal_) {  // fail_all: the job cannot go on; skipped, counted as failed
+    if (!rec.into_scratch) fail_part(job, fatal_error(job.resp));
+    return false;
+  }
+  return true;
+}
+
+void Executor::share_failed(ShareRecord& rec, const std::string& rail_name, const std::string& error) {
+  AllreduceJob& job = *rec.job;
+  if (watchdog_) watchdog_->end(rec.share.rail, false);
+  std::string what = "allreduce of " + names_str(job.resp) + " failed on rail '" + rail_name + "': " + error;
+  if (record_lost(rec, what)) return;
+  if (rec.into_scratch) return;
+  std::string fatal = fatal_error(job.resp);  // the cause, rather than the rail's abort
+  fail_part(job, fatal.empty() ? what : fatal);
 }
 
 void Executor::part_done(AllreduceJob& job) {

@@ -143,6 +143,12 @@ class Executor {
   // Runs one range of a balanced share on `rail` (the record's rail, or its process set's view):
   // into scratch when the record says so, from the saved input in a redo.
   void run_balanced_range(ShareRecord& rec, transport::Rail& rail, const ShareBalancer::Range& range);
+  // Before an allreduce share runs: false when it must not (its job finished; with fail_all, it is
+  // counted as failed).
+  bool share_may_run(ShareRecord& rec);
+  // An allreduce share threw on `rail_name`: ends the watchdog's watch, then marks the share lost for
+  // a redo, or fails its part for good (naming the cause fail_all gave, if any).
+  void share_failed(ShareRecord& rec, const std::string& rail_name, const std::string& error);
   // Whether `resp` (an allreduce of `bytes` with this plan) is re-split while it runs.
   bool balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size) const;
   void run_single_record(ShareRecord& rec);  // a one-rail collective

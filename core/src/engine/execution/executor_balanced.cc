@@ -102,11 +102,7 @@ void Executor::run_balanced_share(ShareRecord& rec) {
   transport::Rail* rail = rails_[r];
   std::optional<transport::GroupRail> set_view;  // a process set's operation: among its members
   if (job.members) rail = &set_view.emplace(*rail, *job.members);
-  if (job.finished && !rec.into_scratch) return;
-  if (fatal_) {  // fail_all: the job cannot go on; skipped, counted as failed
-    if (!rec.into_scratch) fail_part(job, fatal_error(job.resp));
-    return;
-  }
+  if (!share_may_run(rec)) return;
   record_started(rec, nullptr, 0);  // the input is saved range by range, in job.original
   size_t total = 0;
   for (int64_t c : job.resp.counts) total += static_cast<size_t>(c);
@@ -132,13 +128,7 @@ void Executor::run_balanced_share(ShareRecord& rec) {
     record_done(rec);
     if (!rec.into_scratch) part_done(job);
   } catch (const std::exception& e) {
-    if (watchdog_) watchdog_->end(r, false);
-    std::string what = "allreduce of " + names_str(job.resp) + " failed on rail '" + rail->properties().name +
-                       "': " + e.what();
-    if (record_lost(rec, what)) return;
-    if (rec.into_scratch) return;
-    std::string fatal = fatal_error(job.resp);  // the cause, rather than the rail's abort
-    fail_part(job, fatal.empty() ? what : fatal);
+    share_failed(rec, rail->properties().name, e.what());
   }
 }
 
