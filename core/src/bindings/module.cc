@@ -287,6 +287,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property("secret", [](const EngineConfig& c) { return py::bytes(c.secret); },
                     [](EngineConfig& c, py::bytes b) { c.secret = std::string(b); })
       .def_readwrite("fusion_threshold", &EngineConfig::fusion_threshold)
+      .def_readwrite("unfused_bytes", &EngineConfig::unfused_bytes)
       .def_readwrite("cycle_time_ms", &EngineConfig::cycle_time_ms)
       .def_readwrite("timeout_s", &EngineConfig::timeout_s)
       .def_readwrite("connect_timeout_s", &EngineConfig::connect_timeout_s)

@@ -23,6 +23,7 @@ using namespace internal;
 EngineConfig EngineConfig::from_knobs() {
   EngineConfig c;
   c.fusion_threshold = static_cast<size_t>(std::max<int64_t>(0, knob_int("NEZHA_FUSION_THRESHOLD")));
+  c.unfused_bytes = static_cast<size_t>(std::max<int64_t>(0, knob_int("NEZHA_UNFUSED_BYTES")));
   c.cycle_time_ms = knob_double("NEZHA_CYCLE_TIME_MS");
   c.timeout_s = knob_double("NEZHA_TIMEOUT_S");
   c.connect_timeout_s = knob_double("NEZHA_CONNECT_TIMEOUT_S");
@@ -86,6 +87,7 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   ro.size = config_.size;
   ro.enabled = config_.cache_rounds;
   ro.fusion_threshold = config_.fusion_threshold;
+  ro.unfused_bytes = config_.unfused_bytes;
   rounds_ = std::make_unique<CacheRounds>(ro);
   std::vector<std::string> rail_names;
   for (const auto& r : rails_) rail_names.push_back(r->properties().name);
@@ -167,6 +169,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
     CoordinatorOptions co;
     co.size = config_.size;
     co.fusion_threshold = config_.fusion_threshold;
+    co.unfused_bytes = config_.unfused_bytes;
     co.cycle_time_s = config_.cycle_time_ms / 1000.0;
     co.stall_check_s = config_.stall_check_s;
     co.stall_shutdown_s = config_.stall_shutdown_s;

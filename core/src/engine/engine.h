@@ -71,6 +71,7 @@ struct EngineConfig {
   // that reaches the rendezvous (nezha/basics.py sets it).
   std::string control_addr = "127.0.0.1";
   size_t fusion_threshold = 64 << 20;
+  size_t unfused_bytes = 1 << 20;  // NEZHA_UNFUSED_BYTES: see runs_unfused() (request.h)
   double cycle_time_ms = 1;
   double timeout_s = 30;
   double connect_timeout_s = 60;

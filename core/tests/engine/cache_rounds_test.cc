@@ -38,12 +38,14 @@ Response response_for(const Request& req, int32_t id) {
 
 class Net {
  public:
-  explicit Net(int size, size_t fusion_threshold = 64 << 20, unsigned seed = 1) : rng_(seed) {
+  explicit Net(int size, size_t fusion_threshold = 64 << 20, unsigned seed = 1, size_t unfused_bytes = 1 << 20)
+      : rng_(seed) {
     for (int r = 0; r < size; ++r) {
       CacheRoundsOptions o;
       o.rank = r;
       o.size = size;
       o.fusion_threshold = fusion_threshold;
+      o.unfused_bytes = unfused_bytes;
       ranks_.emplace_back(o);
     }
     done_.resize(size);
@@ -196,6 +198,20 @@ TEST(CacheRoundsTest, ReadyIdsRunInAscendingIdOrderAndFuse) {
   net.run();
   // ids 0,1 fuse (64 bytes), 2 starts a new buffer, 3 exceeds the threshold alone, 4 is float64.
   EXPECT_EQ(net.executed(0), "y+z|x|big|dbl");
+  EXPECT_EQ(net.executed(1), net.executed(0));
+}
+
+TEST(CacheRoundsTest, TensorsOfAtLeastUnfusedBytesRunAloneAsTheCoordinatorDecides) {
+  Net net(2, /*fusion_threshold=*/1024, /*seed=*/1, /*unfused_bytes=*/64);  // float32[16] and up alone
+  net.cache("a", 4, 0);
+  net.cache("b", 4, 1);
+  net.cache("big", 16, 2);
+  net.cache("c", 15, 3);
+  net.cache("d", 4, 4);
+  for (int r = 0; r < 2; ++r)
+    for (const char* n : {"a", "b", "big", "c", "d"}) net.submit(r, n);
+  net.run();
+  EXPECT_EQ(net.executed(0), "a+b|big|c+d");
   EXPECT_EQ(net.executed(1), net.executed(0));
 }
 

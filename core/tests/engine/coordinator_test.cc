@@ -249,6 +249,24 @@ TEST(CoordinatorTest, TensorLargerThanThresholdGoesAlone) {
   EXPECT_EQ(names_of(out), (std::vector<std::vector<std::string>>{{"a"}, {"big"}, {"c"}}));
 }
 
+TEST(CoordinatorTest, TensorsOfAtLeastUnfusedBytesRunAloneAndSmallOnesStillFuse) {
+  CoordinatorOptions o = options(2);
+  o.unfused_bytes = 64;  // float32[16] and up run alone
+  Coordinator c(o);
+  submit_all(c, 2,
+             {allreduce("t0", {4}), allreduce("t1", {4}), allreduce("t2", {16}), allreduce("t3", {15}),
+              allreduce("t4", {4}), allreduce("t5", {4}), allreduce("t6", {100}), allreduce("t7", {4})},
+             t0);
+  auto out = c.take_ready(t0);
+  // t3 + t4 + t5 = 92 bytes: a fused buffer may exceed unfused_bytes, only its tensors may not reach it.
+  EXPECT_EQ(names_of(out), (std::vector<std::vector<std::string>>{
+                               {"t0", "t1"}, {"t2"}, {"t3", "t4", "t5"}, {"t6"}, {"t7"}}));
+  o.unfused_bytes = 0;  // off: fusion up to the threshold only
+  Coordinator all(o);
+  submit_all(all, 2, {allreduce("a", {4}), allreduce("big", {16}), allreduce("c", {4})}, t0);
+  EXPECT_EQ(names_of(all.take_ready(t0)), (std::vector<std::vector<std::string>>{{"a", "big", "c"}}));
+}
+
 TEST(CoordinatorTest, DifferentDtypesOpsOrScalesNeverFuse) {
   Request pre = allreduce("e");
   pre.prescale = 2;

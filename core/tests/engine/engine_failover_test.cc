@@ -26,8 +26,9 @@ class TwoRailJob : public testing::Cluster {
  public:
   explicit TwoRailJob(int size, bool failover = true, bool cache_rounds = false,
                       double probe_backoff_s = 0.2,
-                      std::vector<RailConfig> rails = testing::loopback_rails(2))
+                      std::vector<RailConfig> rails = testing::loopback_rails(2), size_t unfused_bytes = 1 << 20)
       : testing::Cluster(size, std::move(rails), [=](EngineConfig& c) {
+          c.unfused_bytes = unfused_bytes;
           c.timeout_s = 10;
           c.rail_stall_ms = 1000;  // loopback under a loaded CI machine: only real errors fail over here
           c.rail_probe_backoff_s = probe_backoff_s;
@@ -121,6 +122,19 @@ TEST(EngineFailoverTest, RailFailingOnOneRankIsRedoneOnTheOtherAndReadmitted) {
   // Back in the split: large payloads stripe over it again.
   run_and_check(job, 3, 1, count, [](int) {});
   for (int r = 0; r < job.size(); ++r) EXPECT_GT(job[r].rail_stats()[1].share, 0.1) << "rank " << r;
+}
+
+TEST(EngineFailoverTest, AFusedAllreduceOnAFailedRailIsRedoneOnTheOther) {
+  // NEZHA_UNFUSED_BYTES=0: the three 4 MiB tensors of a step are one fused 12 MiB allreduce (by
+  // default each runs alone, as in the test above), balanced among the rails and redone from the
+  // job-wide copy of its input.
+  TwoRailJob job(3, /*failover=*/true, /*cache_rounds=*/false, /*probe_backoff_s=*/0.2,
+                 testing::loopback_rails(2), /*unfused_bytes=*/0);
+  run_and_check(job, 8, 3, 1 << 20, [&](int step) {
+    if (step == 3) job[2].testing_fail_rail(1, "injected NIC error");
+  });
+  ASSERT_TRUE(wait_all_up(job, 1)) << "rail b was not re-admitted; rank 0 sees it " << state_of(job[0], 1);
+  run_and_check(job, 2, 3, 1 << 20, [](int) {});
 }
 
 TEST(EngineFailoverTest, RailsOfDifferentKindsFailOverThroughTheContract) {

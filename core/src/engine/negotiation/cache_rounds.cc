@@ -221,13 +221,15 @@ RoundOutcome CacheRounds::complete_round() {
 
 std::vector<Response> CacheRounds::fuse(const std::vector<int32_t>& ids) const {
   // Mirrors Coordinator::fuse: consecutive allreduces of the same dtype/op/scales up to the
-  // fusion threshold; a tensor larger than the threshold runs alone.
+  // fusion threshold; a tensor larger than the threshold, or of at least unfused_bytes, runs alone.
   std::vector<Response> out;
   size_t out_bytes = 0;
+  bool last_alone = false;
   for (int32_t id : ids) {
     const Entry& e = by_id_.at(id);
     size_t bytes = static_cast<size_t>(e.count) * dtype_size(e.dtype);
-    if (!out.empty()) {
+    const bool alone = runs_unfused(bytes, opt_.unfused_bytes);
+    if (!alone && !last_alone && !out.empty()) {
       Response& last = out.back();
       if (last.dtype == e.dtype && last.op == e.op && last.prescale == e.prescale &&
           last.postscale == e.postscale && out_bytes + bytes <= opt_.fusion_threshold) {
@@ -250,6 +252,7 @@ std::vector<Response> CacheRounds::fuse(const std::vector<int32_t>& ids) const {
     r.cache_ids = {id};
     out.push_back(std::move(r));
     out_bytes = bytes;
+    last_alone = alone;
   }
   return out;
 }

@@ -59,6 +59,7 @@ struct CacheRoundsOptions {
   int size = 1;
   bool enabled = true;  // NEZHA_CACHE_ROUNDS; never with one rank (nothing to skip)
   size_t fusion_threshold = 64 << 20;
+  size_t unfused_bytes = 1 << 20;  // see runs_unfused()
 };
 
 // What one completed round asks this rank to do, identical on every rank except `requeue`.

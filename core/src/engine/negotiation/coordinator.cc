@@ -326,12 +326,14 @@ void Coordinator::remember(const std::string& name, const Pending& p, Response& 
 std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
   std::vector<Response> out;
   size_t out_bytes = 0;
+  bool last_alone = false;
   for (auto& r : in) {
     // A tensor done here already (control_inline.h): fusing would only send it over a rail again.
     bool fusable = r.kind == Response::Kind::kExecute && r.type == OpType::kAllreduce &&
                    r.inline_result.empty();
     size_t bytes = fusable ? static_cast<size_t>(r.counts[0]) * dtype_size(r.dtype) : 0;
-    if (fusable && !out.empty()) {
+    const bool alone = runs_unfused(bytes, opt_.unfused_bytes);
+    if (fusable && !alone && !last_alone && !out.empty()) {
       Response& last = out.back();
       if (last.kind == Response::Kind::kExecute && last.type == OpType::kAllreduce &&
           last.inline_result.empty() && last.process_set == r.process_set && last.dtype == r.dtype &&
@@ -346,6 +348,7 @@ std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
     }
     out.push_back(std::move(r));
     out_bytes = bytes;
+    last_alone = alone;
   }
   return out;
 }

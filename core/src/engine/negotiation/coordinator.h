@@ -38,6 +38,7 @@ namespace nezha::engine {
 struct CoordinatorOptions {
   int size = 1;
   size_t fusion_threshold = 64 << 20;
+  size_t unfused_bytes = 1 << 20;  // see runs_unfused()
   double cycle_time_s = 0.001;
   double stall_check_s = 60;
   double stall_shutdown_s = 0;  // 0: never fail stalled tensors
