@@ -35,18 +35,20 @@ void Executor::record_started(ShareRecord& rec, const void* input, size_t bytes,
                               const std::function<void(uint8_t*)>& pack) {
   running_[rec.share.rail] = rec.seq + 1;
   if (!opt_.failover) return;
-  std::lock_guard<std::mutex> lock(ledger_mu_);
-  rec.state = ShareRecord::State::kRunning;
-  if (!rec.original.data() && bytes > 0) {  // first run: keep the input in case the rail fails mid-way
+  {
+    std::lock_guard<std::mutex> lock(ledger_mu_);
+    rec.state = ShareRecord::State::kRunning;
+    if (rec.original.data() || bytes == 0) return;
+    // First run: keep the input in case the rail fails mid-way.
     rec.original = originals_.acquire(bytes);
     rec.original_bytes = bytes;
-    // An allreduce share's input is saved range by range while it runs (save_before_overwrite).
-    if (rec.single && pack) {
-      pack(rec.original.data());
-    } else if (rec.single) {
-      std::memcpy(rec.original.data(), input, bytes);
-    }
+    // An allreduce share's input is saved into it range by range while it runs (save_before_overwrite).
+    if (!rec.single) return;
   }
+  // Outside the lock: the other rails' shares start and end meanwhile (a running record's copy is
+  // touched by no other thread; a redo takes it only once the record is lost).
+  if (pack) pack(rec.original.data());
+  else std::memcpy(rec.original.data(), input, bytes);
 }
 
 void Executor::save_before_overwrite(ShareRecord& rec, const uint8_t* data, size_t offset, size_t bytes) {
