@@ -120,7 +120,13 @@ void Executor::redo(int rail, uint64_t first, int target) {
       post_share(std::move(rec), false);
       continue;
     }
-    if (old->single && old->single->finished && old->state != ShareRecord::State::kDone) continue;
+    // A one-rail or striped job that ended here without this share (failed for good) has nothing to
+    // redo. A share this rank redoes into scratch for the others (its job ended here long ago) is
+    // redone again: skipping it here only would shift this rail's operation numbers against every
+    // other rank's (a 16-rank alltoall died so, "frame ... has length 523892 where 1048576 was
+    // expected", after a rail failed while another's redo was queued).
+    if (old->single && old->single->finished && old->state != ShareRecord::State::kDone && !old->into_scratch)
+      continue;
     const size_t esize = old->job ? dtype_size(old->job->resp.dtype) : 1;
     // A striped part's input is packed from the caller's buffers when it first runs (never
     // overwritten: outputs are separate); it has a copy once it has started.
