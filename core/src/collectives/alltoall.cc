@@ -53,13 +53,16 @@ void alltoallv_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& 
   for (int k = 1; k < n; ++k) {
     const int to = detail::ring_mod(r + k, n);
     const int from = detail::ring_mod(r - k, n);
-    if (awaiting >= 0) rail.recv(awaiting, make_tag(opt.seq, static_cast<uint64_t>(n + k - 1)), nullptr, 0, opt.deadline);
+    if (awaiting >= 0)
+      rail.recv(awaiting, make_tag(opt.seq, static_cast<uint64_t>(n + k - 1)), nullptr, 0, opt.deadline);
     rail.sendrecv(to, send_blocks[to], send_bytes[to], from, recv_blocks[from], recv_bytes[from],
                   make_tag(opt.seq, static_cast<uint64_t>(k)), opt.deadline);
-    if (recv_bytes[from] >= kPacedBytes) rail.send(from, make_tag(opt.seq, static_cast<uint64_t>(n + k)), nullptr, 0, opt.deadline);
+    if (recv_bytes[from] >= kPacedBytes)
+      rail.send(from, make_tag(opt.seq, static_cast<uint64_t>(n + k)), nullptr, 0, opt.deadline);
     awaiting = send_bytes[to] >= kPacedBytes ? to : -1;
   }
-  if (awaiting >= 0) rail.recv(awaiting, make_tag(opt.seq, static_cast<uint64_t>(2 * n - 1)), nullptr, 0, opt.deadline);
+  if (awaiting >= 0)
+    rail.recv(awaiting, make_tag(opt.seq, static_cast<uint64_t>(2 * n - 1)), nullptr, 0, opt.deadline);
 }
 
 void alltoallv(transport::Rail& rail, const void* in, const std::vector<size_t>& send_bytes,
