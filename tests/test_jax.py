@@ -25,8 +25,8 @@ def _run(script, num_ranks, *args, env=None):
 
 
 def _accelerator_backend():
-    import jax
-    backend = jax.default_backend()
+    from nezha.jax._primitive import jit_platform
+    backend = jit_platform()  # "cuda" or "rocm" where jax.default_backend() says "gpu"
     return None if backend == "cpu" else backend
 
 
@@ -47,12 +47,23 @@ def test_collectives_io_callback_fallback():
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(_accelerator_backend() is None, reason="jax has no accelerator backend here")
-def test_collectives_inside_jit_on_an_accelerator():
-    """Where jax.jit compiles for a GPU, collectives inside jit go through the io_callback (the FFI
-    handlers take CPU buffers): the same checks against numpy, results left on the device."""
-    output = _run("w_collectives.py", 2, "callback",
+@pytest.mark.skipif(_accelerator_backend() != "cuda", reason="jax has no CUDA backend here")
+def test_collectives_inside_jit_on_cuda_through_the_ffi_handler():
+    """Where jax.jit compiles for CUDA, collectives inside jit are the FFI custom call (device buffers
+    staged through page-locked host memory on XLA's stream): the same checks against numpy, results
+    on the device, kernels before and after the call in stream order."""
+    output = _run("w_collectives.py", 2, "ffi",
                   env={"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    assert_every_rank_passed(output, 2, COLLECTIVE_CHECKS | {"path ffi", "results on the accelerator"})
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(_accelerator_backend() is None, reason="jax has no accelerator backend here")
+def test_collectives_inside_jit_on_an_accelerator_through_the_callback():
+    """The io_callback path on an accelerator (rocm or tpu have no FFI handler; forced on CUDA)."""
+    output = _run("w_collectives.py", 2, "callback",
+                  env={"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+                       "NEZHA_JAX_FORCE_CALLBACK": "1"})
     assert_every_rank_passed(output, 2, COLLECTIVE_CHECKS | {"path callback", "results on the accelerator"})
 
 

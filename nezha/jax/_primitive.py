@@ -1,11 +1,13 @@
 """One JAX primitive for every nezha collective inside a traced computation.
 
 ``collective_p`` lowers to a side-effecting XLA FFI custom call, ``nezha_collective``, compiled into
-``nezha._core`` (bindings/jax_ffi.cc) when the build found jaxlib's FFI headers and jit compiles for
-the CPU (on an accelerator backend the io_callback below serves): XLA never drops or
-merges it, and its asynchronous handler submits each collective to the engine as XLA reaches it.
-The engine matches collectives across ranks by name, so ranks may reach a program's independent
-collectives in different orders; no JAX effect is needed (an ordered effect would take every call
+``nezha._core`` (bindings/jax_ffi.cc, and jax_ffi_cuda.cc for CUDA buffers) when the build found
+jaxlib's FFI headers and jit compiles for the CPU or CUDA (on other backends the io_callback below
+serves): XLA never drops or merges it. The CPU handler is asynchronous and submits each collective
+to the engine as XLA reaches it: the engine matches collectives across ranks by name, so ranks may
+reach a program's independent collectives in different orders. The CUDA handler stages through
+host memory and blocks in stream order, so there every rank must reach them in the same order (as
+with NCCL). No JAX effect is needed (an ordered effect would take every call
 off JAX's fast C++ dispatch path, ~0.3 ms each here). Without the handlers, ``run_collective`` goes
 through an ordered ``io_callback`` into the numpy API instead (slower: the callback holds the GIL,
 copies, and must be ordered because it blocks).
@@ -25,7 +27,7 @@ import numpy as np
 import jax
 from jax.experimental import io_callback
 from jax._src import core as jax_core
-from jax._src import dispatch
+from jax._src import dispatch, xla_bridge
 from jax._src.interpreters import batching, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lib.mlir import ir
@@ -48,6 +50,10 @@ def ffi_available() -> bool:
         return False
     for target, capsule in targets().items():
         jax.ffi.register_ffi_target(target, capsule, platform="cpu", api_version=1)
+    cuda_targets = getattr(_core, "jax_ffi_cuda_targets", None)
+    if cuda_targets is not None:  # loads nothing: the handler opens the CUDA driver when first run
+        for target, capsule in cuda_targets().items():
+            jax.ffi.register_ffi_target(target, capsule, platform="CUDA", api_version=1)
     return True
 
 
@@ -59,18 +65,28 @@ def _warn_fallback() -> None:
                   stacklevel=3)
 
 
-def jit_runs_on_cpu() -> bool:
-    """Whether jax.jit compiles for the CPU here. The FFI handlers are CPU handlers (they hand host
-    buffers to the engine); where jax's default backend is an accelerator (cuda, rocm), collectives
-    inside jit go through the io_callback instead: JAX copies each buffer to the host and back."""
-    return jax.default_backend() == "cpu"
+# The platforms the FFI handlers serve: the CPU (XLA's buffers handed to the engine) and CUDA (device
+# buffers staged through page-locked host memory on XLA's stream, bindings/jax_ffi_cuda.cc).
+FFI_BACKENDS = ("cpu", "cuda")
+
+
+def jit_platform() -> str:
+    """The platform jax.jit compiles for, as lowering rules name it: jax.default_backend() says
+    "gpu" for CUDA and ROCm alike."""
+    return xla_bridge.canonicalize_platform(jax.default_backend())
+
+
+def jit_backend_has_ffi() -> bool:
+    """Whether jax.jit compiles for a platform the FFI handlers serve. Elsewhere (rocm, tpu)
+    collectives inside jit go through the io_callback: JAX copies each buffer to the host and back."""
+    return jit_platform() in FFI_BACKENDS
 
 
 @functools.lru_cache(maxsize=None)
 def _warn_accelerator() -> None:
-    warnings.warn(f"nezha.jax: jax.jit compiles for {jax.default_backend()!r} here; collectives "
-                  "inside jit go through an ordered io_callback (device -> host -> device copies). "
-                  "The FFI path serves CPU buffers only.", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"nezha.jax: jax.jit compiles for {jit_platform()!r} here; collectives "
+                  "inside jit go through an io_callback (device -> host -> device copies). "
+                  f"The FFI path serves {', '.join(FFI_BACKENDS)} only.", RuntimeWarning, stacklevel=3)
 
 
 def output_avals(kind: str, avals: Sequence[Any]) -> List[jax_core.ShapedArray]:
@@ -123,7 +139,8 @@ def _lowering(ctx, *args, kind, name, reduce_op, prescale, postscale, root):
     return list(call.results)
 
 
-mlir.register_lowering(collective_p, _lowering, platform="cpu")
+for _platform in FFI_BACKENDS:
+    mlir.register_lowering(collective_p, _lowering, platform=_platform)
 
 
 def _batching(args, dims, *, kind, **params):
@@ -179,13 +196,12 @@ def run_collective(kind: str, arrays: Sequence[Any], *, name: str, reduce_op: An
     """Runs one collective on traced arrays (one grouped submission for all of them)."""
     params = dict(kind=kind, name=name, reduce_op=ops.ReduceOp(int(reduce_op)),
                   prescale=float(prescale), postscale=float(postscale), root=int(root))
-    on_cpu = jit_runs_on_cpu()
-    if ffi_available() and not force_fallback and on_cpu:
+    backend = jit_platform()
+    if ffi_available() and not force_fallback and backend in FFI_BACKENDS:
         return collective_p.bind(*arrays, **params)
-    if not on_cpu:
-        _warn_accelerator()
-    elif not force_fallback:
-        _warn_fallback()
+    if not force_fallback:
+        (_warn_fallback if backend in FFI_BACKENDS else _warn_accelerator)()
+    on_cpu = backend == "cpu"
     avals = [jax.typeof(a) for a in arrays]
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in output_avals(kind, avals)]
     callback = functools.partial(_host_collective, kind, name, params["reduce_op"],

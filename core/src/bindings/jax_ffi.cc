@@ -18,6 +18,8 @@
 // keeps every collective XLA reaches submitted. The custom calls are side-effecting, so XLA never
 // drops or merges them; JAX needs no ordered effect (which would take every call off its fast
 // dispatch path).
+//
+// jax_ffi_call.cc builds the engine entries (shared with the CUDA handler, jax_ffi_cuda.cc).
 #include <pybind11/pybind11.h>
 
 #include <chrono>
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "bindings/current_engine.h"
+#include "bindings/jax_ffi_call.h"
 #include "common/error.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -40,34 +43,13 @@ namespace nezha::bindings {
 namespace {
 
 using engine::OpType;
-using engine::TensorEntry;
-
-bool to_nezha_dtype(ffi::DataType t, DataType* out) {
-  switch (t) {
-    case ffi::DataType::PRED: *out = DataType::kBool; return true;
-    case ffi::DataType::S8: *out = DataType::kInt8; return true;
-    case ffi::DataType::S16: *out = DataType::kInt16; return true;
-    case ffi::DataType::S32: *out = DataType::kInt32; return true;
-    case ffi::DataType::S64: *out = DataType::kInt64; return true;
-    case ffi::DataType::U8: *out = DataType::kUInt8; return true;
-    case ffi::DataType::F16: *out = DataType::kFloat16; return true;
-    case ffi::DataType::BF16: *out = DataType::kBFloat16; return true;
-    case ffi::DataType::F32: *out = DataType::kFloat32; return true;
-    case ffi::DataType::F64: *out = DataType::kFloat64; return true;
-    default: return false;
-  }
-}
-
-ffi::Error fail(const std::string& name, const std::string& why) {
-  return ffi::Error(ffi::ErrorCode::kInternal, "nezha collective '" + name + "': " + why);
-}
 
 // One operation in flight: the engine's handles, where its engine-allocated outputs go, and the
 // future XLA waits on.
 struct Pending {
   std::string name;
   std::vector<std::shared_ptr<engine::OpHandle>> handles;
-  std::vector<std::pair<void*, size_t>> copy_out;  // per handle (engine-allocated outputs only)
+  std::vector<std::pair<void*, size_t>> copy_out;  // per handle (see CallEntries)
   std::chrono::steady_clock::time_point deadline;   // a backstop: the engine fails ops sooner
   ffi::Promise promise;
 };
@@ -103,21 +85,13 @@ class Waiter {
   static void finish(Pending& p, bool timed_out) {
     std::string error;
     if (timed_out) error = "no result before the backstop timeout (the engine did not complete it)";
-    for (size_t i = 0; error.empty() && i < p.handles.size(); ++i) {
-      error = p.handles[i]->error();
-      if (!error.empty() || p.copy_out[i].first == nullptr) continue;
-      const auto& produced = p.handles[i]->result().output;
-      if (produced.size() != p.copy_out[i].second)
-        error = "the result has " + std::to_string(produced.size()) + " bytes where the compiled "
-                "program expects " + std::to_string(p.copy_out[i].second) +
-                " (inside jit every rank must pass the same shape)";
-      else if (!produced.empty())
-        std::memcpy(p.copy_out[i].first, produced.data(), produced.size());
-    }
+    for (size_t i = 0; error.empty() && i < p.handles.size(); ++i)
+      error = deliver(*p.handles[i], p.copy_out[i],
+                      [](void* to, const void* from, size_t n) { std::memcpy(to, from, n); });
     if (error.empty())
       p.promise.SetAvailable();
     else
-      p.promise.SetError(fail(p.name, error));
+      p.promise.SetError(call_error(p.name, error));
   }
 
   void run() {
@@ -161,70 +135,33 @@ class Waiter {
 
 ffi::Future failed(const std::string& name, const std::string& why) {
   ffi::Promise promise;
-  promise.SetError(fail(name, why));
+  promise.SetError(call_error(name, why));
   return ffi::Future(promise);
 }
 
 ffi::Future collective(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t kind,
-                      std::string_view name_view, int32_t reduce_op, double prescale,
-                      double postscale, int32_t root) {
-  const std::string name(name_view);
-  const OpType type = static_cast<OpType>(kind);
-  if (rets.size() != args.size()) return failed(name, "expected matching inputs and outputs");
-  const size_t n = args.size();
-  const double limit_s = 2 * current_timeout_s() + 5;
-
+                       std::string_view name, int32_t reduce_op, double prescale, double postscale,
+                       int32_t root) {
+  const CallAttrs call{static_cast<OpType>(kind), std::string(name), reduce_op, prescale, postscale,
+                       root};
+  CallEntries made;
+  const std::string bad = make_entries(
+      call, args, rets,
+      [](size_t, ffi::AnyBuffer in, ffi::AnyBuffer out) {
+        return BufferPlace{in.untyped_data(), out.untyped_data()};  // XLA's own buffers
+      },
+      &made);
+  if (!bad.empty()) return failed(call.name, bad);
   Pending pending;
-  pending.name = name;
-  std::vector<TensorEntry> entries;
-  for (size_t i = 0; i < n; ++i) {
-    auto in = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (in.has_error() || out.has_error())
-      return failed(name, "bad buffer at position " + std::to_string(i));
-    ffi::AnyBuffer output = **out;
-    TensorEntry e;
-    e.req.type = type;
-    e.req.name = n == 1 && type != OpType::kAllreduce ? name : name + "." + std::to_string(i);
-    if (!to_nezha_dtype(in->element_type(), &e.req.dtype))
-      return failed(e.req.name, "unsupported dtype (supported: bool, int8/16/32/64, uint8, "
-                                "float16, bfloat16, float32, float64)");
-    auto dims = in->dimensions();
-    e.req.shape.assign(dims.begin(), dims.end());
-    if ((type == OpType::kAllgather || type == OpType::kReducescatter) && e.req.shape.empty())
-      e.req.shape = {1};
-    e.req.op = static_cast<ReduceOp>(reduce_op);
-    e.req.prescale = prescale;
-    e.req.postscale = postscale;
-    e.req.root = root;
-    e.input = in->untyped_data();
-    if (type == OpType::kAllreduce || type == OpType::kBroadcast) {
-      if (output.size_bytes() != in->size_bytes())
-        return failed(e.req.name, "output and input sizes differ");
-      e.output = output.untyped_data();
-      e.req.group = name;
-      e.req.group_size = static_cast<int32_t>(n);
-      pending.copy_out.emplace_back(nullptr, 0);
-    } else {
-      pending.copy_out.emplace_back(output.untyped_data(), output.size_bytes());
-    }
-    if (type == OpType::kAlltoall) {
-      // Equal splits (static shapes inside jit): dim 0 was checked divisible in Python.
-      const int64_t rows = e.req.shape.empty() ? 0 : e.req.shape[0];
-      const int64_t parts = root;  // the number of ranks travels in `root` for alltoall
-      e.req.root = -1;
-      e.req.splits.assign(static_cast<size_t>(parts), parts > 0 ? rows / parts : 0);
-    }
-    entries.push_back(std::move(e));
-  }
-  if (entries.empty()) return failed(name, "no tensors");
+  pending.name = call.name;
+  pending.copy_out = std::move(made.copy_out);
   try {
-    pending.handles = submit_to_current(std::move(entries));
+    pending.handles = submit_to_current(std::move(made.entries));
   } catch (const std::exception& ex) {
-    return failed(name, ex.what());
+    return failed(call.name, ex.what());
   }
   pending.deadline = std::chrono::steady_clock::now() +
-                     std::chrono::milliseconds(static_cast<int64_t>(limit_s * 1000));
+                     std::chrono::milliseconds(static_cast<int64_t>(backstop_s() * 1000));
   ffi::Future future(pending.promise);
   Waiter::get().add(std::move(pending));
   return future;

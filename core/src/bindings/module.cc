@@ -127,7 +127,8 @@ TensorEntry make_entry(OpType type, const std::string& name, const std::optional
 
 #ifdef NEZHA_WITH_JAX_FFI
 namespace nezha::bindings {
-void bind_jax_ffi(py::module_& m);  // bindings/jax_ffi.cc
+void bind_jax_ffi(py::module_& m);       // bindings/jax_ffi.cc
+void bind_jax_ffi_cuda(py::module_& m);  // bindings/jax_ffi_cuda.cc
 }
 #endif
 
@@ -177,6 +178,7 @@ PYBIND11_MODULE(_core, m) {
         "submissions in progress.");
 #ifdef NEZHA_WITH_JAX_FFI
   bindings::bind_jax_ffi(m);
+  bindings::bind_jax_ffi_cuda(m);
 #endif
   m.def("set_log_level", [](const std::string& s) { set_log_level(parse_log_level(s)); });
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU machine's check (README, "On a GPU machine"): builds nezha with that machine's own python3
+# (torch and jax with CUDA; nothing is fetched), runs the adapters' CUDA tests, and compares a jitted
+# pytree allreduce through the CUDA FFI handler with the io_callback path (2 ranks, loopback: the
+# staging and dispatch overhead, not a network figure). Logs go to $OUT (default ./device-out).
+#
+#   bash scripts/device_check.sh            # on the GPU machine, from the repository root
+#
+# Where the machine lacks OpenSSL's headers, a libssl-dev .deb under .gpu/ is unpacked first.
+set -uo pipefail
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) XLA_PYTHON_CLIENT_PREALLOCATE=false
+{
+  nvidia-smi -L
+  python3 -c "import sys, jax, torch; print('python', sys.version.split()[0], '| jax', jax.__version__, \
+jax.default_backend(), '| torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+} 2>&1 | tee "$OUT/env.txt"
+if [ ! -e /usr/include/openssl/hmac.h ]; then
+  for deb in .gpu/libssl-dev_*.deb; do [ -e "$deb" ] && dpkg -x "$deb" / && echo "unpacked $deb"; done
+fi
+
+echo "== build ($(date +%T))"
+python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.txt" 2>&1
+rc=$?; tail -20 "$OUT/build.txt"
+[ $rc -eq 0 ] || { echo "build failed"; exit 1; }
+python3 -c "import nezha.jax as nj; print('ffi', nj.ffi_available())"
+
+echo "== tests ($(date +%T))"
+timeout 420 python3 -m pytest -q -p no:cacheprovider -rs tests/test_torch_device.py tests/test_jax.py \
+  2>&1 | tee "$OUT/pytest.txt" | tail -25
+
+echo "== jitted allreduce on the GPU: FFI handler vs io_callback ($(date +%T))"
+for mode in ffi callback; do
+  force=0; [ $mode = callback ] && force=1
+  NEZHA_JAX_FORCE_CALLBACK=$force timeout 150 python3 -m nezha.runner.launch -np 2 \
+    python3 benchmarks/jax_allreduce_bench.py --sizes 8,64K,1M,16M,64M --leaves 8 \
+    --json "$OUT/bench_$mode.json" 2>&1 | grep -v Warning | sed "s/^/$mode: /" | tail -8
+done
+echo "== done ($(date +%T))"
