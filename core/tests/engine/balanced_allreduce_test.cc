@@ -32,29 +32,16 @@ Cluster make_job(const std::vector<RailConfig>& rails, size_t balance_bytes) {
   });
 }
 
-std::shared_ptr<nezha::testing::MemoryWorld> world_of(const std::vector<RailConfig>& rails, int rail) {
-  auto world = nezha::testing::find_memory_world(rails[rail].options.at("world"), rail);
-  EXPECT_TRUE(world) << "rail " << rail;
-  return world;
-}
-
-// Bytes each rank has sent on `rail` so far.
-std::vector<uint64_t> sent_on(Cluster& c, int rail) {
-  std::vector<uint64_t> out;
-  for (int r = 0; r < c.size(); ++r) out.push_back(c[r].rail_stats()[rail].bytes_sent);
-  return out;
-}
-
 // Runs one checked allreduce (testing::allreduce_and_check) and returns, per rank, the fraction of
 // its bytes sent during it that went over rail 1. `during` runs on another thread while it does.
 std::vector<double> rail1_fraction(Cluster& c, const std::string& name,
                                    const std::function<void()>& during = {}) {
-  auto before0 = sent_on(c, 0), before1 = sent_on(c, 1);
+  auto before0 = testing::bytes_sent(c, 0), before1 = testing::bytes_sent(c, 1);
   std::thread side;
   if (during) side = std::thread(during);
   testing::allreduce_and_check(c, name, kCount);
   if (side.joinable()) side.join();
-  auto after0 = sent_on(c, 0), after1 = sent_on(c, 1);
+  auto after0 = testing::bytes_sent(c, 0), after1 = testing::bytes_sent(c, 1);
   std::vector<double> out;
   for (int r = 0; r < c.size(); ++r) {
     const double d0 = static_cast<double>(after0[r] - before0[r]), d1 = static_cast<double>(after1[r] - before1[r]);
@@ -72,7 +59,7 @@ struct Split {
 Split run_with_rail1_slowed(size_t balance_bytes, bool mid_operation) {
   auto rails = two_memory_rails();
   Cluster c = make_job(rails, balance_bytes);
-  auto w0 = world_of(rails, 0), w1 = world_of(rails, 1);
+  auto w0 = testing::memory_world(rails, 0), w1 = testing::memory_world(rails, 1);
   w0->set_send_pace(10);  // ~100 MB/s per rank and rail
   w1->set_send_pace(10);
   Split split{};
@@ -80,7 +67,7 @@ Split run_with_rail1_slowed(size_t balance_bytes, bool mid_operation) {
   std::function<void()> during;
   if (mid_operation) {
     // Rail 1 slows down once the operation has moved some data on it.
-    during = [&c, w1, start = sent_on(c, 1)[0]] {
+    during = [&c, w1, start = testing::bytes_sent(c, 1)[0]] {
       auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
       while (c[0].rail_stats()[1].bytes_sent < start + (4u << 20) && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));

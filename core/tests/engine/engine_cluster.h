@@ -89,6 +89,20 @@ class Cluster {
   bool stopped_ = false;
 };
 
+// The world behind memory rail `rail` of a job built with memory_rails() (to pace or break it).
+inline std::shared_ptr<nezha::testing::MemoryWorld> memory_world(const std::vector<RailConfig>& rails, int rail) {
+  auto world = nezha::testing::find_memory_world(rails[rail].options.at("world"), rail);
+  EXPECT_TRUE(world) << "rail " << rail;
+  return world;
+}
+
+// Bytes each rank of `c` has sent on `rail` so far.
+inline std::vector<uint64_t> bytes_sent(Cluster& c, int rail) {
+  std::vector<uint64_t> out;
+  for (int r = 0; r < c.size(); ++r) out.push_back(c[r].rail_stats()[rail].bytes_sent);
+  return out;
+}
+
 inline Request make_request(OpType type, const std::string& name, DataType dtype,
                             std::vector<int64_t> shape, ReduceOp op = ReduceOp::kSum) {
   Request r;

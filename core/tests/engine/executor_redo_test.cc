@@ -51,6 +51,10 @@ TEST(ExecutorRedo, AShareRedoneIntoScratchIsRedoneAgainWhenItsRailFailsToo) {
     o.timeout_s = 5;
     o.failover = true;
     o.stall_s = 30;  // the gate below holds rail 0: no stall report wanted
+    // The planned split: a balanced broadcast's leader sends each range to every rank, so rank 0
+    // would lose its rail-1 share too and the scenario below (rank 0 done, then redone into scratch)
+    // would not arise.
+    o.balance_bytes = 0;
     ExecutorHooks hooks;
     hooks.on_rail_error = [&, r](int rail, const std::string&, bool stalled, uint64_t) {
       std::lock_guard<std::mutex> lock(errors_mu);

@@ -1,7 +1,8 @@
 // Broadcast, allgather, reducescatter and alltoall striped over several rails (executor_striped.cc):
 // the parts of every block tile it exactly, results equal references computed here (uneven blocks,
 // every rank bit-identical), both rails carry each operation, a process set's operations stripe
-// too, and a rail lost while striped operations are in flight costs nothing but time.
+// too, and a rail lost while striped operations are in flight costs nothing but time; each with
+// the plan's split and balanced (re-split range by range while the operations run).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -49,10 +50,11 @@ TEST(BlockPart, PartsTileEveryBlockInOrder) {
   EXPECT_EQ(p.count, big / 2);
 }
 
-Cluster two_rail_job(int size, bool failover = true) {
+Cluster two_rail_job(int size, size_t balance_bytes) {
   return Cluster(size, testing::loopback_rails(2), [=](EngineConfig& c) {
+    c.balance_bytes = balance_bytes;
     c.control_inline_bytes = 0;
-    c.rail_failover = failover;
+    c.rail_failover = true;
     c.rail_stall_ms = 1000;
     c.timeout_s = 15;
     c.rail_probe_backoff_s = 0.2;
@@ -172,8 +174,11 @@ bool wait_all_up(Cluster& c, int rail) {
 
 uint64_t rail_bytes(Engine& e, int rail) { return e.rail_stats()[rail].bytes_sent; }
 
-TEST(StripedCollectives, EveryCollectiveOnBothRailsExact) {
-  Cluster c = two_rail_job(3);
+// The parameter: balance_bytes (0: the plan's split; 64 KiB: every operation here is balanced).
+class StripedCollectives : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(StripedCollectives, EveryCollectiveOnBothRailsExact) {
+  Cluster c = two_rail_job(3, GetParam());
   const std::vector<int> all = {0, 1, 2};
   for (int step = 0; step < 3; ++step) {
     Ops o = start_all(c, step, all);
@@ -193,8 +198,8 @@ TEST(StripedCollectives, EveryCollectiveOnBothRailsExact) {
   EXPECT_GT(rail_bytes(c[2], 1) - b0, (1u << 21) * 4u / 10) << "rail b carried too little of the broadcast";
 }
 
-TEST(StripedCollectives, AProcessSetsOperationsStripeToo) {
-  Cluster c = two_rail_job(4);
+TEST_P(StripedCollectives, AProcessSetsOperationsStripeToo) {
+  Cluster c = two_rail_job(4, GetParam());
   const std::vector<int> members = {0, 2, 3};
   int32_t set = -1;
   for (int r = 0; r < 4; ++r) set = c[r].add_process_set(members);
@@ -204,8 +209,8 @@ TEST(StripedCollectives, AProcessSetsOperationsStripeToo) {
   }
 }
 
-TEST(StripedCollectives, ARailLostUnderStripedOperationsIsRedoneExactly) {
-  Cluster c = two_rail_job(3);
+TEST_P(StripedCollectives, ARailLostUnderStripedOperationsIsRedoneExactly) {
+  Cluster c = two_rail_job(3, GetParam());
   const std::vector<int> all = {0, 1, 2};
   for (int step = 0; step < 6; ++step) {
     if (step == 2) c[1].testing_fail_rail(1, "injected NIC error");
@@ -217,6 +222,11 @@ TEST(StripedCollectives, ARailLostUnderStripedOperationsIsRedoneExactly) {
     check_all(o, step, all);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Split, StripedCollectives, ::testing::Values(size_t{0}, size_t{64} << 10),
+                         [](const ::testing::TestParamInfo<size_t>& info) {
+                           return std::string(info.param ? "Balanced" : "Planned");
+                         });
 
 }  // namespace
 }  // namespace nezha::engine

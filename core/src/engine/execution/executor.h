@@ -57,7 +57,7 @@ struct ExecutorOptions {
   size_t segment_bytes = 1 << 20;
   size_t logstep_max_bytes = 65536;
   size_t inline_max_bytes = 65536;  // allreduces up to this size may run on the engine thread
-  // Striped allreduces of at least kBalanceMinRanges x this many bytes are re-split among their rails
+  // Striped operations of at least kBalanceMinRanges x this many bytes are re-split among their rails
   // while they run, in ranges of at least this (share_balancer.h); 0: shares run as planned. Must be
   // the same on every rank (NEZHA_BALANCE_BYTES, like NEZHA_SEGMENT_BYTES).
   size_t balance_bytes = 1 << 20;
@@ -80,6 +80,8 @@ struct ExecutorHooks {
 // models are fed by the workers' report to the rail table.
 using ShareObserver = std::function<void(int rail, size_t bytes, Clock::time_point start,
                                          double seconds, const std::string& what)>;
+
+class PartWatch;  // executor_striped.cc: the watchdog's watch over one striped part
 
 class Executor {
  public:
@@ -149,7 +151,8 @@ class Executor {
   // An allreduce share threw on `rail_name`: ends the watchdog's watch, then marks the share lost for
   // a redo, or fails its part for good (naming the cause fail_all gave, if any).
   void share_failed(ShareRecord& rec, const std::string& rail_name, const std::string& error);
-  // Whether `resp` (an allreduce of `bytes` with this plan) is re-split while it runs.
+  // Whether an operation of `bytes` with this plan (an allreduce, or a striped broadcast,
+  // allgather, reducescatter or alltoall) is re-split while it runs.
   bool balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size) const;
   void run_single_record(ShareRecord& rec);  // a one-rail collective
   void run_skipped(ShareRecord& rec);        // another process set's: counts as done
@@ -190,10 +193,13 @@ class Executor {
   void run_allreduce(const Response& resp, std::vector<TensorEntry> entries);
   void run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries);
   // Striped broadcast, allgather, alltoall, reducescatter (executor_striped.cc): one record per
-  // share of the plan, each carrying its part of every block; the input of a part is packed into
-  // one contiguous buffer (kept for a redo), its result unpacked into the operation's output.
+  // share of the plan, each carrying its part of every block, read and written in place; balanced
+  // as allreduces are (range by range) where balances() says so.
   void run_striped(const Response& resp, std::vector<TensorEntry> entries);
   void run_striped_part(ShareRecord& rec);
+  // The parts of every block that [offset, offset + count) of the plan carries, on `rail` (the
+  // record's, or its process set's view); `watch` is paused while this rank only computes.
+  void run_striped_range(ShareRecord& rec, transport::Rail& rail, size_t offset, size_t count, PartWatch& watch);
   void striped_part_done(SingleJob& job, const std::string& error);
   static void finish_allreduce(AllreduceJob& job);
 

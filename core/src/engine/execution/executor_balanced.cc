@@ -1,12 +1,10 @@
 // Executor: the shares of a balanced allreduce (share_balancer.h says why, and how ranks agree).
 //
-// Each part (share of the plan) runs on its rail's worker, on every rank:
-//   repeat: the leader (rank 0 of the operation) takes the part's next range from the pool and sends
-//   {offset, count} to every other rank of the rail; the others receive it; count 0 ends the part;
-//   otherwise every rank runs that range's allreduce on the rail.
-// A redo (the part's rail failed) instead starts with the leader sending the ranges it had handed the
-// part, and runs exactly those, in order, on the redo's rail; the pool itself is left to the rails
-// still running (what nobody started is taken by them, with no redo).
+// Each part (share of the plan) runs on its rail's worker, on every rank, range by range as the
+// leader hands them out (balanced_ranges.h; defined here, used by executor_striped.cc as well).
+// A redo (the part's rail failed) runs exactly the ranges the leader had handed the part, in order,
+// on the redo's rail; the pool itself is left to the rails still running (what nobody started is
+// taken by them, with no redo).
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -14,6 +12,7 @@
 #include "collectives/algorithm_util.h"
 #include "collectives/collectives.h"
 #include "common/error.h"
+#include "engine/execution/balanced_ranges.h"
 #include "engine/execution/executor.h"
 #include "engine/execution/executor_jobs.h"
 #include "transport/collective_rail.h"
@@ -39,43 +38,43 @@ void send_to_others(transport::Rail& rail, uint64_t tag, const void* data, size_
 
 ShareBalancer::Range checked(const WireRange& w, size_t total, const transport::Rail& rail) {
   if (w.offset > total || w.count > total - w.offset)
-    throw ProtocolError("rail '" + rail.properties().name + "': rank 0 sent range [" + std::to_string(w.offset) +
-                        ", +" + std::to_string(w.count) + ") of an allreduce of " + std::to_string(total) +
+    throw ProtocolError("rail '" + rail.properties().name + "': the balancing leader sent range [" + std::to_string(w.offset) +
+                        ", +" + std::to_string(w.count) + ") of an operation of " + std::to_string(total) +
                         " elements");
   return {static_cast<size_t>(w.offset), static_cast<size_t>(w.count)};
 }
 
 // The next range of `part`: taken from the pool by the leader and sent to the others, received by them.
-ShareBalancer::Range next_range(transport::Rail& rail, ShareBalancer& balancer, size_t part, uint64_t tag,
-                                size_t total, const Deadline& d) {
+ShareBalancer::Range next_range(transport::Rail& rail, int leader, ShareBalancer& balancer, size_t part,
+                                uint64_t tag, size_t total, const Deadline& d) {
   WireRange w{};
-  if (rail.rank() == 0) {
+  if (rail.rank() == leader) {
     const ShareBalancer::Range r = balancer.claim(part);
     w = {r.offset, r.count};
     send_to_others(rail, tag, &w, sizeof w, d);
   } else {
-    rail.recv(0, tag, &w, sizeof w, d);
+    rail.recv(leader, tag, &w, sizeof w, d);
   }
   return checked(w, total, rail);
 }
 
 // The ranges the leader handed `part` (its record), as the leader has them.
-std::vector<ShareBalancer::Range> redo_ranges(transport::Rail& rail, const ShareBalancer& balancer, size_t part,
-                                              uint64_t tag, size_t total, const Deadline& d) {
+std::vector<ShareBalancer::Range> redo_ranges(transport::Rail& rail, int leader, const ShareBalancer& balancer,
+                                              size_t part, uint64_t tag, size_t total, const Deadline& d) {
   std::vector<WireRange> wire;
   uint64_t n = 0;
-  if (rail.rank() == 0) {
+  if (rail.rank() == leader) {
     for (const auto& r : balancer.claimed(part)) wire.push_back({r.offset, r.count});
     n = wire.size();
     send_to_others(rail, tag, &n, sizeof n, d);
     if (n) send_to_others(rail, tag + 1, wire.data(), n * sizeof(WireRange), d);
   } else {
-    rail.recv(0, tag, &n, sizeof n, d);
+    rail.recv(leader, tag, &n, sizeof n, d);
     if (n > kMaxRedoRanges)
-      throw ProtocolError("rail '" + rail.properties().name + "': rank 0 announced " + std::to_string(n) +
-                          " ranges to redo");
+      throw ProtocolError("rail '" + rail.properties().name + "': rank " + std::to_string(leader) + " announced " +
+                          std::to_string(n) + " ranges to redo");
     wire.resize(n);
-    if (n) rail.recv(0, tag + 1, wire.data(), n * sizeof(WireRange), d);
+    if (n) rail.recv(leader, tag + 1, wire.data(), n * sizeof(WireRange), d);
   }
   std::vector<ShareBalancer::Range> ranges;
   for (const auto& w : wire) ranges.push_back(checked(w, total, rail));
@@ -83,6 +82,30 @@ std::vector<ShareBalancer::Range> redo_ranges(transport::Rail& rail, const Share
 }
 
 }  // namespace
+
+void for_each_balanced_range(transport::Rail& rail, int leader, ShareBalancer& balancer, size_t part, uint64_t seq,
+                             bool is_redo, size_t total, double timeout_s,
+                             const std::function<void(const ShareBalancer::Range&)>& run,
+                             const std::function<void(bool)>& waiting) {
+  // Only a rank other than the leader waits for a claim.
+  auto wait = [&](bool on) {
+    if (waiting && rail.rank() != leader) waiting(on);
+  };
+  if (is_redo) {
+    for (const auto& range : redo_ranges(rail, leader, balancer, part, collectives::make_tag(seq, kClaimStep), total,
+                                         Deadline::after_seconds(timeout_s)))
+      run(range);
+    return;
+  }
+  for (size_t k = 0;; ++k) {
+    wait(true);
+    const ShareBalancer::Range range = next_range(rail, leader, balancer, part, collectives::make_tag(seq, kClaimStep + k),
+                                                  total, Deadline::after_seconds(timeout_s));
+    wait(false);
+    if (range.count == 0) return;
+    run(range);
+  }
+}
 
 bool Executor::balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size) const {
   if (opt_.balance_bytes == 0 || plan.size() < 2 || size < 2 || bytes < kBalanceMinRanges * opt_.balance_bytes)
@@ -108,22 +131,8 @@ void Executor::run_balanced_share(ShareRecord& rec) {
   for (int64_t c : job.resp.counts) total += static_cast<size_t>(c);
   if (watchdog_) watchdog_->begin(r, "allreduce of " + names_str(job.resp));
   try {
-    std::vector<ShareBalancer::Range> redo;
-    if (rec.is_redo)
-      redo = redo_ranges(*rail, *job.balancer, rec.part, collectives::make_tag(rec.seq, kClaimStep), total,
-                         Deadline::after_seconds(opt_.timeout_s));
-    for (size_t k = 0;; ++k) {
-      ShareBalancer::Range range;
-      if (rec.is_redo) {
-        if (k == redo.size()) break;
-        range = redo[k];
-      } else {
-        range = next_range(*rail, *job.balancer, rec.part, collectives::make_tag(rec.seq, kClaimStep + k), total,
-                           Deadline::after_seconds(opt_.timeout_s));
-        if (range.count == 0) break;
-      }
-      run_balanced_range(rec, *rail, range);
-    }
+    for_each_balanced_range(*rail, /*leader=*/0, *job.balancer, rec.part, rec.seq, rec.is_redo, total, opt_.timeout_s,
+                            [&](const ShareBalancer::Range& range) { run_balanced_range(rec, *rail, range); });
     if (watchdog_) watchdog_->end(r, true);
     record_done(rec);
     if (!rec.into_scratch) part_done(job);

@@ -34,6 +34,11 @@ struct Executor::SingleJob {
   std::atomic<int> parts_left{1};
   std::mutex mu;
   std::string error;
+  // Striped and re-split among its rails while it runs (executor_striped.cc); null: as planned.
+  std::unique_ptr<ShareBalancer> balancer;
+  // Balanced, with failover: each range's parts of the input, saved as the range first runs, at
+  // their offsets in the caller's input (ranges never overlap, so the rails share it).
+  BufferPool::Buffer original;
 };
 
 // One (possibly fused) allreduce in flight, shared by the rail jobs that carry its shares.

@@ -1,4 +1,6 @@
-// ShareBalancer: re-splits one striped allreduce among its rails while it runs.
+// ShareBalancer: re-splits one striped operation among its rails while it runs (an allreduce's
+// element ranges; for the other collectives, ranges of the plan that carry that proportion of every
+// block: executor_striped.cc).
 //
 // Why. The plan fixes each rail's share from the cost model before the operation starts; the
 // operation then lasts as long as its slowest share, so a misjudged split (a 48/52 split of equal
@@ -7,7 +9,7 @@
 //
 // How ranks agree. Every rank must run the same element ranges on the same rails in the same order:
 // only then do the rings pair up and is the result bit-identical everywhere. So one rank decides:
-// the operation's rank 0 (the leader) keeps the pool of ranges no rail has started, and a rail's
+// one rank (the leader: the operation's rank 0, a broadcast chain's last rank; balanced_ranges.h) keeps the pool of ranges no rail has started, and a rail's
 // worker there takes its next range from the pool when its previous range is done and sends it to
 // the other ranks of that rail (one small message per range, over the rail itself, before the range
 // runs: executor_balanced.cc). The other ranks follow what the leader sent. Ranks run their ring for
@@ -34,7 +36,7 @@
 
 namespace nezha::engine {
 
-// An allreduce is balanced only from this many minimum ranges up: below, the claims' messages and
+// An operation is balanced only from this many minimum ranges up: below, the claims' messages and
 // the rings' restarts cost more than an imbalance can.
 constexpr size_t kBalanceMinRanges = 4;
 

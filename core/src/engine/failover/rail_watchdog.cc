@@ -28,8 +28,8 @@ RailWatchdog::RailWatchdog(size_t num_rails, double min_silence_s,
       bytes_moved_(std::move(bytes_moved)),
       on_stall_(std::move(on_stall)),
       link_fault_(on_link_lost ? std::move(link_fault) : nullptr),
-      on_link_lost_(std::move(on_link_lost)),
       delivering_(std::move(delivering)),
+      on_link_lost_(std::move(on_link_lost)),
       slots_(num_rails),
       thread_([this] { run(); }) {}
 
