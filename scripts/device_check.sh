@@ -37,4 +37,8 @@ for mode in ffi callback; do
     python3 benchmarks/jax_allreduce_bench.py --sizes 8,64K,1M,16M,64M --leaves 8 \
     --json "$OUT/bench_$mode.json" 2>&1 | grep -v Warning | sed "s/^/$mode: /" | tail -8
 done
+echo "== where a tiny jitted allreduce spends its time ($(date +%T))"
+timeout 60 python3 benchmarks/jax_jit_latency.py 2>&1 | grep size
+timeout 90 python3 -m nezha.runner.launch -np 2 python3 benchmarks/jax_jit_latency.py 2>&1 | grep size
+NEZHA_JAX_FORCE_CALLBACK=1 timeout 60 python3 benchmarks/jax_jit_latency.py 2>&1 | grep size
 echo "== done ($(date +%T))"
