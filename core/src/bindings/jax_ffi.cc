@@ -167,16 +167,7 @@ ffi::Future collective(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t
   return future;
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(NezhaCollective, collective,
-                              ffi::Ffi::Bind()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int32_t>("kind")
-                                  .Attr<std::string_view>("name")
-                                  .Attr<int32_t>("reduce_op")
-                                  .Attr<double>("prescale")
-                                  .Attr<double>("postscale")
-                                  .Attr<int32_t>("root"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(NezhaCollective, collective, bind_call(ffi::Ffi::Bind()));
 
 }  // namespace
 

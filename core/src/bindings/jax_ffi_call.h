@@ -9,6 +9,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.h"
@@ -52,6 +54,21 @@ std::string make_entries(const CallAttrs& call, xla::ffi::RemainingArgs& args,
 // result to `target` (copy_out entry). `copy` moves the bytes (memcpy on the CPU).
 std::string deliver(engine::OpHandle& handle, const std::pair<void*, size_t>& target,
                     const std::function<void(void*, const void*, size_t)>& copy);
+
+// The custom call's buffers and attributes, bound after what a handler binds first (the CUDA
+// handler: its stream). Both handlers take them in this order.
+template <typename Binding>
+auto bind_call(Binding binding) {
+  return std::move(binding)
+      .RemainingArgs()
+      .RemainingRets()
+      .template Attr<int32_t>("kind")
+      .template Attr<std::string_view>("name")
+      .template Attr<int32_t>("reduce_op")
+      .template Attr<double>("prescale")
+      .template Attr<double>("postscale")
+      .template Attr<int32_t>("root");
+}
 
 xla::ffi::Error call_error(const std::string& name, const std::string& why);
 

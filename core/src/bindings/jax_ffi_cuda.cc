@@ -134,16 +134,7 @@ ffi::Error collective_cuda(void* stream, ffi::RemainingArgs args, ffi::Remaining
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(NezhaCollectiveCuda, collective_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<void*>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int32_t>("kind")
-                                  .Attr<std::string_view>("name")
-                                  .Attr<int32_t>("reduce_op")
-                                  .Attr<double>("prescale")
-                                  .Attr<double>("postscale")
-                                  .Attr<int32_t>("root"));
+                              bind_call(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>()));
 
 }  // namespace
 
