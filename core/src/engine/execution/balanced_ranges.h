@@ -7,8 +7,9 @@
 // every other rank of the rail before the range runs; the others receive it; count 0 ends the part.
 // The leader must be a rank whose range ends when the range has reached every rank: rank 0 in a
 // ring (lock step) or a pairwise exchange; in a broadcast the chain's last rank (the root ends as
-// soon as its sends sit in socket buffers, and would hand a slow rail ranges it has not carried). A redo (the part's rail failed): the
-// leader sends the ranges it had handed the part, and every rank runs exactly those, in order.
+// soon as its sends sit in socket buffers, and would hand a slow rail ranges it has not carried).
+// A redo (the part's rail failed): the leader sends the ranges it had handed the part, and every
+// rank runs exactly those, in order.
 #pragma once
 
 #include <cstddef>
@@ -23,8 +24,9 @@ namespace nezha::engine {
 
 // Runs `run` for each range of `part` on `rail`, as above (`leader`: that rank of `rail`).
 // `waiting(true)` / `waiting(false)`, if given, bracket a rank's wait for the leader's next claim
-// (a broadcast's root may wait there a long time while the chain's end catches up). `seq` numbers the operation on the rail;
-// `total` bounds every range (elements of the plan); each message waits at most `timeout_s`.
+// (a broadcast's root may wait there a long time while the chain's end catches up). `seq` numbers
+// the operation on the rail; `total` bounds every range (elements of the plan); each message waits
+// at most `timeout_s`.
 void for_each_balanced_range(transport::Rail& rail, int leader, ShareBalancer& balancer, size_t part, uint64_t seq,
                              bool is_redo, size_t total, double timeout_s,
                              const std::function<void(const ShareBalancer::Range&)>& run,

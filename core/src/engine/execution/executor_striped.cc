@@ -156,9 +156,7 @@ void Executor::run_striped_part(ShareRecord& rec) {
       record_started(rec, nullptr, 0);  // each range saves its parts of the input (job.original)
       int leader = 0;  // a broadcast's: the chain's last rank (balanced_ranges.h)
       if (resp.type == OpType::kBroadcast) {
-        int root = resp.root;
-        if (job.members)
-          root = static_cast<int>(std::find(job.members->begin(), job.members->end(), resp.root) - job.members->begin());
+        const int root = place(job.members.get(), resp.root, rail->size()).first;
         leader = (root + rail->size() - 1) % rail->size();
       }
       for_each_balanced_range(*rail, leader, *job.balancer, rec.part, rec.seq, rec.is_redo, plan_total(resp),
@@ -213,9 +211,7 @@ void Executor::run_striped_range(ShareRecord& rec, transport::Rail& rail, size_t
   int root = -1;
   switch (resp.type) {
     case OpType::kBroadcast: {
-      root = resp.root;
-      if (job.members)
-        root = static_cast<int>(std::find(job.members->begin(), job.members->end(), resp.root) - job.members->begin());
+      root = place(job.members.get(), resp.root, n).first;
       const BlockPart p = part(static_cast<size_t>(resp.counts[0]));
       send_parts[0] = p;
       if (me == root) {
