@@ -67,6 +67,8 @@ def _warn_fallback() -> None:
 
 # The platforms the FFI handlers serve: the CPU (XLA's buffers handed to the engine) and CUDA (device
 # buffers staged through page-locked host memory on XLA's stream, bindings/jax_ffi_cuda.cc).
+# Elsewhere (rocm, tpu) collectives inside jit go through the io_callback: JAX copies each buffer
+# to the host and back.
 FFI_BACKENDS = ("cpu", "cuda")
 
 
@@ -74,12 +76,6 @@ def jit_platform() -> str:
     """The platform jax.jit compiles for, as lowering rules name it: jax.default_backend() says
     "gpu" for CUDA and ROCm alike."""
     return xla_bridge.canonicalize_platform(jax.default_backend())
-
-
-def jit_backend_has_ffi() -> bool:
-    """Whether jax.jit compiles for a platform the FFI handlers serve. Elsewhere (rocm, tpu)
-    collectives inside jit go through the io_callback: JAX copies each buffer to the host and back."""
-    return jit_platform() in FFI_BACKENDS
 
 
 @functools.lru_cache(maxsize=None)
