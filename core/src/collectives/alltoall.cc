@@ -5,9 +5,10 @@
 // steps' messages would leave the same link while earlier ones still drain: several flows in one
 // queue, which a congested or shaped link drops from, and TCP repairs a burst loss only at its
 // retransmission timeout (200 ms; 16 ranks on 250 Mbit/s rails stalled so in every 16 MB alltoall,
-// and the rail watchdog took the silence for a dead path). A message of kPacedBytes or more is
+// and the rail watchdog took the silence for a dead path). A message of 256 KiB or more is
 // therefore acknowledged by its receiver (an empty message back), and its sender waits for that
-// before its next step: one flow per link at a time, at one round trip per large step.
+// before its next step: one flow per link at a time, at one round trip per large step
+// (kAlltoallPacedBytes, collectives.h).
 
 #include <cstdint>
 #include <cstring>
@@ -18,9 +19,6 @@
 #include "collectives/ring.h"
 
 namespace nezha::collectives {
-namespace {
-constexpr size_t kPacedBytes = 256 << 10;
-}  // namespace
 
 void alltoallv_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& send_blocks,
                       const std::vector<size_t>& send_bytes, const std::vector<uint8_t*>& recv_blocks,
@@ -57,9 +55,9 @@ void alltoallv_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& 
       rail.recv(awaiting, make_tag(opt.seq, static_cast<uint64_t>(n + k - 1)), nullptr, 0, opt.deadline);
     rail.sendrecv(to, send_blocks[to], send_bytes[to], from, recv_blocks[from], recv_bytes[from],
                   make_tag(opt.seq, static_cast<uint64_t>(k)), opt.deadline);
-    if (recv_bytes[from] >= kPacedBytes)
+    if (recv_bytes[from] >= kAlltoallPacedBytes)
       rail.send(from, make_tag(opt.seq, static_cast<uint64_t>(n + k)), nullptr, 0, opt.deadline);
-    awaiting = send_bytes[to] >= kPacedBytes ? to : -1;
+    awaiting = send_bytes[to] >= kAlltoallPacedBytes ? to : -1;
   }
   if (awaiting >= 0)
     rail.recv(awaiting, make_tag(opt.seq, static_cast<uint64_t>(2 * n - 1)), nullptr, 0, opt.deadline);

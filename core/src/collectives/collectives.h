@@ -71,6 +71,11 @@ void allgatherv(transport::Rail& rail, const void* in, void* out,
 void allgatherv_blocks(transport::Rail& rail, const void* in, const std::vector<uint8_t*>& out_blocks,
                        const std::vector<size_t>& bytes_per_rank, const CollectiveOptions& opt);
 
+// An alltoallv message of this many bytes or more is acknowledged by its receiver, and its sender
+// waits for that before its next step (alltoall.cc says why). A caller that splits an alltoall
+// (a balanced striped one) keeps its pieces at least this large per peer so they stay paced.
+constexpr size_t kAlltoallPacedBytes = 256 << 10;
+
 // send_bytes[i] bytes at send_blocks[i] go to rank i; recv_bytes[i] bytes from rank i land at
 // recv_blocks[i].
 void alltoallv_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& send_blocks,

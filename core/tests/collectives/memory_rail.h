@@ -60,6 +60,15 @@ class MemoryWorld {
   // while ranks send (a rail whose rate drops mid-operation).
   void set_send_pace(double us_per_kib) { send_us_per_kib_ = us_per_kib; }
 
+  // Messages sent so far (any rank) of at least `lo` and less than `hi` bytes.
+  uint64_t messages_sized(size_t lo, size_t hi) {
+    std::lock_guard<std::mutex> lock(sizes_mu_);
+    uint64_t n = 0;
+    for (const auto& [bytes, count] : sent_sizes_)
+      if (bytes >= lo && bytes < hi) n += count;
+    return n;
+  }
+
   // Messages sent but not yet received, over all mailboxes (a finished collective leaves none).
   size_t undelivered() {
     size_t total = 0;
@@ -73,6 +82,13 @@ class MemoryWorld {
  private:
   size_t send_buffer_bytes_ = SIZE_MAX;
   std::atomic<double> send_us_per_kib_{0};
+  std::mutex sizes_mu_;
+  std::map<size_t, uint64_t> sent_sizes_;  // message size -> how many were sent
+
+  void count_sent(size_t bytes) {
+    std::lock_guard<std::mutex> lock(sizes_mu_);
+    ++sent_sizes_[bytes];
+  }
 
   struct Message {
     uint64_t tag;
@@ -165,6 +181,7 @@ class MemoryWorld {
       }
       box.cv.notify_all();
       bytes_sent_ += bytes;
+      world_.count_sent(bytes);
       if (const double pace = world_.send_us_per_kib_; pace > 0)  // after queueing: the data leaves slowly
         std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(pace * bytes / 1024)));
     }

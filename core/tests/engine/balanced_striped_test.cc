@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/collectives.h"
 #include "engine_cluster.h"
 
 namespace nezha::engine {
@@ -133,6 +134,33 @@ INSTANTIATE_TEST_SUITE_P(Ops, BalancedStripedTest,
                          ::testing::Values(OpType::kBroadcast, OpType::kAllgather, OpType::kReducescatter,
                                            OpType::kAlltoall),
                          [](const ::testing::TestParamInfo<OpType>& info) { return std::string(op_type_name(info.param)); });
+
+// A balanced alltoall's ranges are kept large enough that each peer's piece is paced (alltoall.cc:
+// unpaced pieces piled up in shaped links' queues and stalled 16 ranks for a retransmission
+// timeout). Ranges shrink as shares drain and a slowed rail gives its rest away, so with 64 KiB
+// ranges allowed this run would send 16 KiB pieces; none may fall between a claim (16 bytes) and
+// kAlltoallPacedBytes.
+TEST(BalancedStripedAlltoall, EveryPeersPieceStaysLargeEnoughToBePaced) {
+  auto rails = testing::memory_rails(2);
+  Cluster c(kRanks, rails, [](EngineConfig& cfg) {
+    cfg.timeout_s = 60;
+    cfg.rail_stall_ms = 5000;
+    cfg.balance_bytes = 64 << 10;
+    cfg.control_inline_bytes = 0;
+  });
+  auto w0 = testing::memory_world(rails, 0), w1 = testing::memory_world(rails, 1);
+  w0->set_send_pace(10);
+  w1->set_send_pace(10);
+  for (int i = 0; i < 3; ++i) testing::allreduce_and_check(c, "warm-up", kBlock);
+  w1->set_send_pace(80);
+  auto unpaced = [&] {
+    return w0->messages_sized(1024, collectives::kAlltoallPacedBytes) +
+           w1->messages_sized(1024, collectives::kAlltoallPacedBytes);
+  };
+  const uint64_t before = unpaced();
+  run_and_check(c, OpType::kAlltoall, "alltoall paced");
+  EXPECT_EQ(unpaced() - before, 0u) << "pieces below the pacing threshold were sent";
+}
 
 TEST(BalancedStripedPlanned, WithBalancingOffTheSlowedRailKeepsItsPlannedShare) {
   const std::vector<double> frac = rail1_fraction_when_slowed(OpType::kAllgather, 0);

@@ -223,7 +223,7 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
 
   std::vector<multirail::RailShare> plan = resp.plan;
   if (plan.empty()) plan.push_back({0, 0, total});
-  if (balances(plan, total * esize, job->size)) {
+  if (balances(plan, total * esize, job->size, opt_.balance_bytes)) {
     // Ranges start on 4 KiB from their share's start (whole pages for the copies and the ring).
     const size_t align = std::max<size_t>(1, 4096 / esize);
     job->balancer = std::make_unique<ShareBalancer>(plan, opt_.balance_bytes / esize, align);

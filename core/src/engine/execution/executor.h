@@ -152,8 +152,9 @@ class Executor {
   // a redo, or fails its part for good (naming the cause fail_all gave, if any).
   void share_failed(ShareRecord& rec, const std::string& rail_name, const std::string& error);
   // Whether an operation of `bytes` with this plan (an allreduce, or a striped broadcast,
-  // allgather, reducescatter or alltoall) is re-split while it runs.
-  bool balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size) const;
+  // allgather, reducescatter or alltoall) is re-split while it runs, in ranges of at least
+  // `min_range_bytes` (opt_.balance_bytes, or more where the collective needs larger pieces).
+  bool balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size, size_t min_range_bytes) const;
   void run_single_record(ShareRecord& rec);  // a one-rail collective
   void run_skipped(ShareRecord& rec);        // another process set's: counts as done
   // `rail`: the operation's rail, or its process set's view of it (rank() and size() in the set;

@@ -107,8 +107,9 @@ void for_each_balanced_range(transport::Rail& rail, int leader, ShareBalancer& b
   }
 }
 
-bool Executor::balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size) const {
-  if (opt_.balance_bytes == 0 || plan.size() < 2 || size < 2 || bytes < kBalanceMinRanges * opt_.balance_bytes)
+bool Executor::balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size,
+                        size_t min_range_bytes) const {
+  if (opt_.balance_bytes == 0 || plan.size() < 2 || size < 2 || bytes < kBalanceMinRanges * min_range_bytes)
     return false;
   for (const auto& share : plan) {
     transport::Rail* rail = rails_[share.rail];

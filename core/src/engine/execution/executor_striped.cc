@@ -105,8 +105,17 @@ void Executor::run_striped(const Response& resp, std::vector<TensorEntry> entrie
     res.output.resize(static_cast<size_t>(resp.rank_rows[me] * resp.row_elements[0]) * esize);
     res.output_shape = with_rows(shape, resp.rank_rows[me]);
   }
-  if (balances(resp.plan, plan_total(resp) * esize, n)) {
-    job->balancer = std::make_unique<ShareBalancer>(resp.plan, std::max<size_t>(1, opt_.balance_bytes / esize), 1);
+  // A range carries c / total of every block: an alltoall's range of c elements sends each peer
+  // about c / n of them (one element less where rounding falls so), kept at least
+  // kAlltoallPacedBytes so its messages stay paced (alltoall.cc: unpaced 64 KiB pieces of a 16 MB
+  // alltoall among 16 ranks stalled 250 Mbit/s rails for a retransmission timeout, which the
+  // watchdog took for a failed rail).
+  const size_t min_range_bytes =
+      resp.type == OpType::kAlltoall
+          ? std::max(opt_.balance_bytes, static_cast<size_t>(n) * (collectives::kAlltoallPacedBytes + esize))
+          : opt_.balance_bytes;
+  if (balances(resp.plan, plan_total(resp) * esize, n, min_range_bytes)) {
+    job->balancer = std::make_unique<ShareBalancer>(resp.plan, std::max<size_t>(1, min_range_bytes / esize), 1);
     const bool has_input = resp.type != OpType::kBroadcast || opt_.rank == resp.root;
     if (opt_.failover && has_input) job->original = originals_.acquire(single_input_bytes(*job));
   }
