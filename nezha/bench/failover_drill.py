@@ -1,5 +1,6 @@
 """Failover drill on the netns testbed: cut one host's cable to a rail during a continuous
-allreduce, restore it, and measure the stall and the time to re-admit the rail.
+allreduce (or another collective, --op), restore it, and measure the stall and the time to
+re-admit the rail.
 
     python -m nezha.bench.failover_drill --cycles 10          (root; builds its own testbed)
 
@@ -27,19 +28,20 @@ WORKER = Path(__file__).resolve().parent / "failover_worker.py"
 def run_drill(tb, cycles: int = 1, rail: int = 1, host: int = 1, down_s: float = 3.0,
               up_s: float = 6.0, elements: int = 1 << 20, timeout_s: float = 300,
               env: Optional[dict] = None, fault: str = "cut", rate: str = "1gbit",
-              rails: Optional[str] = None) -> dict:
+              rails: Optional[str] = None, op: str = "allreduce") -> dict:
     """Runs the drill on an up Testbed `tb`; returns per-cycle figures and every rank's output.
 
     fault "cut" pulls the cable; "throttle" shapes the host's egress on the rail to 8 kbit/s and
     back to `rate`; "reset" kills the host's TCP connections on the rail (`ss -K`: the peers get a
     reset) and re-admission is timed from the reset itself. `rails` replaces the testbed's rail spec
-    (e.g. "10.50.0.0/24,ofi:tcp;ofi_rxm@10.51.0.0/24"), one item per testbed rail in rail order."""
+    (e.g. "10.50.0.0/24,ofi:tcp;ofi_rxm@10.51.0.0/24"), one item per testbed rail in rail order.
+    `op`: the collective run back to back (failover_worker.py), `elements` float32 per rank."""
     stop_file = Path(tempfile.mkdtemp(prefix="nezha-drill-")) / "stop"
     launch_args = tb.nezharun_args()
     if rails is not None:
         launch_args[launch_args.index("--rails") + 1] = rails
     cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", str(len(tb.hosts)), *launch_args,
-           "--", sys.executable, str(WORKER), str(stop_file), str(rail), str(elements)]
+           "--", sys.executable, str(WORKER), str(stop_file), str(rail), str(elements), op]
     full_env = {**os.environ, "NEZHA_TIMEOUT_S": "20", **(env or {})}
     proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list = []
@@ -129,7 +131,10 @@ def main(argv=None) -> int:
     p.add_argument("--cycles", type=int, default=10)
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--rate", default="1gbit", help="rate of both rails")
-    p.add_argument("--elements", type=int, default=1 << 20, help="float32 elements per allreduce")
+    p.add_argument("--elements", type=int, default=1 << 20, help="float32 elements per rank and operation")
+    p.add_argument("--op", default="allreduce",
+                   choices=["allreduce", "allgather", "broadcast", "reducescatter", "alltoall"],
+                   help="the collective run back to back (each striped over both rails)")
     p.add_argument("--down-s", type=float, default=3.0)
     p.add_argument("--up-s", type=float, default=6.0)
     p.add_argument("--fault", choices=["cut", "throttle", "reset"], default="cut",
@@ -142,7 +147,7 @@ def main(argv=None) -> int:
     with Testbed(hosts=args.hosts, rails=2, rates=[args.rate, args.rate]) as tb:
         rails = args.rails.format(*tb.rail_subnets) if args.rails else None
         r = run_drill(tb, cycles=args.cycles, down_s=args.down_s, up_s=args.up_s, elements=args.elements,
-                      fault=args.fault, rate=args.rate, rail=args.rail, rails=rails)
+                      fault=args.fault, rate=args.rate, rail=args.rail, rails=rails, op=args.op)
     if r["returncode"] != 0 or not r["cycles"]:
         print(r["output"][-4000:])
         return 1

@@ -174,6 +174,41 @@ TEST(RailWatchdog, ALostLinkIsReportedAtOnceAndOncePerOperation) {
   EXPECT_EQ(stalls.load(), 0) << "a lost link is not also reported as silence";
 }
 
+// A paused rail (its worker waits for a claim, not for data) may stay silent past the limit; its
+// link is still checked, so a rank waiting for a claim its cut link will never bring is reported;
+// after begin() its silence counts again.
+TEST(RailWatchdog, APausedRailsSilenceIsNotReportedButItsLostLinkIs) {
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<bool> carrier{true};
+  std::atomic<int> stalls{0}, lost{0};
+  RailWatchdog dog{
+      1, 0.05, [&](int) { return bytes.load(); }, [&](int, const std::string&) { ++stalls; },
+      [&](int) { return carrier ? std::string() : std::string("interface rail0 has no carrier"); },
+      [&](int, const std::string&) { ++lost; }};
+  dog.begin(0, "allgather");
+  bytes += 100;
+  std::this_thread::sleep_for(milliseconds(20));
+  dog.pause(0);
+  std::this_thread::sleep_for(milliseconds(250));  // five limits of silence
+  EXPECT_EQ(stalls.load(), 0) << "a paused rail's silence was reported";
+  carrier = false;
+  const auto cut = std::chrono::steady_clock::now();
+  while (lost.load() == 0 && std::chrono::steady_clock::now() - cut < std::chrono::seconds(5))
+    std::this_thread::sleep_for(milliseconds(2));
+  EXPECT_EQ(lost.load(), 1) << "a paused rail's lost link was not reported";
+  const double waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - cut).count();
+  EXPECT_LT(waited_ms, 500.0) << "a generous bound: the link is checked every 10 ms";
+  carrier = true;
+  dog.begin(0, "allgather");  // the claim came: silence counts again
+  const auto resumed = std::chrono::steady_clock::now();
+  while (stalls.load() == 0 && std::chrono::steady_clock::now() - resumed < std::chrono::seconds(5))
+    std::this_thread::sleep_for(milliseconds(2));
+  EXPECT_EQ(stalls.load(), 1) << "a resumed rail's silence was not reported";
+  dog.end(0, false);
+  // 3 x the 20 ms before the pause at most; 3 x the paused 250 ms would be 0.75 s.
+  EXPECT_LT(dog.limit_s(0), 0.2) << "the paused wait was learned as a healthy pause";
+}
+
 // A silent rail whose transport vouches that its connections deliver (a late peer) is not
 // reported at the silence limit, only once silent for twice the limit; one that does not vouch is
 // reported at the limit.

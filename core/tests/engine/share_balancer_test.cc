@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <algorithm>
 #include <thread>
 #include <vector>
@@ -75,6 +77,72 @@ TEST(ShareBalancerTest, AFastRailTakesTheBackOfTheSlowRailsShare) {
   EXPECT_EQ(b.claim(1).count, 0u);
   std::vector<std::vector<Range>> got = {fast, {slow_first}};
   expect_exact_cover(got, 8192);
+}
+
+// Shares 4:1 (the planner's split for rails of 4:1 rates): the slow rail's minimum range is a
+// quarter of the fast one's, so a last range lasts about as long on either rail.
+TEST(ShareBalancerTest, ASlowerRailsMinimumRangeShrinksWithItsShare) {
+  ShareBalancer b({{0, 0, 8000}, {1, 8000, 2000}}, 400, 1, 50);
+  auto got = claim_all(b, {0, 1});
+  expect_exact_cover(got, 10000);
+  const std::vector<size_t> want0 = {4000, 2000, 1000, 500, 500}, want1 = {1000, 500, 250, 125, 125};
+  ASSERT_EQ(got[0].size(), want0.size());
+  ASSERT_EQ(got[1].size(), want1.size());
+  for (size_t i = 0; i < want0.size(); ++i) EXPECT_EQ(got[0][i].count, want0[i]) << i;
+  for (size_t i = 0; i < want1.size(); ++i) EXPECT_EQ(got[1][i].count, want1[i]) << i;
+  // The floor holds however small a share is: 1/1000 of the largest share, minimum 50, not 0.4.
+  ShareBalancer tiny({{0, 0, 100000}, {1, 100000, 100}}, 400, 1, 50);
+  EXPECT_EQ(tiny.claim(1).count, 50u);
+}
+
+// A rail that steals takes the part it would carry while the victim's rail carries the rest, at
+// the planned rates: 4/5 of what is left for the fast rail, 1/5 for the slow one.
+TEST(ShareBalancerTest, AStolenRangeFollowsThePlannedRatesOfThiefAndVictim) {
+  {
+    ShareBalancer b({{0, 0, 8000}, {1, 8000, 2000}}, 400, 1, 50);
+    EXPECT_EQ(b.claim(1).count, 1000u);  // the slow rail starts, then stalls
+    while (b.claim(0).offset < 8000) {
+    }
+    // That last claim was the fast rail's first steal: 800 of the 1000 left, from the back.
+    const auto stolen = b.claimed(0).back();
+    EXPECT_EQ(stolen.offset, 9200u);
+    EXPECT_EQ(stolen.count, 800u);
+    EXPECT_EQ(b.claim(1).count, 100u);  // the slow rail goes on at the front of what it kept
+  }
+  {
+    ShareBalancer b({{0, 0, 8000}, {1, 8000, 2000}}, 400, 1, 50);
+    EXPECT_EQ(b.claim(0).count, 4000u);  // the fast rail starts, then stalls
+    while (b.claim(1).offset >= 8000) {
+    }
+    const auto stolen = b.claimed(1).back();
+    EXPECT_EQ(stolen.offset, 7200u);
+    EXPECT_EQ(stolen.count, 800u);  // a fifth of the 4000 left
+  }
+}
+
+// Once both rails have finished ranges, a steal follows their rates in this operation, not the
+// plan's: here the plan said 4:1 and the rails ran 8:1.
+TEST(ShareBalancerTest, AStealFollowsTheRatesMeasuredInTheOperation) {
+  ShareBalancer b({{0, 0, 40000}, {1, 40000, 10000}}, 400, 1, 50);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto at = [&](double s) { return t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                           std::chrono::duration<double>(s)); };
+  EXPECT_EQ(b.claim(1, at(0)).count, 5000u);  // the slow rail: 2500 elements/s
+  // The fast rail, 20000 elements/s: each claim when its last range ended; its share ends at 2 s.
+  size_t done = 0;
+  for (Range r = b.claim(0, at(0)); r.offset < 40000; r = b.claim(0, at(done / 20000.0))) done += r.count;
+  ASSERT_EQ(done, 40000u);
+  EXPECT_EQ(b.claimed(0).back().count, 4000u);
+  // (That last claim, at 2 s, found the slow rail with no finished range: the plan's 4:1 gave it
+  // 4/5 of the slow rail's 5000 left.) Start over with the slow rail measured before the steal.
+  ShareBalancer c({{0, 0, 40000}, {1, 40000, 10000}}, 400, 1, 50);
+  EXPECT_EQ(c.claim(1, at(0)).count, 5000u);
+  done = 0;
+  for (Range r = c.claim(0, at(0)); done + r.count < 40000; r = c.claim(0, at(done / 20000.0))) done += r.count;
+  EXPECT_EQ(c.claim(1, at(2)).count, 2500u);  // 5000 elements in 2 s; 2500 left behind it
+  const Range stolen = c.claim(0, at(2));     // 40000 elements in 2 s: 8 x the slow rail
+  EXPECT_EQ(stolen.count, 2222u) << "8/9 of the 2500 left (the plan's 4/5 would be 2000)";
+  EXPECT_EQ(stolen.offset, 50000u - 2222u);
 }
 
 TEST(ShareBalancerTest, ThreeUnequalSharesAndUnalignedSizesAreCoveredExactlyOnce) {

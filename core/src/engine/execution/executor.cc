@@ -226,7 +226,8 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
   if (balances(plan, total * esize, job->size, opt_.balance_bytes)) {
     // Ranges start on 4 KiB from their share's start (whole pages for the copies and the ring).
     const size_t align = std::max<size_t>(1, 4096 / esize);
-    job->balancer = std::make_unique<ShareBalancer>(plan, opt_.balance_bytes / esize, align);
+    const size_t min_claim = opt_.balance_bytes / esize;
+    job->balancer = std::make_unique<ShareBalancer>(plan, min_claim, align, min_claim / kMinClaimSpread);
     if (opt_.failover) job->original = originals_.acquire(total * esize);
   }
   job->parts_left = static_cast<int>(plan.size());

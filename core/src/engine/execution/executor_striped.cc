@@ -53,23 +53,29 @@ std::pair<int, int> place(const std::vector<int>* members, int rank, int size) {
 
 }  // namespace
 
-// The rail is watched while a part communicates (a leader's claims included), not while this rank
-// copies its input for a redo, scales what it received or waits for a claim: steps that move no
-// byte and, on 2 busy cores, can outlast the 100 ms the watchdog allows a silent rail.
+// The rail's silence is watched while a part communicates (a leader's claims included), not while
+// this rank copies its input for a redo, scales what it received or waits for a claim: steps that
+// move no byte and, on 2 busy cores, can outlast the 100 ms the watchdog allows a silent rail. Its
+// link is watched throughout: a rank waiting for a claim its cut link will never bring (the leader
+// sent "nothing left" and is done with the part) is reported by its carrier, not by nobody.
 class PartWatch {
  public:
   PartWatch(RailWatchdog* watchdog, int rail, std::string what)
       : watchdog_(watchdog), rail_(rail), what_(std::move(what)) {
     resume();
   }
-  void pause() { end(true); }
+  void pause() {
+    if (on_ && !paused_) watchdog_->pause(rail_);
+    paused_ = on_;
+  }
   void resume() {
-    if (watchdog_ && !on_) watchdog_->begin(rail_, what_);
+    if (watchdog_ && (!on_ || paused_)) watchdog_->begin(rail_, what_);
     on_ = watchdog_ != nullptr;
+    paused_ = false;
   }
   void end(bool ok) {
     if (on_) watchdog_->end(rail_, ok);
-    on_ = false;
+    on_ = paused_ = false;
   }
 
  private:
@@ -77,6 +83,7 @@ class PartWatch {
   int rail_;
   std::string what_;
   bool on_ = false;
+  bool paused_ = false;
 };
 
 void Executor::run_striped(const Response& resp, std::vector<TensorEntry> entries) {
@@ -115,7 +122,10 @@ void Executor::run_striped(const Response& resp, std::vector<TensorEntry> entrie
           ? std::max(opt_.balance_bytes, static_cast<size_t>(n) * (collectives::kAlltoallPacedBytes + esize))
           : opt_.balance_bytes;
   if (balances(resp.plan, plan_total(resp) * esize, n, min_range_bytes)) {
-    job->balancer = std::make_unique<ShareBalancer>(resp.plan, std::max<size_t>(1, min_range_bytes / esize), 1);
+    // A slower rail's ranges are smaller (share_balancer.h), but an alltoall's never below the paced size.
+    const size_t min_claim = std::max<size_t>(1, min_range_bytes / esize);
+    const size_t floor_claim = resp.type == OpType::kAlltoall ? min_claim : min_claim / kMinClaimSpread;
+    job->balancer = std::make_unique<ShareBalancer>(resp.plan, min_claim, 1, floor_claim);
     const bool has_input = resp.type != OpType::kBroadcast || opt_.rank == resp.root;
     if (opt_.failover && has_input) job->original = originals_.acquire(single_input_bytes(*job));
   }

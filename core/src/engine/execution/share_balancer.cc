@@ -4,40 +4,78 @@
 
 namespace nezha::engine {
 
-ShareBalancer::ShareBalancer(const std::vector<multirail::RailShare>& plan, size_t min_claim, size_t align)
-    : claims_(plan.size()), align_(std::max<size_t>(1, align)) {
-  min_claim_ = std::max(min_claim, align_);
-  for (const auto& share : plan) pools_.push_back({share.offset, share.offset + share.count});
+ShareBalancer::ShareBalancer(const std::vector<multirail::RailShare>& plan, size_t min_claim, size_t align,
+                             size_t floor_claim)
+    : claims_(plan.size()), progress_(plan.size()), align_(std::max<size_t>(1, align)) {
+  double largest = 0;
+  for (const auto& share : plan) {
+    pools_.push_back({share.offset, share.offset + share.count});
+    weights_.push_back(static_cast<double>(share.count));
+    largest = std::max(largest, static_cast<double>(share.count));
+  }
+  const size_t top = std::max(min_claim, align_);
+  const size_t floor = std::min(top, std::max(floor_claim, align_));
+  for (double w : weights_) {
+    const auto scaled = largest > 0 ? static_cast<size_t>(static_cast<double>(top) * w / largest) : top;
+    min_claim_.push_back(std::clamp(round_up(scaled), floor, top));
+  }
 }
 
-size_t ShareBalancer::take_size(size_t left) const {
-  if (left < 2 * min_claim_) return left;
-  size_t half = (left / 2 + align_ - 1) / align_ * align_;  // rounded up to the alignment
-  return std::min(left, std::max(half, min_claim_));
+size_t ShareBalancer::take_size(size_t left, size_t want, size_t min) const {
+  if (left < 2 * min) return left;
+  return std::min(left, std::max(round_up(want), min));
 }
 
-ShareBalancer::Range ShareBalancer::claim(size_t part) {
+double ShareBalancer::rate(size_t part, size_t finished, std::chrono::steady_clock::time_point at) const {
+  const Progress& p = progress_[part];
+  const double secs = std::chrono::duration<double>(at - p.first).count();
+  return p.claims > 0 && finished > 0 && secs > 0 ? static_cast<double>(finished) / secs : 0;
+}
+
+ShareBalancer::Range ShareBalancer::claim(size_t part, std::chrono::steady_clock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
   Range r;
+  Progress& mine = progress_[part];
+  mine.finished = mine.claimed;  // its previous range ended: that is why it claims
+  if (mine.claims == 0) mine.first = now;
+  mine.last = now;
   Pool& own = pools_[part];
+  const size_t min = min_claim_[part];
   if (own.begin < own.end) {
-    r = {own.begin, take_size(own.end - own.begin)};
+    const size_t left = own.end - own.begin;
+    r = {own.begin, take_size(left, left / 2, min)};
     own.begin += r.count;
   } else {
-    // The largest share still holding elements (the lowest part on ties, so the choice depends on
-    // the pool only); its back end, away from where its own rail is working.
+    // The share with the most time left at its planned rate (the lowest part on ties, so the choice
+    // depends on the pool only); its back end, away from where its own rail is working.
     size_t victim = pools_.size();
-    for (size_t p = 0; p < pools_.size(); ++p)
-      if (pools_[p].end - pools_[p].begin > 0 &&
-          (victim == pools_.size() || pools_[p].end - pools_[p].begin > pools_[victim].end - pools_[victim].begin))
+    double most = -1;
+    for (size_t p = 0; p < pools_.size(); ++p) {
+      const size_t left = pools_[p].end - pools_[p].begin;
+      if (left == 0) continue;
+      const double time = static_cast<double>(left) / std::max(weights_[p], 1.0);
+      if (time > most) {
+        most = time;
         victim = p;
+      }
+    }
     if (victim == pools_.size()) return {};
     Pool& v = pools_[victim];
     const size_t left = v.end - v.begin;
-    size_t keep = left - take_size(left);
-    keep = std::min(left, (keep + align_ - 1) / align_ * align_);  // the range starts aligned
+    double ours = rate(part, mine.finished, now), theirs = rate(victim, progress_[victim].finished, progress_[victim].last);
+    if (ours <= 0 || theirs <= 0) {  // one of them has no finished range yet: the plan's view
+      ours = weights_[part];
+      theirs = weights_[victim];
+    }
+    const double fraction = ours + theirs > 0 ? ours / (ours + theirs) : 0.5;
+    size_t keep = left - take_size(left, static_cast<size_t>(static_cast<double>(left) * fraction), min);
+    keep = std::min(left, round_up(keep));  // the range starts aligned
     r = {v.begin + keep, left - keep};
     v.end = v.begin + keep;
+  }
+  if (r.count > 0) {
+    ++mine.claims;
+    mine.claimed += r.count;
   }
   claims_[part].push_back(r);
   return r;

@@ -67,6 +67,7 @@ void RailWatchdog::begin(int rail, std::string what) {
     std::lock_guard<std::mutex> lock(mu_);
     Slot& s = slots_[rail];
     s.active = true;
+    s.silence_watched = true;
     s.bytes = bytes;
     s.last_progress = Clock::now();
     s.longest_pause = Clock::duration::zero();
@@ -78,14 +79,27 @@ void RailWatchdog::begin(int rail, std::string what) {
   if (wake) cv_.notify_all();
 }
 
-void RailWatchdog::end(int rail, bool ok) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Slot& s = slots_[rail];
-  s.active = false;  // no notify: the next tick just finds nothing to watch
-  if (!ok || !s.moved) return;
+void RailWatchdog::learn_locked(Slot& s) {
+  if (!s.silence_watched || !s.moved) return;  // a pause was learned when it began
   s.longest_pause = std::max(s.longest_pause, Clock::now() - s.last_progress);
   auto decayed = std::chrono::duration_cast<Clock::duration>(s.healthy_pause * kHealthyDecay);
   s.healthy_pause = std::max(decayed, s.longest_pause);
+}
+
+void RailWatchdog::end(int rail, bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Slot& s = slots_[rail];
+  if (ok) learn_locked(s);
+  s.active = false;  // no notify: the next tick just finds nothing to watch
+  s.silence_watched = false;
+}
+
+void RailWatchdog::pause(int rail) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Slot& s = slots_[rail];
+  if (!s.active) return;
+  learn_locked(s);
+  s.silence_watched = false;  // still active: its link is checked on every tick
 }
 
 void RailWatchdog::run() {
@@ -98,7 +112,7 @@ void RailWatchdog::run() {
     Clock::time_point now = Clock::now();
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& s = slots_[i];
-      if (!s.active) continue;
+      if (!s.active || (!s.silence_watched && !link_fault_)) continue;
       watching = true;
       const Clock::duration limit = limit_locked(static_cast<int>(i));
       tick = std::min(tick, limit / kTicksPerLimit);
@@ -110,6 +124,7 @@ void RailWatchdog::run() {
           continue;
         }
       }
+      if (!s.silence_watched) continue;
       uint64_t bytes = bytes_moved_(static_cast<int>(i));
       if (bytes != s.bytes) {
         if (s.moved) s.longest_pause = std::max(s.longest_pause, now - s.last_progress);

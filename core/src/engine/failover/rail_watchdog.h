@@ -60,6 +60,11 @@ class RailWatchdog {
   void begin(int rail, std::string what);
   // The operation finished; `ok` = normally (its pauses then teach the limit what is healthy).
   void end(int rail, bool ok);
+  // The rail's worker, inside an operation, waits for something other than its peers' data (a
+  // balanced part's next claim, a copy): its silence is not watched (what came before is learned
+  // as by end(rail, true)), its link still is, until begin() or end(). A rank waiting for a claim
+  // that its cut link will never bring is thus still reported when that link is gone.
+  void pause(int rail);
   void stop();
 
   double limit_s(int rail);  // the current silence limit (tests, logs)
@@ -76,6 +81,7 @@ class RailWatchdog {
     bool active = false;
     uint64_t bytes = 0;
     Clock::time_point last_progress{};
+    bool silence_watched = false;     // active and not paused: silence counts
     bool moved = false;               // the current operation has moved a byte
     bool link_reported = false;       // the current operation's link loss was reported
     Clock::duration longest_pause{};  // within the current operation, after its first byte
@@ -83,6 +89,7 @@ class RailWatchdog {
     Clock::duration min_silence{};    // this rail's own floor (set_min_silence), 0: the shared one
     std::string what;
   };
+  void learn_locked(Slot& s);  // folds the silence since the last byte into the healthy pause
   Clock::duration min_silence_;
   std::function<uint64_t(int)> bytes_moved_;
   Callback on_stall_;
