@@ -166,7 +166,7 @@ def main(argv=None) -> int:
                           testbed=testbed_text)
     # Hand-written analysis (gaps and their causes) and the training figures stay with the numbers.
     for extra in ("ANALYSIS.md", "TRAINING.md", "FAILOVER.md", "JAX.md", "TENSORFLOW.md", "SHM.md", "OFI.md",
-                  "AGG.md", "STRIPED.md"):
+                  "AGG.md", "STRIPED.md", "BALANCE.md", "HOROVOD_TESTS.md"):
         if (BENCH_DIR / extra).exists():
             section = (BENCH_DIR / extra).read_text(encoding="utf-8")
             text += "\n\n" + ("#" + section if section.startswith("# ") else section)

@@ -135,17 +135,26 @@ def _live_sets() -> List[ProcessSet]:
     return list(_registered)
 
 
-def process_set_id(process_set: Any) -> int:
-    """The engine's id for `process_set` (0: every rank). Raises ValueError for a set that is not
-    registered, or that does not include this rank."""
+def member_of(process_set: Any) -> bool:
+    """Whether this rank is in `process_set`. Raises ValueError for anything but a registered
+    process set. (Some objects may be bound to a set on any rank: Horovod's DistributedOptimizer
+    of a set steps on local gradients on the ranks outside it.)"""
     if process_set is None or process_set is global_process_set:
-        return 0
+        return True
     if not isinstance(process_set, ProcessSet):
         raise ValueError("process_set must be a ProcessSet (or the global one); got %r" % (process_set,))
     if not process_set._registered():
         raise ValueError("%r is not registered: call add_process_set(...) on every rank first"
                          % (process_set,))
-    if not process_set.included():
+    return process_set.included()
+
+
+def process_set_id(process_set: Any) -> int:
+    """The engine's id for `process_set` (0: every rank). Raises ValueError for a set that is not
+    registered, or that does not include this rank."""
+    if not member_of(process_set):
         raise ValueError("rank %d is not in %r" % (rank(), process_set))
+    if process_set is None or process_set is global_process_set:
+        return 0
     return int(process_set.process_set_id)
 

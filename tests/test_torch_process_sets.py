@@ -8,7 +8,7 @@ from torch_workers.harness import assert_every_rank_passed, run_workers
 pytest.importorskip("torch")
 
 EXPECTED = {"allreduce", "allgather broadcast alltoall reducescatter", "gradients",
-            "DistributedOptimizer", "errors", "removal"}
+            "DistributedOptimizer", "DistributedOptimizer outside its set", "errors", "removal"}
 
 
 @pytest.mark.timeout(240)

@@ -15,7 +15,7 @@ import torch
 from nezha.compression import compress_all, decompress_all
 from nezha.gradients import GradientReducer, name_parameters
 from nezha.horovod_api import Average, resolve_op
-from nezha.process_sets import global_process_set, process_set_id
+from nezha.process_sets import global_process_set, member_of
 from nezha.torch import mpi_ops
 from nezha.torch.compression import Compression
 
@@ -35,6 +35,9 @@ class _DistributedOptimizerMixin:
                      gradient_predivide_factor, groups, sparse_as_dense, process_set):
         self._compression = compression
         self._process_set = process_set  # gradients are reduced among its ranks
+        # A rank outside the set (or a set of one) steps on its own gradients, as in Horovod: no
+        # hooks, nothing submitted, synchronize() returns at once.
+        self._reduces = member_of(process_set) and process_set.size() > 1
         self.sparse_as_dense = sparse_as_dense
         params = [group["params"] for group in self.param_groups]
         self._reducer = GradientReducer(
@@ -45,7 +48,7 @@ class _DistributedOptimizerMixin:
         self._synchronized = False
         self._should_synchronize = True
         self._hook_handles = []
-        if process_set.size() > 1:
+        if self._reduces:
             for p in self._reducer.trainable:
                 self._hook_handles.append(
                     p.register_post_accumulate_grad_hook(self._reducer.ready))
@@ -93,7 +96,7 @@ class _DistributedOptimizerMixin:
 
     def synchronize(self):
         """Waits until every gradient is averaged over ranks (submitting any not yet submitted)."""
-        if self._process_set.size() > 1:
+        if self._reduces:
             self._reducer.synchronize()
         self._synchronized = True
 
@@ -142,7 +145,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     param_groups, so `isinstance` checks, LR schedulers and GradScaler keep working.
     """
     op = resolve_op(op, None)  # refuses Adasum
-    process_set_id(process_set)  # registered, and this rank is in it
+    member_of(process_set)  # registered (this rank may be outside it)
     if num_groups and groups is None:
         groups = num_groups
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizerMixin, optimizer.__class__), {})

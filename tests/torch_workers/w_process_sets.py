@@ -94,6 +94,29 @@ for p, q in zip(model.parameters(), reference.parameters()):
     assert_close(p, q, "DistributedOptimizer in a set", rtol=1e-5, atol=1e-6)
 report("DistributedOptimizer")
 
+# The even set's DistributedOptimizer built on every rank (Horovod's test_optimizer_process_sets):
+# its members train together, a rank outside it steps on its own batch alone, and nobody waits.
+torch.manual_seed(1)
+model = torch.nn.Linear(4, 1)
+reference = torch.nn.Linear(4, 1)
+reference.load_state_dict(model.state_dict())
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters(), process_set=even_set)
+ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+trained_on = even_ranks if rank in even_ranks else [rank]
+for step in range(2):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(data[rank][0]), data[rank][1]).backward()
+    opt.step()
+    ref_opt.zero_grad()
+    xs = torch.cat([data[r][0] for r in trained_on])
+    ys = torch.cat([data[r][1] for r in trained_on])
+    torch.nn.functional.mse_loss(reference(xs), ys).backward()
+    ref_opt.step()
+for p, q in zip(model.parameters(), reference.parameters()):
+    assert_close(p, q, "DistributedOptimizer of a set without this rank", rtol=1e-5, atol=1e-6)
+report("DistributedOptimizer outside its set")
+
 # errors: another set's collective, a mismatch within the set (raised on every member)
 other = odd_set if this_set is even_set else even_set
 if other.size() > 0:
