@@ -145,6 +145,25 @@ TEST(ShareBalancerTest, AStealFollowsTheRatesMeasuredInTheOperation) {
   EXPECT_EQ(stolen.offset, 50000u - 2222u);
 }
 
+// A thief 20x faster than its victim would take 20/21 of what is left; it leaves the victim at
+// least the victim's minimum range instead (an alltoall's pieces below it would go unpaced: TSan's
+// slow run of BalancedStripedAlltoall caught 12 such pieces).
+TEST(ShareBalancerTest, AStealLeavesTheVictimAtLeastItsMinimumRange) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto at = [&](double s) { return t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                           std::chrono::duration<double>(s)); };
+  ShareBalancer c({{0, 0, 10000}, {1, 10000, 10000}}, 1000, 1, 1000);
+  EXPECT_EQ(c.claim(1, at(0)).count, 5000u);
+  for (double t : {0.0, 0.05, 0.075, 0.0875}) ASSERT_GT(c.claim(0, at(t)).count, 0u);
+  ASSERT_EQ(c.claimed(0).size(), 4u);
+  EXPECT_EQ(c.claim(1, at(1.0)).count, 2500u);  // 5000 elements/s; 2500 left behind it
+  const Range stolen = c.claim(0, at(0.1));     // 100000 elements/s: it would take 2380
+  EXPECT_EQ(stolen.count, 1500u) << "the victim keeps its minimum of 1000";
+  EXPECT_EQ(c.claim(1, at(1.5)).count, 1000u);
+  EXPECT_EQ(c.claim(1, at(1.7)).count, 0u);
+  EXPECT_EQ(c.claim(0, at(0.2)).count, 0u);
+}
+
 TEST(ShareBalancerTest, ThreeUnequalSharesAndUnalignedSizesAreCoveredExactlyOnce) {
   ShareBalancer b({{0, 0, 777}, {1, 777, 5003}, {2, 5780, 1}}, 50, 16);
   auto got = claim_all(b, {2, 0, 2, 1});

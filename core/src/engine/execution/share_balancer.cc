@@ -68,8 +68,12 @@ ShareBalancer::Range ShareBalancer::claim(size_t part, std::chrono::steady_clock
       theirs = weights_[victim];
     }
     const double fraction = ours + theirs > 0 ? ours / (ours + theirs) : 0.5;
-    size_t keep = left - take_size(left, static_cast<size_t>(static_cast<double>(left) * fraction), min);
-    keep = std::min(left, round_up(keep));  // the range starts aligned
+    // The thief takes at least its minimum and leaves the victim at least the victim's (a remnant
+    // below it would be a range too small: an alltoall's pieces unpaced), or takes all of it.
+    const size_t victim_min = min_claim_[victim];
+    const size_t want = static_cast<size_t>(static_cast<double>(left) * fraction);
+    const size_t take = left < min + victim_min ? left : std::clamp(round_up(want), min, left - victim_min);
+    size_t keep = std::min(left, round_up(left - take));  // the range starts aligned
     r = {v.begin + keep, left - keep};
     v.end = v.begin + keep;
   }
