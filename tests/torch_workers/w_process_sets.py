@@ -71,51 +71,39 @@ x = torch.ones(rank + 1, 2, requires_grad=True)
 assert_close(x.grad, torch.full((rank + 1, 2), 2.0), "allgather grad")
 report("gradients")
 
-# A DistributedOptimizer per set: each set trains on its own members' batches, with the weights of
-# one process training on the concatenation of those batches.
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-reference = torch.nn.Linear(4, 1)
-reference.load_state_dict(model.state_dict())
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                               named_parameters=model.named_parameters(), process_set=this_set)
-ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
 data = {r: (seeded(r, (8, 4), torch.float32, 90) / 50, seeded(r, (8, 1), torch.float32, 91) / 50) for r in range(size)}
-for step in range(3):
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(data[rank][0]), data[rank][1]).backward()
-    opt.step()
-    ref_opt.zero_grad()
-    xs = torch.cat([data[r][0] for r in set_ranks])
-    ys = torch.cat([data[r][1] for r in set_ranks])
-    torch.nn.functional.mse_loss(reference(xs), ys).backward()
-    ref_opt.step()
-for p, q in zip(model.parameters(), reference.parameters()):
-    assert_close(p, q, "DistributedOptimizer in a set", rtol=1e-5, atol=1e-6)
-report("DistributedOptimizer")
 
+
+def train_against_reference(process_set, trained_on, seed, steps, what):
+    """`steps` of a DistributedOptimizer of `process_set` on this rank's batch must give the weights
+    of one process training plain SGD on the concatenated batches of the ranks `trained_on`."""
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 1)
+    reference = torch.nn.Linear(4, 1)
+    reference.load_state_dict(model.state_dict())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), process_set=process_set)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(data[rank][0]), data[rank][1]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        xs = torch.cat([data[r][0] for r in trained_on])
+        ys = torch.cat([data[r][1] for r in trained_on])
+        torch.nn.functional.mse_loss(reference(xs), ys).backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert_close(p, q, what, rtol=1e-5, atol=1e-6)
+    report(what)
+
+
+# A DistributedOptimizer per set: each set trains on its own members' batches.
+train_against_reference(this_set, set_ranks, 0, 3, "DistributedOptimizer")
 # The even set's DistributedOptimizer built on every rank (Horovod's test_optimizer_process_sets):
 # its members train together, a rank outside it steps on its own batch alone, and nobody waits.
-torch.manual_seed(1)
-model = torch.nn.Linear(4, 1)
-reference = torch.nn.Linear(4, 1)
-reference.load_state_dict(model.state_dict())
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                               named_parameters=model.named_parameters(), process_set=even_set)
-ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-trained_on = even_ranks if rank in even_ranks else [rank]
-for step in range(2):
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(data[rank][0]), data[rank][1]).backward()
-    opt.step()
-    ref_opt.zero_grad()
-    xs = torch.cat([data[r][0] for r in trained_on])
-    ys = torch.cat([data[r][1] for r in trained_on])
-    torch.nn.functional.mse_loss(reference(xs), ys).backward()
-    ref_opt.step()
-for p, q in zip(model.parameters(), reference.parameters()):
-    assert_close(p, q, "DistributedOptimizer of a set without this rank", rtol=1e-5, atol=1e-6)
-report("DistributedOptimizer outside its set")
+train_against_reference(even_set, even_ranks if rank in even_ranks else [rank], 1, 2,
+                        "DistributedOptimizer outside its set")
 
 # errors: another set's collective, a mismatch within the set (raised on every member)
 other = odd_set if this_set is even_set else even_set
