@@ -149,6 +149,15 @@ def member_of(process_set: Any) -> bool:
     return process_set.included()
 
 
+def reduces_gradients_over(process_set: Any) -> bool:
+    """Whether a gradient reduction over `process_set` (a DistributedOptimizer's or tape's) joins
+    this rank with others. Horovod leaves gradients local on a rank outside the set and on a set of
+    one rank: nothing is submitted there. Raises ValueError for an unregistered set."""
+    if not member_of(process_set):
+        return False
+    return (global_process_set if process_set is None else process_set).size() > 1
+
+
 def process_set_id(process_set: Any) -> int:
     """The engine's id for `process_set` (0: every rank). Raises ValueError for a set that is not
     registered, or that does not include this rank."""

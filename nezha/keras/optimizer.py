@@ -19,13 +19,15 @@ from nezha.compression import Compression
 from nezha.gradients import scale_factors
 from nezha.horovod_api import Average, resolve_op
 from nezha.keras import _backend
-from nezha.process_sets import global_process_set, process_set_id
+from nezha.process_sets import global_process_set, member_of, reduces_gradients_over
 
 
 class _DistributedOptimizer:
     """Mixin placed before the user's optimizer class; its state is set by DistributedOptimizer."""
 
     def _nezha_reduce(self, grads):
+        if not self._nezha_reduces:  # outside its process set, or a set of one: as in Horovod
+            return list(grads)
         prescale, postscale = scale_factors(self._nezha_op, self._nezha_predivide)
         return _backend.grouped_allreduce(list(grads), self._nezha_op, prescale, postscale,
                                           self._nezha_compression,
@@ -148,7 +150,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     averages the gradients over all ranks (Horovod's arguments; `num_groups`/`groups` accepted,
     the engine fuses a step's gradients in one submission; sparse gradients (TF's IndexedSlices of an
     Embedding) are always reduced dense, as with `sparse_as_dense=True`)."""
-    process_set_id(process_set)  # registered, and this rank is in it
+    member_of(process_set)  # registered (a rank outside it steps on its own gradients)
     if keras.backend.backend() == "jax" and process_set is not global_process_set:
         raise NotImplementedError("nezha.keras on the JAX backend reduces over every rank only "
                                   "(nezha.jax has no process sets yet); got %r" % (process_set,))
@@ -178,4 +180,5 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     wrapped._nezha_average_aggregated = bool(average_aggregated_gradients)
     wrapped._nezha_reduced_outside = False
     wrapped._nezha_process_set = process_set
+    wrapped._nezha_reduces = reduces_gradients_over(process_set)
     return wrapped

@@ -10,20 +10,23 @@ import tensorflow as tf
 
 from nezha.gradients import scale_factors
 from nezha.horovod_api import Average, resolve_op
-from nezha.process_sets import global_process_set, process_set_id
+from nezha.process_sets import global_process_set, member_of, reduces_gradients_over
 from nezha.tensorflow import functions, mpi_ops
 from nezha.tensorflow.compression import Compression
 
 
 def allreduce_gradients(grads, compression=Compression.none, sparse_as_dense=False, op=Average,
                         gradient_predivide_factor=1.0, name=None, process_set=global_process_set):
-    """The list `grads` (None entries stay None) reduced over all ranks: Horovod's gradient rule
-    (average split by gradient_predivide_factor around the sum)."""
+    """The list `grads` (None entries stay None) reduced over the set's ranks: Horovod's gradient
+    rule (average split by gradient_predivide_factor around the sum)."""
     op = resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor is supported only with op == Average")
     prescale, postscale = scale_factors(op, gradient_predivide_factor)
     out = list(grads)
+    if not reduces_gradients_over(process_set):
+        # Horovod's _allreduce_cond: a rank outside the set (or a set of one) keeps its own.
+        return out
     dense = []
     for i, g in enumerate(out):
         if g is None:
@@ -68,8 +71,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
                             gradient_predivide_factor=1.0, num_groups=0, groups=None,
                             process_set=global_process_set, scale_local_gradients=True):
     """A tape like `gradtape` whose `gradient()` returns gradients averaged over all ranks (of
-    the process set)."""
-    process_set_id(process_set)
+    the process set; on a rank outside the set, its own gradients)."""
+    member_of(process_set)  # registered (this rank may be outside it)
     resolve_op(op, None)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
                {"gradient": _tape_gradient, "register_local_source": _register_local_source})
@@ -89,8 +92,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
                          process_set=global_process_set, scale_local_gradients=True):
     """Horovod's TF DistributedOptimizer: a Keras optimizer (tf.keras.optimizers.* is Keras 3
     here) becomes nezha.keras's DistributedOptimizer; a tf.compat.v1.train.Optimizer gets its
-    compute_gradients() averaged over ranks."""
-    process_set_id(process_set)
+    compute_gradients() averaged over ranks (a rank outside `process_set` keeps its own)."""
+    member_of(process_set)  # registered (this rank may be outside it)
     import keras
     if isinstance(optimizer, keras.optimizers.Optimizer):
         from nezha.keras.optimizer import DistributedOptimizer as KerasDistributedOptimizer

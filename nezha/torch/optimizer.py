@@ -15,7 +15,7 @@ import torch
 from nezha.compression import compress_all, decompress_all
 from nezha.gradients import GradientReducer, name_parameters
 from nezha.horovod_api import Average, resolve_op
-from nezha.process_sets import global_process_set, member_of
+from nezha.process_sets import global_process_set, member_of, reduces_gradients_over
 from nezha.torch import mpi_ops
 from nezha.torch.compression import Compression
 
@@ -37,7 +37,7 @@ class _DistributedOptimizerMixin:
         self._process_set = process_set  # gradients are reduced among its ranks
         # A rank outside the set (or a set of one) steps on its own gradients, as in Horovod: no
         # hooks, nothing submitted, synchronize() returns at once.
-        self._reduces = member_of(process_set) and process_set.size() > 1
+        self._reduces = reduces_gradients_over(process_set)
         self.sparse_as_dense = sparse_as_dense
         params = [group["params"] for group in self.param_groups]
         self._reducer = GradientReducer(

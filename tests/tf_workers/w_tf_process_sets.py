@@ -1,6 +1,7 @@
 """nezha.tensorflow and nezha.keras (TensorFlow backend) with process sets, on 3 ranks: the pair
 {0, 2} and the single rank {1}. Collectives eagerly and in tf.function, their gradients, the
-DistributedGradientTape and Keras' DistributedOptimizer within a set, against numpy references."""
+DistributedGradientTape and Keras' DistributedOptimizer within a set and on a rank outside it,
+against numpy references."""
 from common import assert_close, fail, report
 
 import numpy as np
@@ -67,12 +68,17 @@ report("gradients")
 # DistributedGradientTape: the gradient averaged over the set's ranks.
 w = tf.Variable([[1.0], [2.0]])
 data = {r: values(r) for r in range(3)}
-with tf.GradientTape() as tape:
-    loss = tf.reduce_mean(tf.matmul(tf.constant(data[me]), w))
-tape = hvd.DistributedGradientTape(tape, process_set=this_set)
-got = tape.gradient(loss, w)
-want = np.mean([data[r].mean(axis=0).reshape(2, 1) for r in members], axis=0)
-assert_close(got, want, "DistributedGradientTape in a set", rtol=1e-5)
+
+
+def tape_gradient(process_set, reducing_ranks, label):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.matmul(tf.constant(data[me]), w))
+    tape = hvd.DistributedGradientTape(tape, process_set=process_set)
+    want = np.mean([data[r].mean(axis=0).reshape(2, 1) for r in reducing_ranks], axis=0)
+    assert_close(tape.gradient(loss, w), want, label, rtol=1e-5)
+
+
+tape_gradient(this_set, members, "DistributedGradientTape in a set")
 report("gradient tape")
 
 # Keras' DistributedOptimizer with the set: one fit step equals one process on the set's batches.
@@ -85,18 +91,34 @@ def model():
     return m
 
 
-dist = model()
-dist.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), process_set=this_set), loss="mse")
 ys = {r: data[r].sum(axis=1, keepdims=True) for r in range(3)}
-dist.fit(data[me], ys[me], batch_size=4, epochs=2, shuffle=False, verbose=0)
-ref = model()
-ref.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-xs = np.concatenate([data[r] for r in members])
-yr = np.concatenate([ys[r] for r in members])
-ref.fit(xs, yr, batch_size=4 * len(members), epochs=2, shuffle=False, verbose=0)
-for a, b in zip(dist.get_weights(), ref.get_weights()):
-    assert_close(a, b, "keras DistributedOptimizer in a set", rtol=1e-5, atol=1e-6)
+
+
+def fit_against_reference(process_set, reducing_ranks, label):
+    """Two epochs of this rank's batch with the set's DistributedOptimizer equal one process
+    fitting the reducing ranks' batches together."""
+    dist = model()
+    dist.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), process_set=process_set),
+                 loss="mse")
+    dist.fit(data[me], ys[me], batch_size=4, epochs=2, shuffle=False, verbose=0)
+    ref = model()
+    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    xs = np.concatenate([data[r] for r in reducing_ranks])
+    yr = np.concatenate([ys[r] for r in reducing_ranks])
+    ref.fit(xs, yr, batch_size=4 * len(reducing_ranks), epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(dist.get_weights(), ref.get_weights()):
+        assert_close(a, b, label, rtol=1e-5, atol=1e-6)
+
+
+fit_against_reference(this_set, members, "keras DistributedOptimizer in a set")
 report("keras optimizer")
+
+# Every rank builds the pair's tape and optimizer: rank 1, outside the pair, keeps its own
+# gradients (Horovod's _allreduce_cond) while ranks 0 and 2 reduce over the pair.
+reducing = pair.ranks if me in pair.ranks else [me]
+tape_gradient(pair, reducing, "DistributedGradientTape of the pair")
+fit_against_reference(pair, reducing, "keras DistributedOptimizer of the pair")
+report("gradient reducers outside their set")
 
 try:
     hvd.allreduce(tf.ones(2), process_set=solo if this_set is pair else pair)
