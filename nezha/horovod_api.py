@@ -116,7 +116,8 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """The engine writes a timeline only when started with one; it cannot start one at run time."""
     raise NotImplementedError(
         "This Nezha engine writes a timeline only when started with NEZHA_TIMELINE=<file> "
-        "(nezharun --timeline FILE); it cannot be started at run time.")
+        "('{rank}' in it becomes the rank) or nezharun --timeline FILE; it cannot be started at "
+        "run time.")
 
 
 def stop_timeline() -> None:

@@ -23,3 +23,16 @@ def test_timeline_has_negotiation_and_rail_events(job, tmp_path, control_inline)
         if control_inline:
             assert by_rank0[0]["ph"] == "i" and by_rank0[0]["args"]["bytes"] == 24, by_rank0
         assert all(e["pid"] == rank for e in events)
+
+
+def test_a_rank_placeholder_in_the_timeline_path_gives_every_rank_its_own_file(job, tmp_path):
+    # One NEZHA_TIMELINE for every rank (as any launcher passes the environment): each writes its
+    # own file, not all of them one garbled file.
+    pattern = tmp_path / "t.{rank}.json"
+    result = job(2, "env_allreduce.py", env={"NEZHA_TIMELINE": str(pattern)}, timeout=60)
+    assert result.returncode == 0, result.output
+    for rank in (0, 1):
+        events = json.loads((tmp_path / f"t.{rank}.json").read_text())
+        assert all(e["pid"] == rank for e in events)
+        assert any(e.get("cat") == "negotiate" and e.get("name") == "env" for e in events), events
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.0.json", "t.1.json"]

@@ -16,7 +16,7 @@ const std::vector<KnobSpec>& knob_table() {
       {"NEZHA_STALL_CHECK_S", "60", "Warn on every rank when some ranks submitted a tensor and others did not for this long, naming both (0 disables)."},
       {"NEZHA_STALL_SHUTDOWN_S", "0", "Fail stalled tensors with NezhaError after this long (0 disables)."},
       {"NEZHA_LOG_LEVEL", "warning", "trace, debug, info, warning or error."},
-      {"NEZHA_TIMELINE", "", "Write a Chrome-trace timeline (negotiation per tensor, shares per rail) to this file."},
+      {"NEZHA_TIMELINE", "", "Write a Chrome-trace timeline (negotiation per tensor, shares per rail) to this file; {rank} in it becomes the rank (every rank writes its own)."},
       {"NEZHA_LOGSTEP_MAX_BYTES", "65536", "Payloads up to this size use the log-step allreduce; larger ones the pipelined ring."},
       {"NEZHA_SEGMENT_BYTES", "1048576", "Pipeline segment size of the ring algorithms, in bytes (the ring sends one segment ahead where a socket buffers a whole segment)."},
       {"NEZHA_BALANCE_BYTES", "1048576", "Striped operations (every collective) of at least 4x this many bytes are re-split among their rails while they run: rank 0 hands each rail its next range (at least this long) as its last one ends, so a slow or slowed rail carries less (0: each rail keeps its planned share). Must be the same on every rank."},

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "common/error.h"
@@ -30,8 +31,15 @@ std::string quoted(const std::string& s) {
 
 Timeline::~Timeline() { close(); }
 
-void Timeline::open(const std::string& path, int rank, const std::vector<std::string>& rail_names) {
-  if (path.empty()) return;
+void Timeline::open(const std::string& path_pattern, int rank, const std::vector<std::string>& rail_names) {
+  if (path_pattern.empty()) return;
+  // Every rank writes its own trace: one path given to every rank by the launcher would be written
+  // by all of them at once (unreadable JSON), so "{rank}" in it becomes this rank.
+  std::string path = path_pattern;
+  const std::string placeholder = "{rank}";
+  for (size_t at = path.find(placeholder); at != std::string::npos;
+       at = path.find(placeholder, at + 1))
+    path.replace(at, placeholder.size(), std::to_string(rank));
   std::lock_guard<std::mutex> lock(mu_);
   file_ = std::fopen(path.c_str(), "w");
   if (!file_)

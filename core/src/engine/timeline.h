@@ -21,7 +21,8 @@ class Timeline {
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
-  // Starts writing to `path` (empty: stays disabled). Throws NezhaError if it cannot be opened.
+  // Starts writing to `path` with "{rank}" replaced by `rank` (empty: stays disabled). Throws
+  // NezhaError if it cannot be opened.
   void open(const std::string& path, int rank, const std::vector<std::string>& rail_names);
   bool enabled() const { return file_ != nullptr; }
 
