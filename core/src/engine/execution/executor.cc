@@ -104,12 +104,12 @@ std::shared_ptr<const std::vector<int>> Executor::members_of(const Response& res
 }
 
 void Executor::skip(const Response& resp) {
+  // Every rail the members run a share on: allreduce and the striped collectives take one operation
+  // number per share of the plan (run_allreduce, run_striped), a one-rail collective its rail's.
   std::vector<int> rails;
-  if (resp.type == OpType::kAllreduce) {
+  if (resp.type != OpType::kBarrier && resp.type != OpType::kJoin) {
     for (const auto& share : resp.plan) rails.push_back(share.rail);
     if (rails.empty()) rails.push_back(0);
-  } else if (resp.type != OpType::kBarrier && resp.type != OpType::kJoin) {
-    rails.push_back(resp.plan.empty() ? 0 : resp.plan[0].rail);
   }
   for (int rail : rails) {
     auto rec = std::make_shared<ShareRecord>();
