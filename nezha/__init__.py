@@ -13,8 +13,9 @@ from .objects import allgather_object, broadcast_object
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_async,
                   allreduce, allreduce_async, alltoall, alltoall_async, barrier, broadcast,
-                  broadcast_async, grouped_allreduce, grouped_allreduce_async, join,
-                  reducescatter, reducescatter_async)
+                  broadcast_async, grouped_allgather, grouped_allgather_async,
+                  grouped_allreduce, grouped_allreduce_async, grouped_reducescatter,
+                  grouped_reducescatter_async, join, reducescatter, reducescatter_async)
 
 DataType = _core.DataType
 
@@ -25,8 +26,9 @@ __all__ = [
     "cross_rank", "cross_size", "rail_stats", "NezhaError", "NotInitializedError", "Handle",
     "ReduceOp", "DataType", "Sum", "Average", "Min", "Max", "Product",
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
-    "allgather", "allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
-    "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter",
+    "grouped_reducescatter_async", "barrier", "join", "poll", "synchronize",
     "broadcast_object", "allgather_object",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
 ]

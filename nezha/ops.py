@@ -230,6 +230,64 @@ def reducescatter(tensor: Any, op: ReduceOp = Average, name: Optional[str] = Non
                                process_set).wait()
 
 
+def _group_members(tensors: Sequence[Any], group: str):
+    """Every member converted and checked before any is submitted: a bad one leaves none in
+    flight. A 0-d member is taken as one row, as the single-tensor calls take it."""
+    srcs, dtypes, names = [], [], []
+    for i, t in enumerate(tensors):
+        arr, dtype = as_array(t, f"tensors[{i}]")
+        srcs.append(arr.reshape(1) if arr.ndim == 0 else arr)
+        dtypes.append(dtype)
+        names.append(f"{group}.{i}")
+    return srcs, dtypes, names
+
+
+def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None,
+                            process_set: Any = global_process_set) -> Handle:
+    """Starts an allgather of several tensors negotiated as one unit (fused into one operation on
+    the rails where they fit the fusion threshold); ``wait()`` returns a list."""
+    set_id = process_set_id(process_set)
+    group = _auto_name("grouped_allgather", name, set_id)
+    srcs, dtypes, names = _group_members(list(tensors), group)
+    handles = _engine().submit_group(OpType.allgather, group, names, srcs, [None] * len(srcs),
+                                     dtypes, process_set=set_id)
+    return Handle(handles, lambda: [present(_engine_output(h, s), d)
+                                    for h, s, d in zip(handles, srcs, dtypes)], names)
+
+
+def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
+                      process_set: Any = global_process_set) -> List[np.ndarray]:
+    """Allgather of several tensors as one unit; returns a list of gathered tensors."""
+    return grouped_allgather_async(tensors, name, process_set).wait()
+
+
+def grouped_reducescatter_async(tensors: Sequence[Any], op: ReduceOp = Average,
+                                name: Optional[str] = None, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0,
+                                process_set: Any = global_process_set) -> Handle:
+    """Starts a reducescatter of several tensors negotiated as one unit (fused into one operation
+    on the rails where they fit the fusion threshold); ``wait()`` returns a list of this rank's
+    blocks."""
+    op = _check_op(op)
+    set_id = process_set_id(process_set)
+    group = _auto_name("grouped_reducescatter", name, set_id)
+    srcs, dtypes, names = _group_members(list(tensors), group)
+    handles = _engine().submit_group(OpType.reducescatter, group, names, srcs, [None] * len(srcs),
+                                     dtypes, op, float(prescale_factor), float(postscale_factor),
+                                     process_set=set_id)
+    return Handle(handles, lambda: [present(_engine_output(h, s), d)
+                                    for h, s, d in zip(handles, srcs, dtypes)], names)
+
+
+def grouped_reducescatter(tensors: Sequence[Any], op: ReduceOp = Average,
+                          name: Optional[str] = None, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0,
+                          process_set: Any = global_process_set) -> List[np.ndarray]:
+    """Reducescatter of several tensors as one unit; returns a list of this rank's blocks."""
+    return grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor,
+                                       process_set).wait()
+
+
 # --- synchronisation --------------------------------------------------------------------------
 
 def barrier(timeout_s: Optional[float] = None, process_set: Any = global_process_set) -> None:

@@ -110,10 +110,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
         check_dtype(t, "allgather")
     engine_name = op_name("allgather", name)
 
-    def gather_arrays(*arrays):
-        return Handle.gather([nezha.allgather_async(a, name="%s.%d" % (engine_name, i),
-                                                    process_set=process_set)
-                              for i, a in enumerate(arrays)]).wait()
+    def gather_arrays(*arrays):  # one unit: fused into one operation on the rails
+        return nezha.grouped_allgather(arrays, name=engine_name, process_set=process_set)
 
     def forward(xs):
         outs = host_call(gather_arrays, xs, [x.dtype for x in xs], "NezhaAllgather")
@@ -235,11 +233,11 @@ def grouped_reducescatter_raw(tensors, name, op, prescale_factor, postscale_fact
         raise NotImplementedError("reducescatter is differentiable only for Sum and Average")
     engine_name = op_name("reducescatter", name)
 
-    def scatter_arrays(*arrays):
-        return Handle.gather([nezha.reducescatter_async(
-            a, op=op, name="%s.%d" % (engine_name, i), prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, process_set=process_set)
-            for i, a in enumerate(arrays)]).wait()
+    def scatter_arrays(*arrays):  # one unit: fused into one operation on the rails
+        return nezha.grouped_reducescatter(arrays, op=op, name=engine_name,
+                                           prescale_factor=prescale_factor,
+                                           postscale_factor=postscale_factor,
+                                           process_set=process_set)
 
     def forward(xs):
         outs = host_call(scatter_arrays, xs, [x.dtype for x in xs], "NezhaReducescatter")

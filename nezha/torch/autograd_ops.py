@@ -138,10 +138,36 @@ def allgather(tensor, name=None, process_set=global_process_set):
     return _Allgather.apply(tensor, name, process_set)
 
 
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows = [t.shape[0] if t.dim() else 1 for t in tensors]
+        ctx.name, ctx.process_set = name, process_set
+        return tuple(synchronize(mpi_ops.grouped_allgather_async(list(tensors), name=name,
+                                                                 process_set=process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        ps = ctx.process_set
+        grads = synchronize(mpi_ops.grouped_allreduce_async(
+            [g.contiguous() for g in grad_outputs], name=_grad_name(ctx.name), op=Average,
+            process_set=ps))
+        # Every rank's rows of every tensor, [ranks, tensors]: where this rank's rows start.
+        rows = torch.tensor([ctx.rows], dtype=torch.int64)
+        all_rows = synchronize(mpi_ops.allgather_async(rows, name=_grad_name(ctx.name, "rows"),
+                                                       process_set=ps))
+        offsets = all_rows[:ps.rank()].sum(dim=0)
+        return (None, None) + tuple(g.narrow(0, int(o), r)
+                                    for g, o, r in zip(grads, offsets, ctx.rows))
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """Allgathers each tensor of a list (differentiable); returns a list."""
+    """Allgathers a list of tensors as one operation (differentiable); returns a list."""
     process_set_id(process_set)
-    return [allgather(t, mpi_ops._member_name(name, i), process_set) for i, t in enumerate(tensors)]
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
 class _Broadcast(torch.autograd.Function):

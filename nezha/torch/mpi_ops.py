@@ -21,10 +21,6 @@ def _op_name(kind, name):
     return None if name is None else "%s.%s" % (kind, name)
 
 
-def _member_name(name, index):
-    return None if name is None else "%s.%d" % (name, index)
-
-
 def _outputs_for(sources, hosts_in, targets):
     """Host buffers the engine writes results into.
 
@@ -183,13 +179,22 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    """Starts one allgather per tensor; the handle's result is the list of gathered tensors."""
+    """Starts an allgather of the tensors negotiated as one unit (fused into one operation on the
+    rails); the handle's result is the list of gathered tensors."""
     process_set_id(process_set)
     tensors = list(tensors)
     for t in tensors:  # all checked before any is submitted, so a refusal leaves nothing in flight
         _buffers.check_supported(t, "grouped_allgather")
-    return Handle.gather([allgather_async(t, _member_name(name, i), process_set)
-                          for i, t in enumerate(tensors)])
+    hosts = _buffers.stage_in([t.reshape(1) if t.dim() == 0 else t for t in tensors])
+    engine_handle = nezha.grouped_allgather_async([_buffers.engine_array(h) for h in hosts],
+                                                  name=_op_name("allgather", name),
+                                                  process_set=process_set)
+
+    def finish(results):
+        return [_buffers.to_device_of(_buffers.tensor_from_engine(r, t.dtype), t)
+                for r, t in zip(results, tensors)]
+
+    return engine_handle.then(finish)
 
 
 def _broadcast_async(tensor, target, root_rank, name, process_set):
@@ -287,16 +292,25 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    """Starts one reducescatter per tensor; the handle's result is the list of this rank's blocks.
-    Every tensor is checked before any is submitted (a 0-d one raises ValueError, as in Horovod)."""
+    """Starts a reducescatter of the tensors negotiated as one unit (fused into one operation on the
+    rails); the handle's result is the list of this rank's blocks. Every tensor is checked before any is submitted (a 0-d one raises ValueError, as in Horovod)."""
     process_set_id(process_set)
+    op = resolve_op(op, None)
     tensors = list(tensors)
     for t in tensors:
         check_scatterable(t, "grouped_reducescatter")
-    return Handle.gather([
-        reducescatter_async(t, _member_name(name, i), op, process_set, prescale_factor,
-                            postscale_factor)
-        for i, t in enumerate(tensors)])
+    sources = _buffers.widen_bfloat16(tensors) if _buffers.needs_widening(tensors) else tensors
+    hosts = _buffers.stage_in(sources)
+    engine_handle = nezha.grouped_reducescatter_async(
+        [_buffers.engine_array(h) for h in hosts], op=op, name=_op_name("reducescatter", name),
+        prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+        process_set=process_set)
+
+    def finish(results):
+        return [_buffers.to_device_of(_buffers.tensor_from_engine(r, s.dtype), t).to(t.dtype)
+                for r, s, t in zip(results, sources, tensors)]
+
+    return engine_handle.then(finish)
 
 
 def join(device=-1):

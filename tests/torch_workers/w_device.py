@@ -75,6 +75,23 @@ def check_ops(rank, size, device):
     expect_on(got, device, "reducescatter")
     check(got, reference_reduce(tall, hvd.Sum, torch.float32)[2 * rank:2 * rank + 2],
           "reducescatter on %s" % device)
+
+    # Grouped: negotiated as one unit, fused into one operation on the rails, staged together.
+    parts = [[make(r, (r + 1 + j, 2), torch.float32, 85 + j) for r in range(size)] for j in range(2)]
+    got = hvd.grouped_allgather([on(p[rank], device) for p in parts], name="device.grouped_allgather")
+    for j, (t, p) in enumerate(zip(got, parts)):
+        expect_on(t, device, "grouped_allgather")
+        check(t, torch.cat(p), "grouped_allgather %d on %s" % (j, device))
+    blocks = [[make(r, (2 * size + j, 3), torch.float32, 87 + j) for r in range(size)] for j in range(2)]
+    got = hvd.grouped_reducescatter([on(b[rank], device) for b in blocks], op=hvd.Sum,
+                                    name="device.grouped_reducescatter")
+    for j, (t, b) in enumerate(zip(got, blocks)):
+        rows = 2 * size + j
+        counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+        start = sum(counts[:rank])
+        expect_on(t, device, "grouped_reducescatter")
+        check(t, reference_reduce(b, hvd.Sum, torch.float32)[start:start + counts[rank]],
+              "grouped_reducescatter %d on %s" % (j, device))
     report("other ops on %s" % device.type)
 
 

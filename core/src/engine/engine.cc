@@ -333,6 +333,7 @@ EngineStats Engine::stats() const {
   s.tensors_via_rounds = tensors_via_rounds_;
   s.tensors_via_coordinator = tensors_via_coordinator_;
   s.tensors_done_by_coordinator = tensors_done_by_coordinator_;
+  s.operations_on_rails = operations_on_rails_;
   s.requests_to_coordinator = requests_to_coordinator_;
   s.rounds = rounds_completed_;
   return s;

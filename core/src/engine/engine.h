@@ -108,6 +108,7 @@ struct EngineStats {
   uint64_t tensors_done_by_coordinator = 0;  // of those: done by rank 0 in negotiation, no rail
   uint64_t requests_to_coordinator = 0;  // tensor requests this rank sent to rank 0
   uint64_t rounds = 0;                   // cache rounds completed
+  uint64_t operations_on_rails = 0;     // operations this rank ran on the rails (fused: one)
 };
 
 struct RailStat {
@@ -239,6 +240,7 @@ class Engine {
   std::unique_ptr<multirail::RailTable> rail_table_;
   bool last_plan_striped_ = false;  // rank 0: for cold/hot transition logs
   std::atomic<uint64_t> tensors_via_rounds_{0}, tensors_via_coordinator_{0}, tensors_done_by_coordinator_{0};
+  std::atomic<uint64_t> operations_on_rails_{0};
   std::atomic<uint64_t> requests_to_coordinator_{0}, rounds_completed_{0};
   Timeline timeline_;                       // rank 0: large ops since a rail's last share
 };

@@ -64,8 +64,10 @@ struct Response {
   enum class Kind : uint8_t { kExecute = 0, kError = 1 };
   Kind kind = Kind::kExecute;
   OpType type = OpType::kAllreduce;
-  std::vector<std::string> names;       // several for a fused allreduce
-  std::vector<int64_t> counts;          // allreduce: elements per tensor (lets joined ranks take part)
+  // Several names: fused (negotiation/fusion.h); counts, row_elements and rank_rows then hold every
+  // name's, in order.
+  std::vector<std::string> names;
+  std::vector<int64_t> counts;          // allreduce, broadcast, reducescatter: elements per tensor
   DataType dtype = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   double prescale = 1.0;
@@ -104,11 +106,11 @@ inline double effective_postscale(const Response& r, int size) {
 }
 
 // Fusion's one exception, shared by Coordinator::fuse and CacheRounds::fuse (every rank must agree):
-// an allreduce of at least `unfused_bytes` (NEZHA_UNFUSED_BYTES; 0: none) runs alone, reduced in its
-// own output. At that size a fused buffer's copy in and copy out (serial, before the first rail
-// starts and after the last ends) cost more than a lone operation's start-up, which the rails
-// overlap with the previous operation's end: a pytree of 8 x 8 MB leaves took 1.65 Gbit/s fused,
-// 1.83-1.86 alone, on two 1 Gbit/s rails (benchmarks/RESULTS.md, issue 20).
+// an operation of at least `unfused_bytes` (NEZHA_UNFUSED_BYTES; 0: none) runs alone (an allreduce
+// reduced in its own output). At that size a fused buffer's copy in and copy out (serial, before
+// the first rail starts and after the last ends) cost more than a lone operation's start-up, which
+// the rails overlap with the previous operation's end: a pytree of 8 x 8 MB leaves took 1.65 Gbit/s
+// fused, 1.83-1.86 alone, on two 1 Gbit/s rails (benchmarks/RESULTS.md, issue 20).
 inline bool runs_unfused(size_t bytes, size_t unfused_bytes) {
   return unfused_bytes > 0 && bytes >= unfused_bytes;
 }

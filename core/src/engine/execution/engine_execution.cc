@@ -88,8 +88,13 @@ void Engine::execute_locally(const ResponseList& list, bool from_round) {
       NZ_LOG(Warning) << rank_prefix(config_.rank) << resp.error;
     }
     if (resp.type == OpType::kJoin && resp.kind == Response::Kind::kExecute) rounds_->join_completed();
-    if (!resp.inline_result.empty()) complete_inline(resp, entries);
-    else executor_->execute(resp, std::move(entries));
+    if (!resp.inline_result.empty()) {
+      complete_inline(resp, entries);
+    } else {
+      if (resp.kind == Response::Kind::kExecute && resp.type != OpType::kBarrier && resp.type != OpType::kJoin)
+        ++operations_on_rails_;
+      executor_->execute(resp, std::move(entries));
+    }
   }
 }
 

@@ -90,7 +90,8 @@ void Executor::execute(const Response& resp, std::vector<TensorEntry> entries) {
       }
       return;
     default:
-      run_on_one_rail(resp, std::move(entries));
+      if (resp.names.size() > 1) run_fused(resp, std::move(entries));
+      else run_on_one_rail(resp, std::move(entries));
   }
 }
 

@@ -137,6 +137,7 @@ class Executor {
   struct AllreduceJob;
   struct SingleJob;
   struct ShareRecord;
+  struct FusedTensors;
   void post_share(std::shared_ptr<ShareRecord> rec, bool may_inline);
   void run_share(ShareRecord& rec);          // an allreduce share
   // A share of a balanced allreduce (executor_balanced.cc): the ranges the leader hands its rail, or
@@ -192,11 +193,20 @@ class Executor {
   void allreduce_on(int rail, void* buf, size_t count, DataType dtype, ReduceOp op,
                     const collectives::CollectiveOptions& copt);
   void run_allreduce(const Response& resp, std::vector<TensorEntry> entries);
-  void run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries);
+  // `fused`: the tensors `resp` (their packed operation, run_fused) stands for; null for one tensor.
+  void run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries,
+                       std::shared_ptr<FusedTensors> fused = nullptr);
   // Striped broadcast, allgather, alltoall, reducescatter (executor_striped.cc): one record per
   // share of the plan, each carrying its part of every block, read and written in place; balanced
   // as allreduces are (range by range) where balances() says so.
-  void run_striped(const Response& resp, std::vector<TensorEntry> entries);
+  void run_striped(const Response& resp, std::vector<TensorEntry> entries, std::shared_ptr<FusedTensors> fused);
+  // Broadcasts, allgathers or reducescatters fused into one response (executor_fused.cc): packed
+  // into one operation of their kind that runs as a lone tensor's would.
+  void run_fused(const Response& resp, std::vector<TensorEntry> entries);
+  // Completes a broadcast's, allgather's, alltoall's or reducescatter's handle with `error` (empty:
+  // success); a fused operation's tensors each get their part of the result first.
+  void complete_single(SingleJob& job, const std::string& error);
+  static void unpack_fused(SingleJob& job);
   void run_striped_part(ShareRecord& rec);
   // The parts of every block that [offset, offset + count) of the plan carries, on `rail` (the
   // record's, or its process set's view); `watch` is paused while this rank only computes.

@@ -22,11 +22,21 @@ inline std::string names_str(const Response& r) {
   return s;
 }
 
+// Several broadcasts, allgathers or reducescatters fused into one response (executor_fused.cc):
+// the response and tensors as negotiated; the job runs their packed operation.
+struct Executor::FusedTensors {
+  Response resp;
+  std::vector<TensorEntry> entries;
+  BufferPool::Buffer buffer;  // the packed input (a broadcast's: its output too)
+  int index = 0, ranks = 1;    // this rank's place among the ranks taking part, their number
+};
+
 // A broadcast, allgather, alltoall or reducescatter: whole on one rail, or striped over several
 // (resp.plan has a share per rail; each carries its part of every block, striped_parts.h).
 struct Executor::SingleJob {
   Response resp;
   TensorEntry entry;
+  std::shared_ptr<FusedTensors> fused;  // `entry` is their packed operation; null: one tensor
   std::shared_ptr<const std::vector<int>> members;  // its process set's; null: every rank
   std::atomic<bool> finished{false};
   // Striped: parts not yet done (each part counts once: done, failed for good, or skipped by

@@ -14,15 +14,17 @@
 
 namespace nezha::engine {
 
-void Executor::run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries) {
+void Executor::run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries,
+                               std::shared_ptr<FusedTensors> fused) {
   if (resp.plan.size() > 1) {
-    run_striped(resp, std::move(entries));
+    run_striped(resp, std::move(entries), std::move(fused));
     return;
   }
   auto rec = std::make_shared<ShareRecord>();
   rec->single = std::make_shared<SingleJob>();
   rec->single->resp = resp;
   rec->single->entry = std::move(entries.at(0));
+  rec->single->fused = std::move(fused);
   rec->single->members = members_of(resp);
   rec->share.rail = resp.plan.empty() ? 0 : resp.plan[0].rail;
   rec->seq = seq_[rec->share.rail]++;
@@ -52,7 +54,7 @@ void Executor::run_single_record(ShareRecord& rec) {
   const int r = rec.share.rail;
   if (job.finished && !rec.into_scratch) return;
   if (fatal_) {  // fail_all: the job cannot go on; skipped
-    if (!rec.into_scratch && !job.finished.exchange(true)) e.handle->complete(fatal_error(resp));
+    if (!rec.into_scratch && !job.finished.exchange(true)) complete_single(job, fatal_error(resp));
     return;
   }
   const size_t in_bytes = single_input_bytes(job);
@@ -82,7 +84,7 @@ void Executor::run_single_record(ShareRecord& rec) {
     }
     if (watchdog_) watchdog_->end(r, true);
     record_done(rec);
-    if (!rec.into_scratch && !job.finished.exchange(true)) e.handle->complete();
+    if (!rec.into_scratch && !job.finished.exchange(true)) complete_single(job, "");
   } catch (const std::exception& ex) {
     if (watchdog_) watchdog_->end(r, false);
     std::string msg = what +
@@ -90,8 +92,7 @@ void Executor::run_single_record(ShareRecord& rec) {
     if (record_lost(rec, msg)) return;
     std::string fatal = fatal_error(resp);  // the cause, rather than the rail's abort
     if (fatal.empty()) NZ_LOG(Error) << msg;
-    if (!rec.into_scratch && !job.finished.exchange(true))
-      e.handle->complete(fatal.empty() ? msg : fatal);
+    if (!rec.into_scratch && !job.finished.exchange(true)) complete_single(job, fatal.empty() ? msg : fatal);
   }
 }
 

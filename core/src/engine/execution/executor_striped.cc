@@ -86,10 +86,12 @@ class PartWatch {
   bool paused_ = false;
 };
 
-void Executor::run_striped(const Response& resp, std::vector<TensorEntry> entries) {
+void Executor::run_striped(const Response& resp, std::vector<TensorEntry> entries,
+                           std::shared_ptr<FusedTensors> fused) {
   auto job = std::make_shared<SingleJob>();
   job->resp = resp;
   job->entry = std::move(entries.at(0));
+  job->fused = std::move(fused);
   job->members = members_of(resp);
   job->parts_left = static_cast<int>(resp.plan.size());
   // The output is sized (and its shape set) before any part writes its range of it.
@@ -152,7 +154,7 @@ void Executor::striped_part_done(SingleJob& job, const std::string& error) {
   }
   if (--job.parts_left == 0 && !job.finished.exchange(true)) {
     if (!job.error.empty()) NZ_LOG(Error) << job.error;
-    job.entry.handle->complete(job.error);
+    complete_single(job, job.error);
   }
 }
 

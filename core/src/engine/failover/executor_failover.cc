@@ -205,7 +205,7 @@ void Executor::fail_all(const std::string& reason) {
       striped_part_done(*rec->single, fatal_error(rec->single->resp));
     } else if (rec->single) {
       SingleJob& job = *rec->single;
-      if (!job.finished.exchange(true)) job.entry.handle->complete(fatal_error(job.resp));
+      if (!job.finished.exchange(true)) complete_single(job, fatal_error(job.resp));
     } else {
       fail_part(*rec->job, fatal_error(rec->job->resp));
     }

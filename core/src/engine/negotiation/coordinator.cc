@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "engine/negotiation/control_inline.h"
+#include "engine/negotiation/fusion.h"
 
 namespace nezha::engine {
 namespace {
@@ -324,27 +325,20 @@ void Coordinator::remember(const std::string& name, const Pending& p, Response& 
 }
 
 std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
+  // fusion.h: consecutive responses of one kind up to the fusion threshold; one of at least
+  // unfused_bytes runs alone (runs_unfused).
   std::vector<Response> out;
   size_t out_bytes = 0;
   bool last_alone = false;
   for (auto& r : in) {
-    // A tensor done here already (control_inline.h): fusing would only send it over a rail again.
-    bool fusable = r.kind == Response::Kind::kExecute && r.type == OpType::kAllreduce &&
-                   r.inline_result.empty();
-    size_t bytes = fusable ? static_cast<size_t>(r.counts[0]) * dtype_size(r.dtype) : 0;
+    const bool fuses = fusable(r);
+    size_t bytes = fuses ? fusion_bytes(r) : 0;
     const bool alone = runs_unfused(bytes, opt_.unfused_bytes);
-    if (fusable && !alone && !last_alone && !out.empty()) {
-      Response& last = out.back();
-      if (last.kind == Response::Kind::kExecute && last.type == OpType::kAllreduce &&
-          last.inline_result.empty() && last.process_set == r.process_set && last.dtype == r.dtype &&
-          last.op == r.op && last.prescale == r.prescale &&
-          last.postscale == r.postscale && out_bytes + bytes <= opt_.fusion_threshold) {
-        last.names.push_back(r.names[0]);
-        last.counts.push_back(r.counts[0]);
-        last.cache_ids.push_back(r.cache_ids[0]);
-        out_bytes += bytes;
-        continue;
-      }
+    if (fuses && !alone && !last_alone && !out.empty() && fuses_with(out.back(), r) &&
+        out_bytes + bytes <= opt_.fusion_threshold) {
+      append_fused(out.back(), r);
+      out_bytes += bytes;
+      continue;
     }
     out.push_back(std::move(r));
     out_bytes = bytes;

@@ -4,8 +4,8 @@
 // when every rank has submitted it (ranks that called join() count as having submitted any
 // allreduce, contributing zeros). Ready tensors are validated (a shape/dtype/op/root mismatch
 // becomes an error response naming the tensor, the field and the ranks), fused (consecutive
-// allreduces of the same dtype/op/scales up to the fusion threshold) and returned in the order every
-// rank must execute them. Ranks may submit names in any order.
+// allreduces, allgathers, reducescatters or broadcasts of one kind, dtype and set, up to the fusion
+// threshold: fusion.h) and returned in the order every rank must execute them. Ranks may submit names in any order.
 //
 // When to dispatch. A lone ready tensor goes out at once (no fixed cycle delay). While other
 // tensors are only partially submitted, ready ones are held up to cycle_time so they can be fused

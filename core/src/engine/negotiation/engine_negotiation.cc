@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
 #include "engine/negotiation/control_inline.h"
+#include "engine/negotiation/fusion.h"
 #include "engine/negotiation/message_codec.h"
 
 namespace nezha::engine {
@@ -78,9 +79,8 @@ namespace {
 size_t planned_elements(const Response& r) {
   size_t count = 0;
   switch (r.type) {
-    case OpType::kAllgather:
-      for (int64_t rows : r.rank_rows) count += static_cast<size_t>(rows);
-      return r.row_elements.empty() ? count : count * static_cast<size_t>(r.row_elements[0]);
+    case OpType::kAllgather:  // one tensor or several fused (fusion.h)
+      return gathered_elements(r);
     case OpType::kAlltoall: {  // every pair's rows; per rank, on average
       for (int64_t rows : r.splits_matrix) count += static_cast<size_t>(rows);
       size_t ranks = 1;
