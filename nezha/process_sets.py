@@ -158,6 +158,16 @@ def reduces_gradients_over(process_set: Any) -> bool:
     return (global_process_set if process_set is None else process_set).size() > 1
 
 
+def by_id(set_id: int) -> Any:
+    """The registered process set of engine id `set_id` (0: the global one); ValueError if none."""
+    if not set_id:
+        return global_process_set
+    for s in _live_sets():
+        if s.process_set_id == set_id:
+            return s
+    raise ValueError("no process set of id %d is registered" % set_id)
+
+
 def process_set_id(process_set: Any) -> int:
     """The engine's id for `process_set` (0: every rank). Raises ValueError for a set that is not
     registered, or that does not include this rank."""

@@ -68,6 +68,26 @@ def test_collectives_inside_jit_on_an_accelerator_through_the_callback():
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["ffi", "callback"])
+def test_collectives_in_process_sets(mode):
+    """Process sets: every collective eager and jitted among a set's members, a gradient in a set,
+    overlapping sets' jitted collectives at once, a rank outside refused, DistributedOptimizer of a
+    set (3 ranks; the FFI handler and the io_callback)."""
+    env = {"NEZHA_JAX_FORCE_CALLBACK": "1"} if mode == "callback" else None
+    output = _run("w_process_sets.py", 3, mode, env=env)
+    assert_every_rank_passed(output, 3, {"collectives in a set", "overlapping sets", "optimizer of a set"})
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(_accelerator_backend() != "cuda", reason="jax has no CUDA backend here")
+def test_collectives_in_process_sets_on_cuda():
+    """The same with jit compiling for CUDA: the set's id reaches the CUDA FFI handler."""
+    output = _run("w_process_sets.py", 3, "ffi",
+                  env={"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    assert_every_rank_passed(output, 3, {"collectives in a set", "overlapping sets", "optimizer of a set"})
+
+
+@pytest.mark.timeout(180)
 def test_pmap_and_training():
     output = _run("w_training.py", 2)
     assert_every_rank_passed(output, 2, {"pmap", "DistributedOptimizer", "backward_passes_per_step",

@@ -38,3 +38,14 @@ def test_keras_fit_on_backend(backend, tmp_path):
     output = run_workers("w_keras_fit.py", num_ranks=2, timeout_s=280,
                          args=(backend, str(tmp_path)), workers_dir=TF_WORKERS)
     assert_every_rank_passed(output, 2, expected)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_keras_optimizer_of_a_process_set_on_backend(backend):
+    """DistributedOptimizer(process_set=...) on the torch and JAX backends (the TensorFlow backend's
+    is in test_tensorflow.py): members reduce over the set, a rank outside steps on its own."""
+    _needs(backend)
+    output = run_workers("w_keras_process_sets.py", num_ranks=3, timeout_s=280, args=(backend,),
+                         workers_dir=TF_WORKERS)
+    assert_every_rank_passed(output, 3, {"keras optimizer of a set"})

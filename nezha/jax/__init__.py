@@ -16,6 +16,7 @@ from ..basics import (cross_rank, cross_size, is_initialized, local_rank, local_
 from ..basics import init as _init
 from ..compression import Compression
 from ..handle import NezhaError
+from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ._primitive import ffi_available
 from .collectives import (Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier,
                           broadcast, grouped_allreduce, reducescatter)
@@ -32,10 +33,13 @@ except ImportError as _optax_missing:  # optax is needed only by the optimizer
     DistributedOptimizer = allreduce_gradients = _needs_optax
 
 
-def init(rails=None, timeout_s=None) -> None:
-    """Joins the job (as ``nezha.init``) and registers the XLA FFI handlers with jax."""
+def init(rails=None, timeout_s=None, process_sets=None) -> None:
+    """Joins the job (as ``nezha.init``), registers the XLA FFI handlers with jax, then registers
+    ``process_sets`` (ProcessSets or lists of ranks, the same on every rank) in order."""
     _init(rails=rails, timeout_s=timeout_s)
     ffi_available()
+    for process_set in process_sets or ():
+        add_process_set(process_set)
 
 
 __all__ = [
@@ -45,4 +49,5 @@ __all__ = [
     "barrier", "ffi_available", "pmap", "psum", "pmean", "pmax", "pmin", "all_gather",
     "axis_index", "DistributedOptimizer", "allreduce_gradients", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object",
+    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
 ]

@@ -13,7 +13,8 @@ through an ordered ``io_callback`` into the numpy API instead (slower: the callb
 copies, and must be ordered because it blocks).
 
 Parameters (all static): ``kind`` (an OpType name), ``name`` (the engine's tensor name, the same on
-every rank), ``reduce_op``, ``prescale``, ``postscale``, ``root`` (the broadcast root).
+every rank), ``reduce_op``, ``prescale``, ``postscale``, ``root`` (the broadcast root, a job rank),
+``process_set`` (the set's id; 0: every rank).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from jax._src.interpreters import batching, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lib.mlir import ir
 
-from .. import _core, basics, ops
+from .. import _core, basics, ops, process_sets
 
 _FFI_TARGET = "nezha_collective"
 
@@ -85,9 +86,17 @@ def _warn_accelerator() -> None:
                   f"The FFI path serves {', '.join(FFI_BACKENDS)} only.", RuntimeWarning, stacklevel=3)
 
 
-def output_avals(kind: str, avals: Sequence[Any]) -> List[jax_core.ShapedArray]:
+def set_place(process_set: int):
+    """(ranks taking part, this rank's index among them) for process set id `process_set`."""
+    if not process_set:
+        return basics.size(), basics.rank()
+    ranks = list(ops._engine().process_set_ranks(int(process_set)))
+    return len(ranks), ranks.index(basics.rank())
+
+
+def output_avals(kind: str, avals: Sequence[Any], process_set: int = 0) -> List[jax_core.ShapedArray]:
     """Result shapes, known at trace time: inside jit every rank passes the same shapes."""
-    n, r = basics.size(), basics.rank()
+    n, r = set_place(process_set)
     out = []
     for a in avals:
         shape = tuple(a.shape)
@@ -100,8 +109,8 @@ def output_avals(kind: str, avals: Sequence[Any]) -> List[jax_core.ShapedArray]:
     return out
 
 
-def _abstract_eval(*avals, kind, name, reduce_op, prescale, postscale, root):
-    return output_avals(kind, avals)
+def _abstract_eval(*avals, kind, name, reduce_op, prescale, postscale, root, process_set):
+    return output_avals(kind, avals, process_set)
 
 
 collective_p.def_abstract_eval(_abstract_eval)
@@ -120,10 +129,10 @@ def _i32(v: int) -> ir.Attribute:
     return ir.IntegerAttr.get(ir.IntegerType.get_signless(32), int(v))
 
 
-def _lowering(ctx, *args, kind, name, reduce_op, prescale, postscale, root):
+def _lowering(ctx, *args, kind, name, reduce_op, prescale, postscale, root, process_set):
     result_types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
     if kind == "alltoall":
-        root = basics.size()  # the handler splits dim 0 into this many equal parts
+        root = set_place(process_set)[0]  # the handler splits dim 0 into this many equal parts
     f64 = ir.F64Type.get()
     call = mlir.custom_call(
         _FFI_TARGET, result_types=result_types, operands=list(args), api_version=4,
@@ -131,7 +140,8 @@ def _lowering(ctx, *args, kind, name, reduce_op, prescale, postscale, root):
         backend_config={"kind": _i32(int(getattr(ops.OpType, kind))),
                         "name": ir.StringAttr.get(name), "reduce_op": _i32(int(reduce_op)),
                         "prescale": ir.FloatAttr.get(f64, prescale),
-                        "postscale": ir.FloatAttr.get(f64, postscale), "root": _i32(root)})
+                        "postscale": ir.FloatAttr.get(f64, postscale), "root": _i32(root),
+                        "process_set": _i32(process_set)})
     return list(call.results)
 
 
@@ -165,22 +175,24 @@ def _backstop_s() -> float:
 
 
 def _host_collective(kind: str, name: str, reduce_op: Any, prescale: float, postscale: float,
-                     root: int, *arrays: np.ndarray) -> List[np.ndarray]:
+                     root: int, process_set: int, *arrays: np.ndarray) -> List[np.ndarray]:
     """The io_callback fallback's body: the numpy API, with the traced call's name. It blocks (the
     callbacks are ordered), so every rank must reach these collectives in the same order."""
     arrays = [np.asarray(a) for a in arrays]
+    ps = process_sets.by_id(process_set)
     if kind == "allreduce":
-        handle = ops.grouped_allreduce_async(arrays, reduce_op, name, prescale, postscale)
+        handle = ops.grouped_allreduce_async(arrays, reduce_op, name, prescale, postscale,
+                                             process_set=ps)
     elif kind == "broadcast":
-        handle = ops.Handle.gather([ops.broadcast_async(a, root, name=f"{name}.{i}")
+        handle = ops.Handle.gather([ops.broadcast_async(a, root, name=f"{name}.{i}", process_set=ps)
                                     for i, a in enumerate(arrays)])
     elif kind == "allgather":
-        handle = ops.allgather_async(arrays[0], name=name).then(lambda y: [y])
+        handle = ops.allgather_async(arrays[0], name=name, process_set=ps).then(lambda y: [y])
     elif kind == "reducescatter":
-        handle = ops.reducescatter_async(arrays[0], reduce_op, name, prescale,
-                                         postscale).then(lambda y: [y])
+        handle = ops.reducescatter_async(arrays[0], reduce_op, name, prescale, postscale,
+                                         process_set=ps).then(lambda y: [y])
     elif kind == "alltoall":
-        handle = ops.alltoall_async(arrays[0], name=name).then(lambda y: [y[0]])
+        handle = ops.alltoall_async(arrays[0], name=name, process_set=ps).then(lambda y: [y[0]])
     else:
         raise ValueError(f"unknown collective kind {kind!r}")
     return handle.wait(_backstop_s())
@@ -188,10 +200,12 @@ def _host_collective(kind: str, name: str, reduce_op: Any, prescale: float, post
 
 def run_collective(kind: str, arrays: Sequence[Any], *, name: str, reduce_op: Any = ops.Sum,
                    prescale: float = 1.0, postscale: float = 1.0, root: int = -1,
-                   force_fallback: bool = False) -> List[Any]:
-    """Runs one collective on traced arrays (one grouped submission for all of them)."""
+                   process_set: int = 0, force_fallback: bool = False) -> List[Any]:
+    """Runs one collective on traced arrays (one grouped submission for all of them) among the
+    ranks of process set id `process_set` (0: every rank)."""
     params = dict(kind=kind, name=name, reduce_op=ops.ReduceOp(int(reduce_op)),
-                  prescale=float(prescale), postscale=float(postscale), root=int(root))
+                  prescale=float(prescale), postscale=float(postscale), root=int(root),
+                  process_set=int(process_set))
     backend = jit_platform()
     if ffi_available() and not force_fallback and backend in FFI_BACKENDS:
         return collective_p.bind(*arrays, **params)
@@ -199,9 +213,10 @@ def run_collective(kind: str, arrays: Sequence[Any], *, name: str, reduce_op: An
         (_warn_fallback if backend in FFI_BACKENDS else _warn_accelerator)()
     on_cpu = backend == "cpu"
     avals = [jax.typeof(a) for a in arrays]
-    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in output_avals(kind, avals)]
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in output_avals(kind, avals, process_set)]
     callback = functools.partial(_host_collective, kind, name, params["reduce_op"],
-                                 params["prescale"], params["postscale"], params["root"])
+                                 params["prescale"], params["postscale"], params["root"],
+                                 params["process_set"])
     # Ordered on the CPU, whose runtime may run independent blocking callbacks concurrently. On an
     # accelerator the callbacks of one program run in its stream's order (the same on every rank),
     # and an ordered effect would be worse than useless: once one collective fails (a mismatch), the

@@ -45,7 +45,7 @@ def _reduce_raw(grads, op, prescale, postscale, name, process_set=global_process
                 "grouped_allreduce), which is not importable here: %s" % exc) from exc
         return list(hvd_jax.grouped_allreduce(list(grads), op=op, prescale_factor=prescale,
                                               postscale_factor=postscale, name=name,
-                                              compression=None))
+                                              compression=None, process_set=process_set))
     raise NotImplementedError("nezha.keras does not support the %r backend" % backend)
 
 

@@ -151,9 +151,6 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     the engine fuses a step's gradients in one submission; sparse gradients (TF's IndexedSlices of an
     Embedding) are always reduced dense, as with `sparse_as_dense=True`)."""
     member_of(process_set)  # registered (a rank outside it steps on its own gradients)
-    if keras.backend.backend() == "jax" and process_set is not global_process_set:
-        raise NotImplementedError("nezha.keras on the JAX backend reduces over every rank only "
-                                  "(nezha.jax has no process sets yet); got %r" % (process_set,))
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError("DistributedOptimizer expects a Keras 3 optimizer, got %s"
                         % type(optimizer).__name__)

@@ -141,9 +141,9 @@ ffi::Future failed(const std::string& name, const std::string& why) {
 
 ffi::Future collective(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t kind,
                        std::string_view name, int32_t reduce_op, double prescale, double postscale,
-                       int32_t root) {
+                       int32_t root, int32_t process_set) {
   const CallAttrs call{static_cast<OpType>(kind), std::string(name), reduce_op, prescale, postscale,
-                       root};
+                       root, process_set};
   CallEntries made;
   const std::string bad = make_entries(
       call, args, rets,

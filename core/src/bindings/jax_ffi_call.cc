@@ -59,6 +59,7 @@ std::string make_entries(const CallAttrs& call, ffi::RemainingArgs& args, ffi::R
     e.req.prescale = call.prescale;
     e.req.postscale = call.postscale;
     e.req.root = call.root;
+    e.req.process_set = call.process_set;
     const BufferPlace at = place(i, *in, output);
     e.input = at.input;
     if (type == OpType::kAllreduce || type == OpType::kBroadcast) {

@@ -26,6 +26,7 @@ struct CallAttrs {
   double prescale;
   double postscale;
   int32_t root;  // broadcast: the root; alltoall: the number of ranks (equal splits)
+  int32_t process_set;  // 0: every rank of the job
 };
 
 // Where the engine reads input i and writes output i. For allreduce and broadcast the engine writes
@@ -67,7 +68,8 @@ auto bind_call(Binding binding) {
       .template Attr<int32_t>("reduce_op")
       .template Attr<double>("prescale")
       .template Attr<double>("postscale")
-      .template Attr<int32_t>("root");
+      .template Attr<int32_t>("root")
+      .template Attr<int32_t>("process_set");
 }
 
 xla::ffi::Error call_error(const std::string& name, const std::string& why);

@@ -53,9 +53,9 @@ std::string wait_all(const std::vector<std::shared_ptr<engine::OpHandle>>& handl
 
 ffi::Error collective_cuda(void* stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                            int32_t kind, std::string_view name, int32_t reduce_op, double prescale,
-                           double postscale, int32_t root) {
+                           double postscale, int32_t root, int32_t process_set) {
   const CallAttrs call{static_cast<OpType>(kind), std::string(name), reduce_op, prescale, postscale,
-                       root};
+                       root, process_set};
   try {
     const CudaDriver& cuda = CudaDriver::get();
     StreamContext context(cuda, stream);  // declared first: the staging is returned inside it
