@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -121,6 +122,53 @@ TEST(ExecutorRedo, AShareRedoneIntoScratchIsRedoneAgainWhenItsRailFailsToo) {
   for (int r = 0; r < kRanks; ++r) worlds[0]->rail(r).abort("rail 0 failed");
   gate.open();
   for (auto& e : ex) e->stop();
+}
+
+TEST(ExecutorRedo, ASkippedShareBehindALostOneLeavesCompletedAtTheLostOne) {
+  // Rank 1 of 2 loses an allreduce share on rail 1 (aborted here), then skips another process set's
+  // operation on the same rail. completed() must stay at the lost share: the redo every rank agrees
+  // on starts at the lowest completed() reported, and a skipped share counted as done moved it
+  // past the lost one, which was then never redone (its allreduce never finished).
+  testing::MemoryWorld rail0(2, "s0"), rail1(2, "s1");
+  std::promise<void> lost;
+  ExecutorOptions o;
+  o.rank = 1;
+  o.size = 2;
+  o.timeout_s = 5;
+  o.failover = true;
+  ExecutorHooks hooks;
+  hooks.on_rail_error = [&](int rail, const std::string&, bool stalled, uint64_t) {
+    if (rail == 1 && !stalled) lost.set_value();
+  };
+  Executor ex(o, {&rail0.rail(1), &rail1.rail(1)}, nullptr, ShareObserver{}, hooks);
+  rail1.rail(1).abort("injected NIC error");
+
+  std::vector<float> data(1024, 1.0f);
+  Response all;
+  all.kind = Response::Kind::kExecute;
+  all.type = OpType::kAllreduce;
+  all.names = {"a"};
+  all.counts = {1024};
+  all.plan = {{1, 0, 1024}};
+  TensorEntry e;
+  e.req.name = "a";
+  e.req.shape = {1024};
+  e.input = e.output = data.data();
+  e.handle = std::make_shared<OpHandle>();
+  std::vector<TensorEntry> entries;
+  entries.push_back(std::move(e));
+  ex.execute(all, std::move(entries));
+  ASSERT_EQ(lost.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+
+  Response other = all;  // another set's operation on rail 1: this rank skips it
+  other.names = {"b@process_set_1"};
+  other.process_set = 1;
+  ex.skip(other);
+  std::promise<void> behind;
+  ex.post_task(1, [&] { behind.set_value(); });
+  ASSERT_EQ(behind.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(ex.completed()[1], 0u) << "completed() passed the lost share (seq 0)";
+  ex.stop();
 }
 
 }  // namespace

@@ -30,8 +30,12 @@ Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails,
       seq_(rails_.size(), 0),
       completed_(new std::atomic<uint64_t>[rails_.size()]),
       running_(new std::atomic<uint64_t>[rails_.size()]),
+      lost_(new std::atomic<bool>[rails_.size()]),
       ledger_(rails_.size()) {
-  for (size_t i = 0; i < rails_.size(); ++i) completed_[i] = running_[i] = 0;
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    completed_[i] = running_[i] = 0;
+    lost_[i] = false;
+  }
   if (opt_.failover && hooks_.on_rail_error)
     watchdog_ = std::make_unique<RailWatchdog>(
         rails_.size(), opt_.stall_s, [this](int rail) {
@@ -126,6 +130,14 @@ void Executor::skip(const Response& resp) {
 }
 
 void Executor::run_skipped(ShareRecord& rec) {
+  if (lost_[rec.share.rail]) {
+    // Behind a share lost on this rail: lost as well (it moves with the redo), never done, or
+    // completed() would pass the lost share and the redo agreed from it would leave it out (a set's
+    // allreduce cut there never finished: ProcessSetEngineFailover).
+    std::lock_guard<std::mutex> lock(ledger_mu_);
+    rec.state = ShareRecord::State::kLost;
+    return;
+  }
   record_started(rec, nullptr, 0);
   record_done(rec);
 }

@@ -67,7 +67,8 @@ void Executor::restore_input(const ShareRecord& rec, uint8_t* target, const uint
 }
 
 void Executor::record_done(ShareRecord& rec) {
-  completed_[rec.share.rail] = rec.seq + 1;
+  // completed() is the first share this rank has not completed: never past one lost and not redone.
+  if (!lost_[rec.share.rail]) completed_[rec.share.rail] = rec.seq + 1;
   running_[rec.share.rail] = 0;
   if (!opt_.failover) return;
   std::lock_guard<std::mutex> lock(ledger_mu_);
@@ -80,6 +81,7 @@ bool Executor::record_lost(ShareRecord& rec, const std::string& what) {
   {
     std::lock_guard<std::mutex> lock(ledger_mu_);
     rec.state = ShareRecord::State::kLost;
+    lost_[rec.share.rail] = true;
   }
   hooks_.on_rail_error(rec.share.rail, what, /*stalled=*/false, rec.seq);
   return true;
@@ -105,6 +107,8 @@ void Executor::redo(int rail, uint64_t first, int target) {
         ++it;
       }
     }
+    lost_[rail] = std::any_of(q.begin(), q.end(),
+                              [](const auto& rec) { return rec->state == ShareRecord::State::kLost; });
   }
   size_t redo_bytes = 0;
   for (auto& old : moved) {
