@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -101,6 +102,18 @@ inline std::vector<uint64_t> bytes_sent(Cluster& c, int rail) {
   std::vector<uint64_t> out;
   for (int r = 0; r < c.size(); ++r) out.push_back(c[r].rail_stats()[rail].bytes_sent);
   return out;
+}
+
+// Whether every rank of `c` sees `rail` up within 15 s (re-admitted after a failure).
+inline bool wait_all_up(Cluster& c, int rail) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (std::chrono::steady_clock::now() < until) {
+    bool up = true;
+    for (int r = 0; r < c.size(); ++r) up = up && c[r].rail_stats()[rail].state == "up";
+    if (up) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
 }
 
 inline Request make_request(OpType type, const std::string& name, DataType dtype,

@@ -25,6 +25,7 @@ using collectives::float_to_half;
 using collectives::half_to_float;
 using testing::Cluster;
 using testing::make_request;
+using testing::wait_all_up;
 
 constexpr double kWaitS = 30;
 constexpr int kTensors = 5;
@@ -192,17 +193,6 @@ void check_groups(Group& g, int step, const std::vector<int>& members, size_t sc
 }
 
 uint64_t operations(Engine& e) { return e.stats().operations_on_rails; }
-
-bool wait_all_up(Cluster& c, int rail) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-  while (std::chrono::steady_clock::now() < until) {
-    bool up = true;
-    for (int r = 0; r < c.size(); ++r) up = up && c[r].rail_stats()[rail].state == "up";
-    if (up) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
 
 class FusedCollectives : public ::testing::TestWithParam<size_t> {};
 

@@ -22,6 +22,7 @@ namespace {
 using testing::Cluster;
 using testing::make_request;
 using testing::submit;
+using testing::wait_all_up;
 
 constexpr double kWaitS = 30;
 
@@ -159,17 +160,6 @@ void check_all(Ops& o, int step, const std::vector<int>& members) {
     }
     ASSERT_EQ(output_of(o.ha[r]), want) << at << " alltoall";
   }
-}
-
-bool wait_all_up(Cluster& c, int rail) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-  while (std::chrono::steady_clock::now() < until) {
-    bool up = true;
-    for (int r = 0; r < c.size(); ++r) up = up && c[r].rail_stats()[rail].state == "up";
-    if (up) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
 }
 
 uint64_t rail_bytes(Engine& e, int rail) { return e.rail_stats()[rail].bytes_sent; }
