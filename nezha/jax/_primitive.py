@@ -88,10 +88,8 @@ def _warn_accelerator() -> None:
 
 def set_place(process_set: int):
     """(ranks taking part, this rank's index among them) for process set id `process_set`."""
-    if not process_set:
-        return basics.size(), basics.rank()
-    ranks = list(ops._engine().process_set_ranks(int(process_set)))
-    return len(ranks), ranks.index(basics.rank())
+    ps = process_sets.by_id(process_set)
+    return ps.size(), ps.rank()
 
 
 def output_avals(kind: str, avals: Sequence[Any], process_set: int = 0) -> List[jax_core.ShapedArray]:

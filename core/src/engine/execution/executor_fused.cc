@@ -64,20 +64,13 @@ class PackedBlocks {
   std::vector<size_t> count_, at_, in_tensor_, block_, start_;
 };
 
-// This rank's index among the ranks taking part, and their number.
-std::pair<int, int> place_in(const std::shared_ptr<const std::vector<int>>& members, int rank, int size) {
-  if (!members) return {rank, size};
-  const auto it = std::find(members->begin(), members->end(), rank);
-  return {static_cast<int>(it - members->begin()), static_cast<int>(members->size())};
-}
-
 }  // namespace
 
 void Executor::run_fused(const Response& resp, std::vector<TensorEntry> entries) {
   auto fused = std::make_shared<FusedTensors>();
   fused->resp = resp;
   fused->entries = std::move(entries);
-  const auto [me, n] = place_in(members_of(resp), opt_.rank, opt_.size);
+  const auto [me, n] = place_among(members_of(resp).get(), opt_.rank, opt_.size);
   fused->index = me;
   fused->ranks = n;
   const size_t esize = dtype_size(resp.dtype);

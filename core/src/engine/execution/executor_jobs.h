@@ -2,10 +2,12 @@
 // executor_failover.cc only.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/execution/executor.h"
@@ -30,6 +32,14 @@ struct Executor::FusedTensors {
   BufferPool::Buffer buffer;  // the packed input (a broadcast's: its output too)
   int index = 0, ranks = 1;    // this rank's place among the ranks taking part, their number
 };
+
+// This rank's index among the ranks taking part (`members`: a process set's; null: every rank of
+// `size`), and their number.
+inline std::pair<int, int> place_among(const std::vector<int>* members, int rank, int size) {
+  if (!members) return {rank, size};
+  const auto it = std::find(members->begin(), members->end(), rank);
+  return {static_cast<int>(it - members->begin()), static_cast<int>(members->size())};
+}
 
 // A broadcast, allgather, alltoall or reducescatter: whole on one rail, or striped over several
 // (resp.plan has a share per rail; each carries its part of every block, striped_parts.h).

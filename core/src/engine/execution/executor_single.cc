@@ -107,9 +107,7 @@ void Executor::run_single(const Response& resp, const TensorEntry& e, transport:
   switch (resp.type) {
     case OpType::kBroadcast: {
       size_t bytes = static_cast<size_t>(resp.counts[0]) * esize;
-      const int root = members ? static_cast<int>(std::find(members->begin(), members->end(), resp.root) -
-                                                  members->begin())
-                               : resp.root;
+      const int root = place_among(members, resp.root, n).first;
       if (me == root && output != input) std::memcpy(output, input, bytes);
       collectives::broadcast(rail, output, bytes, root, copt);
       break;

@@ -44,13 +44,6 @@ size_t plan_total(const Response& resp) {
   return total;
 }
 
-// This rank's index among the ranks taking part, and their number.
-std::pair<int, int> place(const std::vector<int>* members, int rank, int size) {
-  if (!members) return {rank, size};
-  const auto it = std::find(members->begin(), members->end(), rank);
-  return {static_cast<int>(it - members->begin()), static_cast<int>(members->size())};
-}
-
 }  // namespace
 
 // The rail's silence is watched while a part communicates (a leader's claims included), not while
@@ -95,7 +88,7 @@ void Executor::run_striped(const Response& resp, std::vector<TensorEntry> entrie
   job->members = members_of(resp);
   job->parts_left = static_cast<int>(resp.plan.size());
   // The output is sized (and its shape set) before any part writes its range of it.
-  const auto [me, n] = place(job->members.get(), opt_.rank, opt_.size);
+  const auto [me, n] = place_among(job->members.get(), opt_.rank, opt_.size);
   const size_t esize = dtype_size(resp.dtype);
   OpResult& res = job->entry.handle->result();
   const std::vector<int64_t>& shape = job->entry.req.shape;
@@ -177,7 +170,7 @@ void Executor::run_striped_part(ShareRecord& rec) {
       record_started(rec, nullptr, 0);  // each range saves its parts of the input (job.original)
       int leader = 0;  // a broadcast's: the chain's last rank (balanced_ranges.h)
       if (resp.type == OpType::kBroadcast) {
-        const int root = place(job.members.get(), resp.root, rail->size()).first;
+        const int root = place_among(job.members.get(), resp.root, rail->size()).first;
         leader = (root + rail->size() - 1) % rail->size();
       }
       for_each_balanced_range(*rail, leader, *job.balancer, rec.part, rec.seq, rec.is_redo, plan_total(resp),
@@ -232,7 +225,7 @@ void Executor::run_striped_range(ShareRecord& rec, transport::Rail& rail, size_t
   int root = -1;
   switch (resp.type) {
     case OpType::kBroadcast: {
-      root = place(job.members.get(), resp.root, n).first;
+      root = place_among(job.members.get(), resp.root, n).first;
       const BlockPart p = part(static_cast<size_t>(resp.counts[0]));
       send_parts[0] = p;
       if (me == root) {
