@@ -235,8 +235,11 @@ TEST_P(FusedCollectives, ALargeGroupIsStripedOverBothRails) {
   check_groups(g, 0, all, 1000000);
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(operations(c[r]) - before[r], 3u) << "rank " << r << ": one per group";
-    EXPECT_GT(c[r].rail_stats()[0].bytes_sent - rail_a[r], 2000000u) << "rank " << r << ": rail a carried too little";
-    EXPECT_GT(c[r].rail_stats()[1].bytes_sent - rail_b[r], 2000000u) << "rank " << r << ": rail b carried too little";
+    // Both rails carried part of it (how much is the cost model's split, which a slow build such as
+    // ThreadSanitizer's skews: 1.4 MB of rank 1's on one rail there): one rail alone would leave the
+    // other at 0.
+    EXPECT_GT(c[r].rail_stats()[0].bytes_sent - rail_a[r], 256000u) << "rank " << r << ": rail a carried too little";
+    EXPECT_GT(c[r].rail_stats()[1].bytes_sent - rail_b[r], 256000u) << "rank " << r << ": rail b carried too little";
   }
 }
 
