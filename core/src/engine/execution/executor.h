@@ -227,9 +227,9 @@ class Executor {
   std::vector<uint64_t> seq_;  // next operation number per rail (engine thread only)
   std::unique_ptr<std::atomic<uint64_t>[]> completed_;  // per rail, see completed()
   std::unique_ptr<std::atomic<uint64_t>[]> running_;    // per rail, see running()
-  // Per rail: a share was lost here and no redo has moved it yet. completed() then stays below it:
-  // the shares behind it on the rail count as lost too (skipped ones would otherwise complete on
-  // the aborted rail and hide it from the agreed redo; executor_failover.cc).
+  // Per rail: a share was lost here and no redo has moved it yet. Another process set's shares
+  // behind it on the rail then count as lost too (run_skipped): done at once on the aborted rail,
+  // they moved completed() past the lost share, and the redo agreed from it left it out.
   std::unique_ptr<std::atomic<bool>[]> lost_;
   mutable std::mutex ledger_mu_;
   std::vector<std::deque<std::shared_ptr<ShareRecord>>> ledger_;  // per rail, in seq order

@@ -67,8 +67,7 @@ void Executor::restore_input(const ShareRecord& rec, uint8_t* target, const uint
 }
 
 void Executor::record_done(ShareRecord& rec) {
-  // completed() is the first share this rank has not completed: never past one lost and not redone.
-  if (!lost_[rec.share.rail]) completed_[rec.share.rail] = rec.seq + 1;
+  completed_[rec.share.rail] = rec.seq + 1;
   running_[rec.share.rail] = 0;
   if (!opt_.failover) return;
   std::lock_guard<std::mutex> lock(ledger_mu_);
