@@ -26,9 +26,9 @@ bool detail::allreduce_in_network(transport::Rail& rail, void* buf, size_t count
   const size_t bytes = count * dtype_size(dtype);
   if (!coll || !coll->reduces(dtype, op) || (coll->max_share_bytes() && bytes > coll->max_share_bytes()))
     return false;
-  // The aggregator writes each chunk's sum over its input: keep the whole range first (failover).
-  if (opt.before_overwrite && bytes) opt.before_overwrite(0, bytes);
-  coll->start_allreduce(buf, buf, count, dtype, op, opt.seq)->wait(opt.deadline);
+  // The aggregator's sums land over the input chunk by chunk: the rail hands each chunk's range to
+  // before_overwrite (failover keeps it) just before its sum arrives, not the whole share up front.
+  coll->start_allreduce(buf, buf, count, dtype, op, opt.seq, opt.before_overwrite)->wait(opt.deadline);
   if (opt.postscale != 1.0 && count > 0) scale(buf, count, dtype, opt.postscale);
   return true;
 }

@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "common/deadline.h"
@@ -53,11 +54,18 @@ class CollectiveRail {
   virtual bool reduces(DataType dtype, ReduceOp op) const = 0;
   // Largest share in bytes one allreduce may carry; 0 = no limit.
   virtual size_t max_share_bytes() const = 0;
+  // Called with (byte offset, bytes) of a range of the output before the rail first writes there,
+  // when output aliases input: the engine keeps that part of the input for a redo. A rail whose result
+  // arrives chunk by chunk calls it per chunk, so the copy is spread over the wait for the network
+  // instead of delaying the start; one whose result lands in one piece calls it once for the whole.
+  using OverwriteHook = std::function<void(size_t offset, size_t bytes)>;
+
   // Starts an allreduce; input and output must stay valid until the request is done or has thrown.
   // Throws InvalidArgument for a dtype/op the rail does not reduce.
   virtual std::unique_ptr<CollectiveRequest> start_allreduce(const void* input, void* output,
                                                               size_t count, DataType dtype,
-                                                              ReduceOp op, uint64_t seq) = 0;
+                                                              ReduceOp op, uint64_t seq,
+                                                              OverwriteHook before_overwrite = {}) = 0;
 };
 
 }  // namespace nezha::transport

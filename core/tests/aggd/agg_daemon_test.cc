@@ -1,6 +1,7 @@
 // nezha-aggd in-process on loopback, ranks as threads: every dtype x op against a serial reference,
 // bit-identical float sums in rank order, several chunks and the window, two jobs at once, a rank
-// whose count differs, a job whose rank vanished freed after the timeout.
+// whose count differs, a job whose rank vanished freed after the timeout, in-place chunks offered
+// for saving (failover) just before their sums land.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -89,6 +90,44 @@ TEST(AggDaemon, Float32SumsInRankOrderBitIdenticalOnEveryRank) {
   for (size_t i = 0; i < count; ++i) {
     const float want = (in[0][i] + in[1][i]) + in[2][i];  // rank order, as the daemon promises
     for (int r = 0; r < n; ++r) ASSERT_EQ(std::memcmp(&out[r][i], &want, sizeof want), 0) << "element " << i;
+  }
+}
+
+// In place, the rail hands each chunk's range to before_overwrite just before that chunk's sum lands
+// (the engine keeps the input there for a redo): in order, each once, while it still holds the input.
+TEST(AggDaemon, InPlaceEachChunkIsOfferedForSavingBeforeItsSumLands) {
+  auto daemon = start_daemon();
+  const int n = 2;
+  auto job = make_job(*daemon, n, "daemon-key", 4096, 2);
+  connect_all(job);
+  const size_t count = 10 * 1024 + 77;  // 10 whole chunks of 1024 floats and a short one
+  std::vector<std::vector<float>> buf(n, std::vector<float>(count)), saved(n, std::vector<float>(count, -1.0f));
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i) buf[r][i] = static_cast<float>(i % 1000 + r);
+  const std::vector<std::vector<float>> original = buf;
+  std::vector<std::vector<std::pair<size_t, size_t>>> offered(n);
+  std::vector<int> still_input(n, 1);
+  run_ranks(n, [&](int r) {
+    auto keep = [&, r](size_t offset, size_t bytes) {
+      const auto* now = reinterpret_cast<const uint8_t*>(buf[r].data()) + offset;
+      if (std::memcmp(now, reinterpret_cast<const uint8_t*>(original[r].data()) + offset, bytes) != 0) still_input[r] = 0;
+      std::memcpy(reinterpret_cast<uint8_t*>(saved[r].data()) + offset, now, bytes);
+      offered[r].push_back({offset, bytes});
+    };
+    job.rails[r]->start_allreduce(buf[r].data(), buf[r].data(), count, DataType::kFloat32, ReduceOp::kSum, 0, keep)
+        ->wait(Deadline::after_seconds(10));
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(still_input[r]) << "rank " << r << ": a range was offered after its sum had landed";
+    ASSERT_EQ(offered[r].size(), 11u) << "rank " << r << ": one range per chunk";
+    size_t next = 0;
+    for (const auto& [offset, bytes] : offered[r]) {
+      EXPECT_EQ(offset, next) << "rank " << r << ": ranges in chunk order, no gap";
+      next = offset + bytes;
+    }
+    EXPECT_EQ(next, count * sizeof(float));
+    EXPECT_EQ(saved[r], original[r]) << "rank " << r << ": what was kept is the input";
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[r][i], original[0][i] + original[1][i]) << "element " << i;
   }
 }
 

@@ -1,9 +1,11 @@
 // The engine over a loopback TCP rail and an aggregation rail (nezha-aggd in-process; ranks as
 // threads): allreduces striped over both with exact results, other collectives kept off the
 // collective-only rail, and the daemon killed mid-run (shares fail over to TCP, results exact) and
-// restarted (the rail is probed and re-admitted).
+// restarted (the rail is probed and re-admitted); killed once some of a share's sums landed (the
+// redo starts from the input kept chunk by chunk).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -104,6 +106,28 @@ TEST(EngineAgg, DaemonKilledMidRunFailsOverToTcpAndIsReadmittedAfterRestart) {
   const uint64_t reduced = daemon->stats().chunks_reduced;
   for (int k = 0; k < 6; ++k) allreduce_and_check(c, "readmitted." + std::to_string(k), 1 << 20);
   EXPECT_GT(daemon->stats().chunks_reduced, reduced);
+}
+
+// The daemon dies once sums of a share have landed over part of its input (kept chunk by chunk just
+// before each sum arrived): the redo on TCP starts from that kept input, and the results are exact.
+TEST(EngineAgg, DaemonKilledAfterSomeSumsLandedIsRedoneFromTheKeptInput) {
+  auto daemon = start_daemon();
+  Cluster c(4, tcp_and_agg(*daemon), tweak);
+  for (int i = 0; i < 3; ++i) allreduce_and_check(c, "warm." + std::to_string(i), 1 << 20);
+  const uint64_t before = stat_of(c[0].rail_stats(), "agg").bytes_received;
+  std::atomic<bool> killed{false};
+  std::thread killer([&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (stat_of(c[0].rail_stats(), "agg").bytes_received < before + (1u << 20) &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    daemon.reset();  // a megabyte of this share's sums has landed on rank 0
+    killed = true;
+  });
+  for (int i = 0; i < 8 && !killed; ++i) allreduce_and_check(c, "cut." + std::to_string(i), 4 << 20);
+  killer.join();
+  allreduce_and_check(c, "after", 4 << 20);
+  EXPECT_NE(stat_of(c[0].rail_stats(), "agg").state, "up") << "the share was failed over";
 }
 
 }  // namespace

@@ -89,8 +89,7 @@ void AggRail::check_usable() const {
 
 void AggRail::fail(const std::string& what) {
   failed_ = true;
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
+  close();
   if (aborted_) {
     std::lock_guard<std::mutex> lock(reason_mu_);
     throw NezhaError(who() + " aborted: " + abort_reason_);
@@ -109,8 +108,19 @@ void AggRail::reset() {
 }
 
 void AggRail::close() {
+  watched_fd_.store(-1, std::memory_order_release);
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+}
+
+std::string AggRail::link_fault() const {
+  std::lock_guard<std::mutex> lock(link_mu_);
+  return link_ ? link_->fault() : std::string();
+}
+
+bool AggRail::delivering(std::chrono::milliseconds quiet) const {
+  // The fd may be closed (and its number reused) while this reads: a stale answer only delays a report.
+  return tcp::acknowledges(watched_fd_.load(std::memory_order_acquire), quiet).value_or(false);
 }
 
 bool AggRail::reduces(DataType dtype, ReduceOp op) const {
@@ -213,6 +223,11 @@ void AggRail::connect(const std::vector<std::string>& addresses_by_rank, const D
   send_frame(frame(AggType::kJoin, encode_join_payload({static_cast<uint32_t>(size_), config_.window,
                                                          config_.chunk_bytes})), d);
   recv_frame(static_cast<uint32_t>(AggType::kJoined), d);
+  watched_fd_.store(fd_, std::memory_order_release);
+  const std::string local = tcp::local_endpoint(fd_);
+  const std::string local_ip = local.substr(0, local.rfind(':'));
+  std::lock_guard<std::mutex> lock(link_mu_);
+  if (!link_ || link_->ipv4() != local_ip) link_ = std::make_unique<tcp::LinkState>(local_ip);
 }
 
 }  // namespace nezha::transport

@@ -22,6 +22,7 @@
 #include "transport/collective_rail.h"
 #include "transport/rail.h"
 #include "transport/rail_factory.h"
+#include "transport/tcp/link_state.h"
 
 namespace nezha::transport {
 
@@ -56,11 +57,17 @@ class AggRail final : public Rail, public CollectiveRail {
   RailCounters counters() const override;
   void abort(const std::string& reason) override;
   CollectiveRail* collective() override { return this; }
+  // The interface this rank reaches the daemon through lost its carrier: a cut reported at once.
+  std::string link_fault() const override;
+  // The daemon's host acknowledges what we sent: silence is then the daemon waiting for a late rank
+  // (its chunk not sent yet), not a broken path, and the watchdog gives it twice the limit.
+  bool delivering(std::chrono::milliseconds quiet) const override;
 
   bool reduces(DataType dtype, ReduceOp op) const override;
   size_t max_share_bytes() const override { return 0; }
   std::unique_ptr<CollectiveRequest> start_allreduce(const void* input, void* output, size_t count,
-                                                      DataType dtype, ReduceOp op, uint64_t seq) override;
+                                                      DataType dtype, ReduceOp op, uint64_t seq,
+                                                      OverwriteHook before_overwrite = {}) override;
 
  private:
   class Request;
@@ -78,7 +85,10 @@ class AggRail final : public Rail, public CollectiveRail {
   std::string nonce_;
   uint64_t job_ = 0, epoch_ = 0;
   int fd_ = -1;
+  std::atomic<int> watched_fd_{-1};  // fd_ once joined, for delivering() (another thread)
   int wake_fd_ = -1;
+  mutable std::mutex link_mu_;
+  std::unique_ptr<tcp::LinkState> link_;  // the local interface of the connection; null until joined
   std::atomic<bool> aborted_{false};
   std::atomic<bool> failed_{false};
   mutable std::mutex reason_mu_;

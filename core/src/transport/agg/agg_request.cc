@@ -21,8 +21,9 @@ using namespace agg;
 class AggRail::Request final : public CollectiveRequest {
  public:
   Request(AggRail& rail, const void* input, void* output, size_t count, DataType dtype, ReduceOp op,
-          uint64_t seq)
+          uint64_t seq, OverwriteHook before_overwrite)
       : rail_(rail),
+        before_overwrite_(std::move(before_overwrite)),
         in_(static_cast<const uint8_t*>(input)),
         out_(static_cast<uint8_t*>(output)),
         esize_(dtype_size(dtype)),
@@ -155,6 +156,9 @@ class AggRail::Request final : public CollectiveRequest {
                  std::to_string(seq) + " chunk " + std::to_string(chunk) + " (" + std::to_string(length) +
                  " bytes) where the result of allreduce " + std::to_string(head_.seq) + " chunk " +
                  std::to_string(received_) + " was expected");
+    // The chunk's payload follows: its input leaves the output now (it was sent before the daemon
+    // could answer), so this is where the engine keeps it.
+    if (before_overwrite_) before_overwrite_(chunk_offset(received_), chunk_bytes(received_));
   }
 
   [[noreturn]] void read_error_and_fail(uint32_t length) {
@@ -175,6 +179,7 @@ class AggRail::Request final : public CollectiveRequest {
   }
 
   AggRail& rail_;
+  OverwriteHook before_overwrite_;
   const uint8_t* in_;
   uint8_t* out_;
   size_t esize_;
@@ -188,11 +193,12 @@ class AggRail::Request final : public CollectiveRequest {
 };
 
 std::unique_ptr<CollectiveRequest> AggRail::start_allreduce(const void* input, void* output, size_t count,
-                                                             DataType dtype, ReduceOp op, uint64_t seq) {
+                                                             DataType dtype, ReduceOp op, uint64_t seq,
+                                                             OverwriteHook before_overwrite) {
   if (!reduces(dtype, op))
     throw InvalidArgument(who() + " does not reduce " + dtype_name(dtype) + " with " + reduce_op_name(op));
   check_usable();
-  auto req = std::make_unique<Request>(*this, input, output, count, dtype, op, seq);
+  auto req = std::make_unique<Request>(*this, input, output, count, dtype, op, seq, std::move(before_overwrite));
   req->test();  // start sending at once
   return req;
 }

@@ -22,6 +22,7 @@ class LinkState {
   // "interface rail1 (10.50.0.2) has no carrier". Thread-safe; one ioctl, no allocation when up.
   std::string fault() const;
   const std::string& interface() const { return interface_; }
+  const std::string& ipv4() const { return ipv4_; }
 
  private:
   std::string ipv4_;

@@ -37,6 +37,13 @@ void Fd::reset(int fd) {
 
 std::string errno_text(int err) { return std::strerror(err); }
 
+std::optional<bool> acknowledges(int fd, std::chrono::milliseconds quiet) {
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (fd < 0 || ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return std::nullopt;
+  return !(info.tcpi_unacked > 0 && info.tcpi_last_ack_recv >= static_cast<uint32_t>(quiet.count()));
+}
+
 sockaddr_in ipv4_address(const std::string& ip, uint16_t port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;

@@ -5,6 +5,8 @@
 
 #include <netinet/in.h>
 
+#include <chrono>
+#include <optional>
 #include <string>
 
 #include "common/deadline.h"
@@ -54,6 +56,12 @@ int connect_with_deadline(int fd, const sockaddr_in& to, int wake_fd, const Dead
 // retried on EINTR. Returns the revents of fd (0 when the deadline passed); sets *woken when
 // wake_fd is readable.
 short poll_one(int fd, short events, int wake_fd, const Deadline& deadline, bool* woken);
+
+// Whether a connected TCP socket still delivers (TCP_INFO): false when data sent on it has gone
+// unacknowledged for `quiet` (a path that drops packets: a cut beyond this host's own link); true
+// when everything sent was acknowledged (the peer may be slow to read: its window fills, which is a
+// late peer, not a broken path); nullopt when the kernel gives no TCP_INFO (closed fd, not TCP).
+std::optional<bool> acknowledges(int fd, std::chrono::milliseconds quiet);
 
 std::string errno_text(int err);
 

@@ -498,12 +498,9 @@ bool TcpRail::delivering(std::chrono::milliseconds quiet) const {
   // may be closed (and its number reused) while this reads: a stale answer only delays a report.
   bool any = false;
   for (int peer = 0; peer < size_; ++peer) {
-    const int fd = watched_fds_[peer].load(std::memory_order_acquire);
-    if (fd < 0) continue;
-    tcp_info info{};
-    socklen_t len = sizeof info;
-    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
-    if (info.tcpi_unacked > 0 && info.tcpi_last_ack_recv >= static_cast<uint32_t>(quiet.count())) return false;
+    const std::optional<bool> acked = tcp::acknowledges(watched_fds_[peer].load(std::memory_order_acquire), quiet);
+    if (!acked) continue;
+    if (!*acked) return false;
     any = true;
   }
   return any;
