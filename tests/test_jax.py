@@ -37,7 +37,8 @@ def test_collectives_ffi(num_ranks):
     if not nezha.jax.ffi_available():
         pytest.fail("nezha._core was built without the XLA FFI handlers although jax is installed")
     output = _run("w_collectives.py", num_ranks, "ffi")
-    assert_every_rank_passed(output, num_ranks, COLLECTIVE_CHECKS | {"path ffi", "crossed order"})
+    assert_every_rank_passed(output, num_ranks, COLLECTIVE_CHECKS | {"path ffi", "crossed order",
+                                                                     "small calls on the calling thread"})
 
 
 @pytest.mark.timeout(180)

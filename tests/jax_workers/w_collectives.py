@@ -1,6 +1,7 @@
 """nezha.jax collectives against numpy references: pytrees of mixed dtypes, eager and jitted,
 gradients, ordering under scan/cond, mismatched shapes; on every rank."""
 import sys
+import time
 
 import numpy as np
 
@@ -167,7 +168,8 @@ report("ordering")
 
 
 # Independent collectives traced in a different order on each rank: the handler never blocks XLA
-# on one before submitting the other, and the engine matches them by name.
+# on one (longer than NEZHA_JAX_WAIT_US) before submitting the other, and the engine matches them
+# by name.
 def crossed(a, b):
     first, second = ((a, "cross.a"), (b, "cross.b")) if r % 2 == 0 else ((b, "cross.b"), (a, "cross.a"))
     out = {nm: nj.allreduce(v, op=nj.Sum, name=nm) for v, nm in (first, second)}
@@ -179,6 +181,31 @@ if MODE == "ffi" and jax.default_backend() == "cpu":
     assert_close(ca, np.full(3, float(sum(1.0 + k for k in range(n)))), "crossed a")
     assert_close(cb, np.full(2, float(sum(10.0 * (k + 1) for k in range(n)))), "crossed b")
     report("crossed order")
+
+    # A small call is first waited for on XLA's thread (NEZHA_JAX_WAIT_US, 1 ms): with every rank
+    # there most complete within it; one whose peer comes late is left to the waiter thread.
+    from nezha import _core
+    small = jax.jit(lambda t: nj.allreduce(t, op=nj.Sum, name="small.wait"))
+    small(jnp.zeros(2))  # compiled before anything is timed
+    before = _core.jax_ffi_stats()
+    for i in range(30):
+        nj.barrier()
+        assert_close(small(jnp.full(2, float(r + i))), np.full(2, float(sum(k + i for k in range(n)))),
+                     "small allreduce %d" % i)
+    after = _core.jax_ffi_stats()
+    if after["completed_on_calling_thread"] <= before["completed_on_calling_thread"]:
+        fail("30 small jitted allreduces after barriers: none completed on XLA's thread (%s -> %s)"
+             % (before, after))
+    nj.barrier()
+    if r == n - 1:
+        time.sleep(0.3)  # far past the wait: the others' calls must go to the waiter thread
+    before = _core.jax_ffi_stats()
+    assert_close(small(jnp.full(2, 1.0)), np.full(2, float(n)), "small allreduce, one rank late")
+    after = _core.jax_ffi_stats()
+    if r != n - 1 and after["completed_in_background"] != before["completed_in_background"] + 1:
+        fail("a small call whose peer came 0.3 s late was not completed by the waiter thread (%s -> %s)"
+             % (before, after))
+    report("small calls on the calling thread")
 
 # A mismatch across ranks raises on every rank (never a hang).
 bad = jnp.ones((2 + r,), jnp.float32)

@@ -7,21 +7,24 @@
 //
 // The data path: each input and output is XLA's own buffer; the handler submits engine entries
 // pointing at them (allreduce and broadcast write straight into XLA's output) and returns an FFI
-// future at once; one waiter thread completes the futures as the engine finishes. No GIL, no
-// staging copy; operations whose output the engine allocates (allgather, alltoall, reducescatter)
-// copy it once into XLA's output.
+// future; one waiter thread completes the futures as the engine finishes. A small call (at most
+// NEZHA_CONTROL_INLINE_BYTES) is first waited for on XLA's own thread, for up to NEZHA_JAX_WAIT_US:
+// most finish within it, and the future is then complete when XLA gets it, one thread wake-up less
+// on the path that small collectives' latency is made of. No GIL, no staging copy; operations whose
+// output the engine allocates (allgather, alltoall, reducescatter) copy it once into XLA's output.
 //
 // Why asynchronous, and why no ordering token: the engine matches collectives across ranks by
 // name (rank 0 starts a tensor once every rank has submitted it), so ranks may submit a program's
 // independent collectives in different orders. What must not happen is a rank blocking an XLA
 // thread on one collective before submitting another that a peer waits for: returning a future
-// keeps every collective XLA reaches submitted. The custom calls are side-effecting, so XLA never
-// drops or merges them; JAX needs no ordered effect (which would take every call off its fast
-// dispatch path).
+// keeps every collective XLA reaches submitted (the short wait above only delays that once, by a
+// bounded time). The custom calls are side-effecting, so XLA never drops or merges them; JAX needs
+// no ordered effect (which would take every call off its fast dispatch path).
 //
 // jax_ffi_call.cc builds the engine entries (shared with the CUDA handler, jax_ffi_cuda.cc).
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -34,6 +37,7 @@
 #include "bindings/current_engine.h"
 #include "bindings/jax_ffi_call.h"
 #include "common/error.h"
+#include "common/knobs.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace py = pybind11;
@@ -53,6 +57,42 @@ struct Pending {
   std::chrono::steady_clock::time_point deadline;   // a backstop: the engine fails ops sooner
   ffi::Promise promise;
 };
+
+// How the futures were completed (jax_ffi_stats(): tests and benchmarks).
+std::atomic<uint64_t> completed_on_calling_thread{0}, completed_in_background{0};
+
+// Copies engine-allocated results out and completes the future (XLA goes on on this thread).
+void finish(Pending& p, bool timed_out) {
+  std::string error;
+  if (timed_out) error = "no result before the backstop timeout (the engine did not complete it)";
+  for (size_t i = 0; error.empty() && i < p.handles.size(); ++i)
+    error = deliver(*p.handles[i], p.copy_out[i],
+                    [](void* to, const void* from, size_t n) { std::memcpy(to, from, n); });
+  if (error.empty())
+    p.promise.SetAvailable();
+  else
+    p.promise.SetError(call_error(p.name, error));
+}
+
+// How long XLA's thread waits for a call of `bytes` itself (0: not at all). A small collective is
+// latency-bound: handing its completion to the waiter thread costs one more wake-up, which on a
+// busy host is a good part of its time, while a bounded wait can never deadlock (a collective that
+// waits for another of the same program costs this wait once, then completes in the background).
+double own_thread_wait_s(size_t bytes) {
+  static const int64_t wait_us = knob_int("NEZHA_JAX_WAIT_US");
+  static const int64_t small_bytes = knob_int("NEZHA_CONTROL_INLINE_BYTES");
+  return wait_us > 0 && static_cast<int64_t>(bytes) <= small_bytes ? wait_us * 1e-6 : 0;
+}
+
+// Whether every handle finished within wait_s in all.
+bool all_done_within(const std::vector<std::shared_ptr<engine::OpHandle>>& handles, double wait_s) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  for (const auto& h : handles) {
+    const double left = std::chrono::duration<double>(until - std::chrono::steady_clock::now()).count();
+    if (!h->poll() && (left <= 0 || !h->wait_for(left))) return false;
+  }
+  return true;
+}
 
 // Completes futures as their operations finish. One thread, started on first use and never
 // stopped (it may outlive every engine; it holds no Python object). It sleeps on its queue when
@@ -82,18 +122,6 @@ class Waiter {
     return true;
   }
 
-  static void finish(Pending& p, bool timed_out) {
-    std::string error;
-    if (timed_out) error = "no result before the backstop timeout (the engine did not complete it)";
-    for (size_t i = 0; error.empty() && i < p.handles.size(); ++i)
-      error = deliver(*p.handles[i], p.copy_out[i],
-                      [](void* to, const void* from, size_t n) { std::memcpy(to, from, n); });
-    if (error.empty())
-      p.promise.SetAvailable();
-    else
-      p.promise.SetError(call_error(p.name, error));
-  }
-
   void run() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
@@ -106,6 +134,7 @@ class Waiter {
         for (auto it = work.begin(); it != work.end();) {
           const bool timed_out = now >= it->deadline;
           if (timed_out || done(*it)) {
+            ++completed_in_background;  // before: finishing wakes whoever reads the count
             finish(*it, timed_out);
             it = work.erase(it);
           } else {
@@ -155,14 +184,23 @@ ffi::Future collective(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t
   Pending pending;
   pending.name = call.name;
   pending.copy_out = std::move(made.copy_out);
+  size_t bytes = 0;
+  for (const auto& e : made.entries) bytes += e.req.bytes();
+  double wait_s = 0;
   try {
+    wait_s = own_thread_wait_s(bytes);
     pending.handles = submit_to_current(std::move(made.entries));
   } catch (const std::exception& ex) {
     return failed(call.name, ex.what());
   }
+  ffi::Future future(pending.promise);
+  if (wait_s > 0 && all_done_within(pending.handles, wait_s)) {
+    ++completed_on_calling_thread;
+    finish(pending, /*timed_out=*/false);
+    return future;
+  }
   pending.deadline = std::chrono::steady_clock::now() +
                      std::chrono::milliseconds(static_cast<int64_t>(backstop_s() * 1000));
-  ffi::Future future(pending.promise);
   Waiter::get().add(std::move(pending));
   return future;
 }
@@ -177,6 +215,13 @@ void bind_jax_ffi(py::module_& m) {
     out["nezha_collective"] = py::capsule(reinterpret_cast<void*>(&NezhaCollective));
     return out;
   }, "XLA FFI handlers (name -> PyCapsule) for jax.ffi.register_ffi_target (CPU).");
+  m.def("jax_ffi_stats", [] {
+    py::dict out;
+    out["completed_on_calling_thread"] = completed_on_calling_thread.load();
+    out["completed_in_background"] = completed_in_background.load();
+    return out;
+  }, "How the CPU handler's calls completed: waited for on XLA's thread (small ones, within "
+     "NEZHA_JAX_WAIT_US) or by the waiter thread.");
 }
 
 }  // namespace nezha::bindings

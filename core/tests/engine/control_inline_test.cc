@@ -292,6 +292,68 @@ TEST(ControlInlineCoordinator, ReducedTensorsGoAloneAndTheOthersStillFuse) {
   EXPECT_EQ(values_of<float>(out[2].inline_result), (std::vector<float>{20, 41}));
 }
 
+TEST(ControlInlineCoordinator, ReducedTensorsInARowShareOneResponseAndResult) {
+  // A small grouped allreduce (a pytree of scalars): one response, one result, cut back per tensor.
+  Coordinator c(options(2));
+  for (int rank = 0; rank < 2; ++rank) {
+    Request max = allreduce_with<float>("d", {5, float(rank)}, DataType::kFloat32, ReduceOp::kMax);
+    c.submit(rank, {allreduce_with<float>("a", {1, 2}, DataType::kFloat32),
+                    allreduce_with<float>("b", {10.0f * rank}, DataType::kFloat32),
+                    allreduce_with<int32_t>("c", {7}, DataType::kInt32), max,
+                    allreduce_with<float>("e", {3}, DataType::kFloat32)}, t0);
+  }
+  std::vector<Response> out = c.take_ready(t0);
+  ASSERT_EQ(out.size(), 4u);  // a+b; c (another dtype); d (another op); e (not next to a+b)
+  EXPECT_EQ(out[0].names, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(out[0].counts, (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(out[0].cache_ids.size(), 2u);
+  EXPECT_EQ(values_of<float>(out[0].inline_result), (std::vector<float>{2, 4, 10}));
+  EXPECT_EQ(out[1].names, std::vector<std::string>{"c"});
+  EXPECT_EQ(values_of<int32_t>(out[1].inline_result), std::vector<int32_t>{14});
+  EXPECT_EQ(values_of<float>(out[2].inline_result), (std::vector<float>{5, 1}));
+  EXPECT_EQ(out[3].names, std::vector<std::string>{"e"});
+  // Every rank cuts the merged result back into each tensor's output.
+  std::vector<float> a(2), b(1);
+  std::vector<TensorEntry> entries(2);
+  entries[0].output = a.data();
+  entries[1].output = b.data();
+  for (auto& e : entries) e.handle = std::make_shared<OpHandle>();
+  deliver_inline_result(out[0], entries, {});
+  EXPECT_EQ(a, (std::vector<float>{2, 4}));
+  EXPECT_EQ(b, std::vector<float>{10});
+  EXPECT_TRUE(entries[0].handle->poll() && entries[1].handle->poll());
+}
+
+TEST(ControlInlineCoordinator, ReducedTensorsMergeOnlyWithinTheFusionThreshold) {
+  for (size_t threshold : {size_t{0}, size_t{8}, size_t{12}}) {
+    CoordinatorOptions o = options(2);
+    o.fusion_threshold = threshold;
+    Coordinator c(o);
+    for (int rank = 0; rank < 2; ++rank)
+      c.submit(rank, {allreduce_with<float>("a", {1}, DataType::kFloat32),
+                      allreduce_with<float>("b", {2}, DataType::kFloat32),
+                      allreduce_with<float>("c", {3}, DataType::kFloat32)}, t0);
+    std::vector<Response> out = c.take_ready(t0);
+    // 0 (fusion off): one response each; 8 bytes: a+b, then c; 12: all three.
+    ASSERT_EQ(out.size(), threshold == 0 ? 3u : threshold == 8 ? 2u : 1u) << threshold;
+    std::string all;
+    for (const auto& r : out) all += r.inline_result;
+    EXPECT_EQ(values_of<float>(all), (std::vector<float>{2, 4, 6})) << threshold;
+  }
+}
+
+TEST(ControlInlineCoordinator, ReducedTensorsMergeWhileOthersWaitToFuse) {
+  Coordinator c(options(2));
+  for (int rank = 0; rank < 2; ++rank)
+    c.submit(rank, {allreduce_with<float>("x", {1}, DataType::kFloat32),
+                    allreduce_with<float>("y", {2}, DataType::kFloat32)}, t0);
+  c.submit(0, {allreduce_with<float>("partial", {1}, DataType::kFloat32)}, t0);  // rank 1 not yet
+  std::vector<Response> now = c.take_ready(t0 + std::chrono::microseconds(100));
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_EQ(now[0].names, (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(values_of<float>(now[0].inline_result), (std::vector<float>{2, 4}));
+}
+
 TEST(ControlInlineCoordinator, DoneTensorsAreNotHeldWhileOthersWaitToFuse) {
   Coordinator c(options(2));
   Request big = allreduce_with<float>("big", {1, 2}, DataType::kFloat32);

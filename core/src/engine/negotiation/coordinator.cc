@@ -331,6 +331,7 @@ std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
   size_t out_bytes = 0;
   bool last_alone = false;
   for (auto& r : in) {
+    if (merged_inline(out, r)) continue;
     const bool fuses = fusable(r);
     size_t bytes = fuses ? fusion_bytes(r) : 0;
     const bool alone = runs_unfused(bytes, opt_.unfused_bytes);
@@ -345,6 +346,14 @@ std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
     last_alone = alone;
   }
   return out;
+}
+
+bool Coordinator::merged_inline(std::vector<Response>& out, const Response& r) const {
+  if (out.empty() || !inline_fuses_with(out.back(), r) ||
+      out.back().inline_result.size() + r.inline_result.size() > opt_.fusion_threshold)
+    return false;
+  append_inline_fused(out.back(), r);
+  return true;
 }
 
 void Coordinator::fail_group(const std::string& group, const std::string& error) {
@@ -439,7 +448,7 @@ std::vector<Response> Coordinator::take_inline_ready() {
       ++it;
       continue;
     }
-    out.push_back(std::move(*r));
+    if (!merged_inline(out, *r)) out.push_back(std::move(*r));
     it = ready_.erase(it);
   }
   if (ready_.empty()) oldest_ready_.reset();

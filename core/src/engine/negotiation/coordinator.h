@@ -12,7 +12,8 @@
 // with tensors about to become ready (gradients arrive in bursts).
 //
 // Small allreduces, broadcasts and allgathers (control_inline.h) arrive with their inputs; their
-// response carries the result rank 0 computed, is never fused with others, and is never held.
+// response carries the result rank 0 computed, is never fused with operations for the rails, and is
+// never held. Such allreduces in a row share one response and result (fusion.h, merged_inline).
 //
 // Process sets (process_sets.h): a tensor of set S is ready when every member of S submitted it; it
 // is validated among them, fused only with tensors of S, never cached and never done inline.
@@ -89,6 +90,8 @@ class Coordinator {
   Response build(const std::string& name, Pending& p);
   void remember(const std::string& name, const Pending& p, Response& r);
   std::vector<Response> fuse(std::vector<Response> in) const;
+  // Appends r to out.back() when both are inline allreduces that merge (fusion.h): true if it did.
+  bool merged_inline(std::vector<Response>& out, const Response& r) const;
   std::vector<Response> take_ready_built(Clock::time_point now);
   // While the others are held for fusion: the ready tensors whose response carries a result.
   std::vector<Response> take_inline_ready();

@@ -59,4 +59,20 @@ void append_fused(Response& last, const Response& next) {
   last.cache_ids.insert(last.cache_ids.end(), next.cache_ids.begin(), next.cache_ids.end());
 }
 
+bool inline_fuses_with(const Response& last, const Response& next) {
+  auto inline_allreduce = [](const Response& r) {
+    return r.kind == Response::Kind::kExecute && r.type == OpType::kAllreduce && r.process_set == 0 &&
+           !r.inline_result.empty();
+  };
+  return inline_allreduce(last) && inline_allreduce(next) && last.dtype == next.dtype && last.op == next.op &&
+         last.prescale == next.prescale && last.postscale == next.postscale;
+}
+
+void append_inline_fused(Response& last, const Response& next) {
+  last.names.insert(last.names.end(), next.names.begin(), next.names.end());
+  last.counts.insert(last.counts.end(), next.counts.begin(), next.counts.end());
+  last.cache_ids.insert(last.cache_ids.end(), next.cache_ids.begin(), next.cache_ids.end());
+  last.inline_result += next.inline_result;
+}
+
 }  // namespace nezha::engine

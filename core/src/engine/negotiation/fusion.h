@@ -36,4 +36,11 @@ bool fuses_with(const Response& last, const Response& next);
 // Appends `next`'s name and layout to `last` (fuses_with(last, next)).
 void append_fused(Response& last, const Response& next);
 
+// Allreduces rank 0 did inline (control_inline.h) are merged the same way into one response whose
+// result is theirs back to back: a small grouped allreduce (a pytree of scalars, a model's norms)
+// then costs every rank one result to take apart instead of one response per tensor. Same rules as
+// fuses_with for allreduces, on the job's set only.
+bool inline_fuses_with(const Response& last, const Response& next);
+void append_inline_fused(Response& last, const Response& next);  // inline_fuses_with(last, next)
+
 }  // namespace nezha::engine
