@@ -8,7 +8,8 @@ Per size (bytes per rank, float32): `numpy` = nezha.grouped_allreduce on numpy a
 `nezha-jit` = a jitted nezha.jax.grouped_allreduce of a pytree of `--leaves` arrays (one grouped
 custom call); `gloo-jit` = jax.distributed with gloo CPU collectives, a jitted shard_map psum
 pointed at the first rail's interface (JAX has no public setting for it: the CPU backend factory
-is replaced, as the issue says). Median over iterations, max over ranks; busbw as nccl-tests.
+is replaced, as the issue says). Median over iterations (up to 64 KB taken in turns, see timed_interleaved), max over ranks;
+busbw as nccl-tests.
 """
 import argparse
 import json
@@ -46,15 +47,22 @@ def start_gloo(rank, size):
     return ifname
 
 
-def timed(fn, iters, warmup):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)) * 1e6
+def timed_interleaved(fns, iters, warmup, rounds):
+    """Median us per call of each fn. The calls run in `rounds` blocks taking turns (A B C A B C ...),
+    so a drift of the machine's state over the run (thread placement on 2 shared cores moves the
+    small-message figures by +-30 % from run to run) weighs on every implementation alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {k: [] for k in fns}
+    per_round = max(1, iters // rounds)
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) * 1e6 for k, v in times.items()}
 
 
 def main():
@@ -63,6 +71,8 @@ def main():
     parser.add_argument("--leaves", type=int, default=8, help="arrays in the pytree")
     parser.add_argument("--iters", type=int, default=0, help="0: by size (more for small)")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="sizes up to 64 KB: the implementations take turns in this many blocks")
     parser.add_argument("--baseline", choices=["none", "gloo"], default="none")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -82,22 +92,22 @@ def main():
         parts = [count // leaves + (1 if i < count % leaves else 0) for i in range(leaves)]
         host = [np.full(p, rank + 1, np.float32) for p in parts]
         dev = {f"w{i}": jnp.asarray(h) for i, h in enumerate(host)}
-        iters = args.iters or (200 if nbytes <= 65536 else 30 if nbytes <= 1 << 20 else 5)
+        iters = args.iters or (400 if nbytes <= 65536 else 30 if nbytes <= 1 << 20 else 5)
         step = jax.jit(lambda t: nj.grouped_allreduce(t, op=nj.Sum))
         out = step(dev)
         expected = size * (size + 1) / 2
         if not all(np.all(np.asarray(v) == expected) for v in out.values()):
             raise SystemExit(f"wrong nezha-jit result at {nbytes} B")
-        results = {"numpy": timed(lambda: nezha.grouped_allreduce(host, op=nezha.Sum), iters,
-                                  args.warmup),
-                   "nezha-jit": timed(lambda: jax.block_until_ready(step(dev)), iters, args.warmup)}
+        fns = {"numpy": lambda: nezha.grouped_allreduce(host, op=nezha.Sum),
+               "nezha-jit": lambda: jax.block_until_ready(step(dev))}
         if ifname:
             mesh = Mesh(np.array(jax.devices()), ("i",))
             garr = jax.make_array_from_process_local_data(
                 NamedSharding(mesh, P("i")), np.concatenate(host)[None])
             psum = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh,
                                          in_specs=P("i"), out_specs=P()))
-            results["gloo-jit"] = timed(lambda: jax.block_until_ready(psum(garr)), iters, args.warmup)
+            fns["gloo-jit"] = lambda: jax.block_until_ready(psum(garr))
+        results = timed_interleaved(fns, iters, args.warmup, args.rounds if nbytes <= 65536 else 1)
         for impl, us in results.items():
             worst = float(np.max(nezha.allgather(np.array([us]), name=f"jaxbench.{impl}.{nbytes}")))
             busbw = 4 * count * 8 * 2 * (size - 1) / size / (worst * 1e3)  # nccl-tests
