@@ -8,7 +8,7 @@
 // The data path: each input and output is XLA's own buffer; the handler submits engine entries
 // pointing at them (allreduce and broadcast write straight into XLA's output) and returns an FFI
 // future; one waiter thread completes the futures as the engine finishes. A small call (at most
-// NEZHA_CONTROL_INLINE_BYTES) is first waited for on XLA's own thread, for up to NEZHA_JAX_WAIT_US:
+// 64 KB) is first waited for on XLA's own thread, for up to NEZHA_JAX_WAIT_US:
 // most finish within it, and the future is then complete when XLA gets it, one thread wake-up less
 // on the path that small collectives' latency is made of. No GIL, no staging copy; operations whose
 // output the engine allocates (allgather, alltoall, reducescatter) copy it once into XLA's output.
@@ -78,10 +78,12 @@ void finish(Pending& p, bool timed_out) {
 // latency-bound: handing its completion to the waiter thread costs one more wake-up, which on a
 // busy host is a good part of its time, while a bounded wait can never deadlock (a collective that
 // waits for another of the same program costs this wait once, then completes in the background).
+// Up to 64 KB (the latency-bound sizes; about what a 1 Gbit/s rail moves in the default wait):
+// a larger call would mostly outlast the wait and only hold XLA's thread for nothing.
 double own_thread_wait_s(size_t bytes) {
+  constexpr size_t kMaxBytes = 64 << 10;
   static const int64_t wait_us = knob_int("NEZHA_JAX_WAIT_US");
-  static const int64_t small_bytes = knob_int("NEZHA_CONTROL_INLINE_BYTES");
-  return wait_us > 0 && static_cast<int64_t>(bytes) <= small_bytes ? wait_us * 1e-6 : 0;
+  return wait_us > 0 && bytes <= kMaxBytes ? static_cast<double>(wait_us) * 1e-6 : 0;
 }
 
 // Whether every handle finished within wait_s in all.
