@@ -69,9 +69,7 @@ bool inline_fuses_with(const Response& last, const Response& next) {
 }
 
 void append_inline_fused(Response& last, const Response& next) {
-  last.names.insert(last.names.end(), next.names.begin(), next.names.end());
-  last.counts.insert(last.counts.end(), next.counts.begin(), next.counts.end());
-  last.cache_ids.insert(last.cache_ids.end(), next.cache_ids.begin(), next.cache_ids.end());
+  append_fused(last, next);
   last.inline_result += next.inline_result;
 }
 
