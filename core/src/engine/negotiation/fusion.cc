@@ -2,6 +2,13 @@
 
 namespace nezha::engine {
 
+namespace {
+// Reductions fuse only when every element is reduced and scaled alike.
+bool same_reduction(const Response& a, const Response& b) {
+  return a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale;
+}
+}  // namespace
+
 bool fusable(const Response& r) {
   if (r.kind != Response::Kind::kExecute || !r.inline_result.empty()) return false;
   switch (r.type) {
@@ -43,7 +50,7 @@ bool fuses_with(const Response& last, const Response& next) {
   switch (next.type) {
     case OpType::kAllreduce:
     case OpType::kReducescatter:
-      return last.op == next.op && last.prescale == next.prescale && last.postscale == next.postscale;
+      return same_reduction(last, next);
     case OpType::kBroadcast:
       return last.root == next.root;
     default:
@@ -64,8 +71,8 @@ bool inline_fuses_with(const Response& last, const Response& next) {
     return r.kind == Response::Kind::kExecute && r.type == OpType::kAllreduce && r.process_set == 0 &&
            !r.inline_result.empty();
   };
-  return inline_allreduce(last) && inline_allreduce(next) && last.dtype == next.dtype && last.op == next.op &&
-         last.prescale == next.prescale && last.postscale == next.postscale;
+  return inline_allreduce(last) && inline_allreduce(next) && last.dtype == next.dtype &&
+         same_reduction(last, next);
 }
 
 void append_inline_fused(Response& last, const Response& next) {
