@@ -8,8 +8,8 @@ Per size (bytes per rank, float32): `numpy` = nezha.grouped_allreduce on numpy a
 `nezha-jit` = a jitted nezha.jax.grouped_allreduce of a pytree of `--leaves` arrays (one grouped
 custom call); `gloo-jit` = jax.distributed with gloo CPU collectives, a jitted shard_map psum
 pointed at the first rail's interface (JAX has no public setting for it: the CPU backend factory
-is replaced, as the issue says). Median over iterations (up to 64 KB taken in turns, see timed_interleaved), max over ranks;
-busbw as nccl-tests.
+is replaced, as the issue says). Median over iterations (up to 64 KB taken in turns, see
+timed_interleaved), max over ranks; busbw as nccl-tests.
 """
 import argparse
 import json
