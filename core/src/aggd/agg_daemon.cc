@@ -16,6 +16,7 @@
 #include "common/deadline.h"
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "transport/auth.h"
 #include "transport/frame.h"
 #include "transport/tcp/socket.h"
@@ -139,7 +140,10 @@ AggDaemon::~AggDaemon() {
 std::string AggDaemon::address() const { return bound_; }
 
 void AggDaemon::start() {
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("nz-aggd");
+    run();
+  });
 }
 
 void AggDaemon::stop() {

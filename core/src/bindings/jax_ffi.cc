@@ -38,6 +38,7 @@
 #include "bindings/jax_ffi_call.h"
 #include "common/error.h"
 #include "common/knobs.h"
+#include "common/thread_name.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace py = pybind11;
@@ -125,6 +126,7 @@ class Waiter {
   }
 
   void run() {
+    name_this_thread("nz-jax-waiter");
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       cv_.wait(lock, [this] { return !queue_.empty(); });

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
 
@@ -85,6 +86,7 @@ void Engine::broadcast_fatal(const std::string& reason) {
 }
 
 void Engine::loop() {
+  name_this_thread("nz-engine");
   std::optional<Clock::time_point> shutdown_deadline;
   try {
     while (!finished_) {

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -90,6 +92,23 @@ TEST_P(EngineThreadsTest, AllreduceFloatSumAndAverage) {
     const uint64_t want = control_inline() ? 3 : 0;
     EXPECT_EQ(c[r].stats().tensors_done_by_coordinator, want) << "rank " << r;
   }
+}
+
+// Each engine's background loop runs on a thread named for profiles (top -H, py-spy, /proc).
+TEST_P(EngineThreadsTest, LoopThreadsAreNamed) {
+  auto named_loops = [] {
+    int n = 0;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      if (std::getline(comm, name) && name == "nz-engine") ++n;
+    }
+    return n;
+  };
+  const int before = named_loops();
+  Cluster c = make_cluster();
+  check_float_allreduce(c, "named", 5, ReduceOp::kSum);
+  EXPECT_EQ(named_loops() - before, c.size());
 }
 
 TEST_P(EngineThreadsTest, AllreduceInt32Max) {

@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <future>
 #include <mutex>
 #include <set>
+#include <string>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -153,6 +155,21 @@ TEST(RailWorkerTest, ThrowingInlineJobLeavesWorkerUsable) {
     return;  // leak w: its destructor would hang
   }
   delete w;
+}
+
+// Profiles (top -H, py-spy, /proc) tell the rail threads from the framework's by their name.
+TEST(RailWorker, ItsThreadIsNamed) {
+  RailWorker w;
+  std::promise<std::string> name;
+  auto f = name.get_future();
+  w.post([&] {
+    std::ifstream comm("/proc/thread-self/comm");
+    std::string n;
+    std::getline(comm, n);
+    name.set_value(n);
+  });
+  ASSERT_EQ(f.wait_for(2s), std::future_status::ready);
+  EXPECT_EQ(f.get(), "nz-rail");
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "engine/execution/rail_worker.h"
 
+#include "common/thread_name.h"
+
 namespace nezha::engine {
 
 RailWorker::RailWorker() : thread_([this] { run(); }) {}
@@ -50,6 +52,7 @@ size_t RailWorker::queued() const {
 }
 
 void RailWorker::run() {
+  name_this_thread("nz-rail");
   for (;;) {
     std::function<void()> job;
     {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/thread_name.h"
+
 namespace nezha::engine {
 namespace {
 constexpr int kReportAgainAfter = 2;  // limits
@@ -103,6 +105,7 @@ void RailWatchdog::pause(int rail) {
 }
 
 void RailWatchdog::run() {
+  name_this_thread("nz-watchdog");
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     bool watching = false;

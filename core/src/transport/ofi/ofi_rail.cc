@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "transport/auth.h"
 #include "transport/frame.h"
 #include "transport/ofi/ofi_address.h"
@@ -76,6 +77,7 @@ OfiRail::~OfiRail() {
 }
 
 void OfiRail::progress_loop() {
+  name_this_thread("nz-ofi-progress");
   Lock lk(fab_mu_);
   while (!stop_) {
     if (active_ || detached_sends_ == 0 || !endpoint_) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "transport/tcp/frame_stream.h"
 
 namespace nezha::transport::tcp {
@@ -66,6 +67,7 @@ void Acceptor::stop() {
 }
 
 void Acceptor::loop() {
+  name_this_thread("nz-accept");
   // A list, not a vector: a half-read frame points into its Pending's payload, so entries must
   // never move.
   std::list<Pending> pending;
