@@ -1,5 +1,6 @@
 """nezha.jax collectives against numpy references: pytrees of mixed dtypes, eager and jitted,
 gradients, ordering under scan/cond, mismatched shapes; on every rank."""
+import os
 import sys
 import time
 
@@ -196,6 +197,29 @@ if MODE == "ffi" and jax.default_backend() == "cpu":
     if after["completed_on_calling_thread"] <= before["completed_on_calling_thread"]:
         fail("30 small jitted allreduces after barriers: none completed on XLA's thread (%s -> %s)"
              % (before, after))
+    # ... and XLA's thread runs the engine loop meanwhile (engine.h, point 5): a worker's engine
+    # thread then sleeps through back-to-back small calls (without the lead it wakes twice per call:
+    # for the request and for the answer).
+    def engine_thread_switches():
+        total = 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if f.read().strip() != "nz-engine":
+                        continue
+                with open(f"/proc/self/task/{tid}/status") as f:
+                    total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+            except OSError:
+                continue
+        return total
+    nj.barrier()
+    switches = engine_thread_switches()
+    for i in range(30):
+        jax.block_until_ready(small(jnp.full(2, float(i))))
+    switches = engine_thread_switches() - switches
+    if r != 0 and switches >= 15:
+        fail("30 small jitted allreduces: the engine thread switched %d times (XLA's thread did not "
+             "lead the loop)" % switches)
     nj.barrier()
     if r == n - 1:
         time.sleep(0.3)  # far past the wait: the others' calls must go to the waiter thread

@@ -8,9 +8,11 @@
 // The data path: each input and output is XLA's own buffer; the handler submits engine entries
 // pointing at them (allreduce and broadcast write straight into XLA's output) and returns an FFI
 // future; one waiter thread completes the futures as the engine finishes. A small call (at most
-// 64 KB) is first waited for on XLA's own thread, for up to NEZHA_JAX_WAIT_US:
-// most finish within it, and the future is then complete when XLA gets it, one thread wake-up less
-// on the path that small collectives' latency is made of. No GIL, no staging copy; operations whose
+// 64 KB) is first waited for on XLA's own thread, for up to NEZHA_JAX_WAIT_US, and that thread
+// leads the engine loop meanwhile when the loop thread sleeps (engine.h, point 5): it sends the
+// request and reads the answer itself. Most finish within it, and the future is then complete when
+// XLA gets it, with no thread wake-up of this process on the path that small collectives' latency
+// is made of. No GIL, no staging copy; operations whose
 // output the engine allocates (allgather, alltoall, reducescatter) copy it once into XLA's output.
 //
 // Why asynchronous, and why no ordering token: the engine matches collectives across ranks by
@@ -191,14 +193,18 @@ ffi::Future collective(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t
   size_t bytes = 0;
   for (const auto& e : made.entries) bytes += e.req.bytes();
   double wait_s = 0;
+  const auto called = std::chrono::steady_clock::now();
   try {
     wait_s = own_thread_wait_s(bytes);
-    pending.handles = submit_to_current(std::move(made.entries));
+    // XLA's thread leads the engine loop for the wait when the loop thread sleeps (engine.h,
+    // point 5): no wake-up of the loop thread to send the request, nor of this one for the answer.
+    pending.handles = submit_to_current(std::move(made.entries), wait_s);
   } catch (const std::exception& ex) {
     return failed(call.name, ex.what());
   }
   ffi::Future future(pending.promise);
-  if (wait_s > 0 && all_done_within(pending.handles, wait_s)) {
+  const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - called).count();
+  if (wait_s > 0 && all_done_within(pending.handles, std::max(0.0, wait_s - waited_s))) {
     ++completed_on_calling_thread;
     finish(pending, /*timed_out=*/false);
     return future;

@@ -2,6 +2,7 @@
 #include "transport/collective_rail.h"
 
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -94,6 +95,12 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   timeline_.open(config_.timeline_path, config_.rank, rail_names);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw NezhaError(std::string("eventfd failed: ") + std::strerror(errno));
+  loop_epoll_ = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = wake_fd_;
+  if (loop_epoll_ < 0 || epoll_ctl(loop_epoll_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0)
+    throw NezhaError(std::string("the engine loop's epoll set: ") + std::strerror(errno));
 }
 
 Engine::~Engine() {
@@ -103,6 +110,7 @@ Engine::~Engine() {
     NZ_LOG(Error) << rank_prefix(config_.rank) << "shutdown failed: " << e.what();
   }
   if (wake_fd_ >= 0) ::close(wake_fd_);
+  if (loop_epoll_ >= 0) ::close(loop_epoll_);
 }
 
 std::vector<std::string> Engine::listen_addresses() const {
@@ -193,6 +201,13 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   last_heard_.assign(config_.size, Clock::now());
   path_switched_at_.assign(config_.size, Clock::time_point{});
   last_sent_ = Clock::now();
+  if (config_.size > 1) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = control_->watch_fd();
+    if (epoll_ctl(loop_epoll_, EPOLL_CTL_ADD, control_->watch_fd(), &ev) != 0)
+      throw NezhaError(std::string("the engine loop's epoll set: ") + std::strerror(errno));
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -223,7 +238,7 @@ std::shared_ptr<OpHandle> Engine::enqueue(TensorEntry entry) {
   return enqueue_all(std::move(one)).at(0);
 }
 
-std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEntry> entries) {
+std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEntry> entries, double lead_s) {
   if (!thread_.joinable()) throw InvalidArgument("nezha engine is not started; call nezha.init() first");
   // Every entry is checked before any is queued: a group must never be half in flight (its
   // members would wait for the missing ones on every rank).
@@ -250,6 +265,7 @@ std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEnt
     entry.req.check_scaling();
   }
   std::vector<std::shared_ptr<OpHandle>> handles;
+  std::vector<std::string> names;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.empty()) throw NezhaError(failure_);
@@ -266,12 +282,16 @@ std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEnt
       entry.handle = std::make_shared<OpHandle>();
       handles.push_back(entry.handle);
       std::string name = entry.req.name;
+      if (lead_s > 0) names.push_back(name);
       in_flight_.emplace(name, std::move(entry));
       new_names_.push_back(name);
       timeline_.negotiation_started(name);
     }
   }
-  wake();
+  if (lead_s > 0 && config_.size > 1)
+    lead(handles, names, lead_s);
+  else
+    wake();
   return handles;
 }
 
@@ -336,6 +356,7 @@ EngineStats Engine::stats() const {
   s.operations_on_rails = operations_on_rails_;
   s.requests_to_coordinator = requests_to_coordinator_;
   s.rounds = rounds_completed_;
+  s.callers_led = leads_;
   return s;
 }
 

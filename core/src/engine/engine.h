@@ -18,6 +18,15 @@
 //     worker threads, never on the loop.
 //  4. Every wait is bounded: control messages, connections and collectives all carry deadlines,
 //     and a peer lost on the control channel fails every pending operation with its name.
+//  5. A small operation's time is mostly thread hand-offs (caller -> loop thread -> rank 0 -> loop
+//     thread -> caller), each a wake-up of a sleeping thread. So a caller about to wait for one may
+//     lead the loop itself for a bounded time (leader/follower, enqueue_all's lead_s): while the
+//     loop thread sleeps, the caller takes the loop's lock and the control connections out of the
+//     loop thread's epoll set (which wakes no one), runs the loop's passes until its operations are
+//     done, then hands both back; the loop thread is woken only when a timer it sleeps past is due
+//     sooner. Work other threads submit meanwhile wakes the loop thread, which takes it once the
+//     lead ends (bounded by lead_s). The loop's state is touched only under loop_mu_, by one thread
+//     at a time.
 #pragma once
 
 #include <atomic>
@@ -109,6 +118,7 @@ struct EngineStats {
   uint64_t requests_to_coordinator = 0;  // tensor requests this rank sent to rank 0
   uint64_t rounds = 0;                   // cache rounds completed
   uint64_t operations_on_rails = 0;     // operations this rank ran on the rails (fused: one)
+  uint64_t callers_led = 0;  // times a caller ran the loop itself (enqueue_all's lead_s)
 };
 
 struct RailStat {
@@ -136,8 +146,10 @@ class Engine {
   // Submits one tensor. Throws InvalidArgument for bad input (name in flight, engine stopped).
   std::shared_ptr<OpHandle> enqueue(TensorEntry entry);
   // Submits several tensors at once (a group's members): all are queued, or none is (the first bad
-  // one throws as enqueue() would).
-  std::vector<std::shared_ptr<OpHandle>> enqueue_all(std::vector<TensorEntry> entries);
+  // one throws as enqueue() would). lead_s > 0: when the loop thread is asleep, the calling thread
+  // runs the loop until every returned handle is done or lead_s has passed (point 5 above) instead
+  // of waking the loop thread; for callers about to wait for small operations.
+  std::vector<std::shared_ptr<OpHandle>> enqueue_all(std::vector<TensorEntry> entries, double lead_s = 0);
 
   // Process sets (process_sets.h). Every rank registers the same sets in the same order, so ids
   // agree (the Python layer checks that they do). A set with tensors in flight on this rank cannot
@@ -161,6 +173,13 @@ class Engine {
 
  private:
   void loop();
+  // One pass of the loop: new work, timers, rank 0's dispatch, then one wait (through `wait`) for
+  // a control message, new work (not for a leader) or the next timer. Sets finished_ when the loop
+  // must end.
+  void loop_pass(const ControlChannel::Wait& wait, bool leader);
+  Clock::time_point next_wakeup(Clock::time_point now) const;  // the loop's timers, not the channel's
+  void lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const std::vector<std::string>& names,
+            double lead_s);
   void build_rails();  // engine_rails.cc
   void refuse_partial_host_rails() const;  // see connect_and_start()
   void forward_new_work();  // route_new_work, then pump_rounds
@@ -217,7 +236,13 @@ class Engine {
   std::string failure_;                                       // set once the engine is unusable
   std::vector<RailEvent> local_rail_events_;                  // from workers, for the loop to send
 
-  // Loop thread only.
+  // The loop's: under loop_mu_, held by whichever thread runs the loop (the loop thread, or a
+  // caller leading it: point 5); the loop thread drops it only while it waits.
+  std::mutex loop_mu_;
+  int loop_epoll_ = -1;  // the loop thread's wait: wake_fd_ and, unless a caller leads, control_->watch_fd()
+  std::atomic<uint64_t> leads_{0};  // times a caller led the loop (changed under loop_mu_)
+  Clock::time_point loop_sleeps_until_{};  // the loop thread's current wait ends by then
+  std::optional<Clock::time_point> shutdown_deadline_;
   std::unique_ptr<CacheRounds> rounds_;  // the response cache and the cache rounds
   std::vector<Response> held_dispatch_;  // rank 0: responses waiting behind a join (cache_rounds.h)
   bool pumping_ = false;

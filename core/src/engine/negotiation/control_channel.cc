@@ -1,6 +1,8 @@
 #include "engine/negotiation/control_channel.h"
 
 #include <poll.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -65,6 +67,32 @@ ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, cons
     p.broken.assign(paths_.size(), false);
     p.ack_timeout = kAckTimeout;
   }
+  watch_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (watch_fd_ < 0) throw NezhaError(std::string("control channel: epoll_create1 failed: ") + std::strerror(errno));
+}
+
+ControlChannel::~ControlChannel() { ::close(watch_fd_); }
+
+void ControlChannel::sync_watch(const std::vector<pollfd>& fds) {
+  std::vector<int> now;
+  for (size_t k = 1; k < fds.size(); ++k)
+    if (fds[k].fd >= 0) now.push_back(fds[k].fd);
+  std::sort(now.begin(), now.end());
+  if (now == watched_) return;
+  // A closed descriptor has left the epoll set by itself (the DEL then fails, harmlessly). Should
+  // a path close a socket and reuse its number between two calls, the new one goes unwatched: every
+  // recv_any still polls all descriptors first, and the loop thread's wait is at most kIdleWakeS.
+  for (int fd : watched_)
+    if (!std::binary_search(now.begin(), now.end(), fd)) ::epoll_ctl(watch_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  for (int fd : now) {
+    if (std::binary_search(watched_.begin(), watched_.end(), fd)) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (::epoll_ctl(watch_fd_, EPOLL_CTL_ADD, fd, &ev) != 0 && errno == EEXIST)
+      ::epoll_ctl(watch_fd_, EPOLL_CTL_MOD, fd, &ev);
+  }
+  watched_ = std::move(now);
 }
 
 std::vector<std::string> ControlChannel::listen_addresses() const {
@@ -202,8 +230,23 @@ std::optional<Clock::time_point> ControlChannel::run_timers(Clock::time_point no
       flush(peer, 0);  // restarts the clock of every message it resends
     }
     if (p.ack_owed_since && now - *p.ack_owed_since >= kAckDelay) send_bare_ack(peer);
-    if (!p.unacked.empty()) consider(std::min(p.unacked.front().sent_at + p.ack_timeout, now + kLinkCheck));
-    if (p.ack_owed_since) consider(*p.ack_owed_since + kAckDelay);
+    if (auto t = next_timer_of(p, now)) consider(*t);
+  }
+  return next;
+}
+
+std::optional<Clock::time_point> ControlChannel::next_timer_of(const PeerState& p, Clock::time_point now) const {
+  std::optional<Clock::time_point> next;
+  if (!p.unacked.empty()) next = std::min(p.unacked.front().sent_at + p.ack_timeout, now + kLinkCheck);
+  if (p.ack_owed_since) next = next ? std::min(*next, *p.ack_owed_since + kAckDelay) : *p.ack_owed_since + kAckDelay;
+  return next;
+}
+
+std::optional<Clock::time_point> ControlChannel::next_timer(Clock::time_point now) const {
+  std::optional<Clock::time_point> next;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    if (auto t = next_timer_of(peers_[peer], now)) next = next ? std::min(*next, *t) : *t;
   }
   return next;
 }
@@ -257,7 +300,8 @@ void ControlChannel::on_envelope(int peer, int path, std::string envelope) {
   }
 }
 
-std::optional<transport::MessagePath::Message> ControlChannel::recv_any(int wake_fd, const Deadline& deadline) {
+std::optional<transport::MessagePath::Message> ControlChannel::recv_any(int wake_fd, const Deadline& deadline,
+                                                                        const Wait& wait) {
   auto pop = [this] {
     transport::MessagePath::Message m = std::move(ready_.front());
     ready_.pop_front();
@@ -286,6 +330,11 @@ std::optional<transport::MessagePath::Message> ControlChannel::recv_any(int wake
     for (size_t i = 0; i < paths_.size(); ++i) {
       paths_[i]->append_poll_fds(fds);
       owner.resize(fds.size(), static_cast<int>(i));
+    }
+    sync_watch(fds);
+    if (wait && timeout_ms > 0) {
+      if (wait(timeout_ms)) return std::nullopt;
+      timeout_ms = 0;  // readiness is collected below, without blocking
     }
     const int n = ::poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno != EINTR) throw NezhaError(std::string("control channel: poll() failed: ") + std::strerror(errno));

@@ -22,12 +22,13 @@
 // Timers (bare acknowledgements, ack timeouts) run inside recv_any(), which the engine calls
 // whenever it waits.
 //
-// Threads: the engine thread only, except abort().
+// Threads: one at a time (whichever thread runs the engine loop: engine.h), except abort().
 #pragma once
 
 #include <atomic>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,6 +49,9 @@ class ControlChannel {
  public:
   ControlChannel(const std::vector<ControlPathConfig>& paths, const std::string& secret, int rank,
                  int size, size_t socket_buffer_bytes);
+  ~ControlChannel();
+  ControlChannel(const ControlChannel&) = delete;
+  ControlChannel& operator=(const ControlChannel&) = delete;
 
   std::vector<std::string> listen_addresses() const;  // one per path
   // addrs[path][rank]: every rank's listen address of that path.
@@ -56,9 +60,21 @@ class ControlChannel {
   // Queues and sends; on a failing path moves to the next one. Throws PeerError when no path to the
   // peer is left.
   void send(int peer, const std::string& payload);
+  // Blocks up to timeout_ms (> 0) in recv_any's stead; returns true when the caller's state may
+  // have changed meanwhile (another thread ran the engine loop), and recv_any then returns at once.
+  using Wait = std::function<bool(int timeout_ms)>;
   // Next message in order from any peer; std::nullopt when wake_fd is readable or the deadline
   // passes. Runs the timers meanwhile. Throws PeerError when every path to a peer has failed.
-  std::optional<transport::MessagePath::Message> recv_any(int wake_fd, const Deadline& deadline);
+  // Blocks in poll() on wake_fd and the paths, or in `wait` when given (then only non-blocking
+  // polls here).
+  std::optional<transport::MessagePath::Message> recv_any(int wake_fd, const Deadline& deadline,
+                                                          const Wait& wait = nullptr);
+  // An epoll descriptor readable whenever a path has something to read, kept in step with the
+  // paths' connections by recv_any. The engine nests it in the loop thread's wait, so a thread that
+  // leads the loop for a while can take the connections out of that wait without waking it.
+  int watch_fd() const { return watch_fd_; }
+  // When recv_any must next run for the timers (bare acknowledgements, ack timeouts, link checks).
+  std::optional<Clock::time_point> next_timer(Clock::time_point now) const;
 
   // The engine marked the rail down (true) or up again (false): peers on it move elsewhere.
   void avoid_path(int path, bool avoid);
@@ -106,6 +122,9 @@ class ControlChannel {
   void path_failed(int path, int peer, const std::string& why);
   // Bare acknowledgements due, ack timeouts passed; returns when to run again.
   std::optional<Clock::time_point> run_timers(Clock::time_point now);
+  std::optional<Clock::time_point> next_timer_of(const PeerState& p, Clock::time_point now) const;
+  // Registers fds[1..] (the paths' descriptors; fds[0] is the caller's wake fd) in watch_fd_.
+  void sync_watch(const std::vector<pollfd>& fds);
   void send_bare_ack(int peer);
   void send_on_path(int peer, std::string& envelope);  // stamps the current route first
   int pick_path(const PeerState& p, bool after_current, bool any_path = false) const;
@@ -123,6 +142,8 @@ class ControlChannel {
   std::deque<transport::MessagePath::Message> ready_;
   std::exception_ptr deferred_error_;  // a peer lost after sending what ready_ still holds
   std::atomic<bool> aborted_{false};
+  int watch_fd_ = -1;
+  std::vector<int> watched_;  // sorted: the descriptors registered in watch_fd_
 };
 
 }  // namespace nezha::engine

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Where a small allreduce's CPU goes, per thread: CPU time and context switches per operation.
+
+    nezharun -np 4 python benchmarks/small_op_threads.py --mode jit --leaves 2 --iters 4000
+
+Runs `--iters` small allreduces back to back (`jit`: a jitted nezha.jax.grouped_allreduce of
+`--leaves` float32 arrays of `--count` elements; `numpy`: nezha.grouped_allreduce of the same in numpy) and reads every
+thread's CPU time and voluntary + involuntary context switches from /proc before and after. The
+engine's threads are named (nz-engine, nz-rail, ...); the framework's are summed under their own
+names ("python" for the interpreter's and XLA's). Rank 0 prints one line per rank: us of CPU and
+switches per operation by thread name, and the wall time per operation.
+
+On 2 shared cores, a small collective's time is mostly this CPU and the wake-ups behind the
+switches (benchmarks/JAX.md).
+"""
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+
+def thread_counters():
+    """{tid: (name, cpu clock ticks, context switches)} for every thread of this process."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/status") as f:
+                switches = sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[tid] = (name, int(fields[11]) + int(fields[12]), switches)
+    return out
+
+
+def per_op_by_name(before, after, ops):
+    """{name: [us of CPU per op, switches per op]} over threads alive at the end."""
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+    rows = {}
+    for tid, (name, ticks, switches) in after.items():
+        _, ticks0, switches0 = before.get(tid, (name, 0, 0))
+        row = rows.setdefault(name, [0.0, 0.0])
+        row[0] += (ticks - ticks0) * tick_us / ops
+        row[1] += (switches - switches0) / ops
+    return {k: [round(v[0]), round(v[1], 2)] for k, v in rows.items() if v[0] >= 1 or v[1] >= 0.05}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mode", choices=["jit", "numpy"], default="jit")
+    p.add_argument("--leaves", type=int, default=2)
+    p.add_argument("--count", type=int, default=1, help="float32 elements per leaf")
+    p.add_argument("--iters", type=int, default=4000)
+    p.add_argument("--warmup", type=int, default=300)
+    args = p.parse_args()
+
+    import nezha
+    if args.mode == "jit":
+        import jax
+        import jax.numpy as jnp
+        import nezha.jax as nj
+        nj.init()
+        step = jax.jit(lambda tree: nj.grouped_allreduce(tree, op=nj.Sum))
+        tree = [jnp.ones(args.count, jnp.float32) for _ in range(args.leaves)]
+        once = lambda: jax.block_until_ready(step(tree))  # noqa: E731
+    else:
+        nezha.init()
+        arrays = [np.ones(args.count, np.float32) for _ in range(args.leaves)]
+        once = lambda: nezha.grouped_allreduce(arrays, op=nezha.Sum, name="small")  # noqa: E731
+    for _ in range(args.warmup):
+        once()
+    before, start = thread_counters(), time.perf_counter()
+    for _ in range(args.iters):
+        once()
+    wall_us = (time.perf_counter() - start) / args.iters * 1e6
+    rows = per_op_by_name(before, thread_counters(), args.iters)
+    rows["wall_us"] = round(wall_us)
+    lines = nezha.allgather_object(json.dumps(rows))
+    if nezha.rank() == 0:
+        print(f"{args.mode}, {args.leaves} leaves x {args.count * 4} B, {args.iters} ops: "
+              "[us CPU, switches] per op by thread")
+        for rank, line in enumerate(lines):
+            print(f"rank {rank}: {line}")
+    nezha.shutdown()
+
+
+if __name__ == "__main__":
+    main()
