@@ -12,7 +12,7 @@
 // Why the background loop looks the way it does:
 //  1. Callers submit from any thread and must never block on the network: enqueue() only appends
 //     to a queue and wakes the loop through an eventfd.
-//  2. A lone operation must not wait for a timer: the loop sleeps in poll() on the control
+//  2. A lone operation must not wait for a timer: the loop sleeps (epoll) on the control
 //     connections and that eventfd, and forwards new work the moment it wakes.
 //  3. Rank 0 must stay responsive as coordinator while data moves: execution happens on per-rail
 //     worker threads, never on the loop.
