@@ -74,18 +74,20 @@ ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, cons
 ControlChannel::~ControlChannel() { ::close(watch_fd_); }
 
 void ControlChannel::sync_watch(const std::vector<pollfd>& fds) {
+  // In step already, the usual case on every call: no allocation, no system call.
+  if (watched_.size() + 1 == fds.size() &&
+      std::equal(watched_.begin(), watched_.end(), fds.begin() + 1, [](int fd, const pollfd& p) { return fd == p.fd; }))
+    return;
   std::vector<int> now;
-  for (size_t k = 1; k < fds.size(); ++k)
-    if (fds[k].fd >= 0) now.push_back(fds[k].fd);
-  std::sort(now.begin(), now.end());
-  if (now == watched_) return;
+  for (size_t k = 1; k < fds.size(); ++k) now.push_back(fds[k].fd);
+  auto holds = [](const std::vector<int>& v, int fd) { return std::find(v.begin(), v.end(), fd) != v.end(); };
   // A closed descriptor has left the epoll set by itself (the DEL then fails, harmlessly). Should
   // a path close a socket and reuse its number between two calls, the new one goes unwatched: every
   // recv_any still polls all descriptors first, and the loop thread's wait is at most kIdleWakeS.
   for (int fd : watched_)
-    if (!std::binary_search(now.begin(), now.end(), fd)) ::epoll_ctl(watch_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    if (fd >= 0 && !holds(now, fd)) ::epoll_ctl(watch_fd_, EPOLL_CTL_DEL, fd, nullptr);
   for (int fd : now) {
-    if (std::binary_search(watched_.begin(), watched_.end(), fd)) continue;
+    if (fd < 0 || holds(watched_, fd)) continue;
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;

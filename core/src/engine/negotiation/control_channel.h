@@ -143,7 +143,7 @@ class ControlChannel {
   std::exception_ptr deferred_error_;  // a peer lost after sending what ready_ still holds
   std::atomic<bool> aborted_{false};
   int watch_fd_ = -1;
-  std::vector<int> watched_;  // sorted: the descriptors registered in watch_fd_
+  std::vector<int> watched_;  // the paths' descriptors as last registered in watch_fd_, in poll order
 };
 
 }  // namespace nezha::engine
