@@ -10,6 +10,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/epoll_add.h"
 #include "common/error.h"
 #include "common/knobs.h"
 #include "common/logging.h"
@@ -96,10 +97,7 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw NezhaError(std::string("eventfd failed: ") + std::strerror(errno));
   loop_epoll_ = epoll_create1(EPOLL_CLOEXEC);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = wake_fd_;
-  if (loop_epoll_ < 0 || epoll_ctl(loop_epoll_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0)
+  if (loop_epoll_ < 0 || epoll_add_readable(loop_epoll_, wake_fd_) != 0)
     throw NezhaError(std::string("the engine loop's epoll set: ") + std::strerror(errno));
 }
 
@@ -201,13 +199,8 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   last_heard_.assign(config_.size, Clock::now());
   path_switched_at_.assign(config_.size, Clock::time_point{});
   last_sent_ = Clock::now();
-  if (config_.size > 1) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = control_->watch_fd();
-    if (epoll_ctl(loop_epoll_, EPOLL_CTL_ADD, control_->watch_fd(), &ev) != 0)
-      throw NezhaError(std::string("the engine loop's epoll set: ") + std::strerror(errno));
-  }
+  if (config_.size > 1 && epoll_add_readable(loop_epoll_, control_->watch_fd()) != 0)
+    throw NezhaError(std::string("the engine loop's epoll set: ") + std::strerror(errno));
   thread_ = std::thread([this] { loop(); });
 }
 

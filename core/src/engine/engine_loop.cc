@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "common/epoll_add.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/thread_name.h"
@@ -212,10 +213,7 @@ void Engine::lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const s
       return false;
     }, /*leader=*/true);
   }
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = watch;
-  ::epoll_ctl(loop_epoll_, EPOLL_CTL_ADD, watch, &ev);  // readable already: the loop thread wakes
+  epoll_add_readable(loop_epoll_, watch);  // readable already: the loop thread wakes
   // The loop thread's wait was planned before this lead: wake it if a timer is now due sooner.
   const Clock::time_point now = Clock::now();
   Clock::time_point due = next_wakeup(now);

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/epoll_add.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "transport/rail_factory.h"
@@ -88,11 +89,12 @@ void ControlChannel::sync_watch(const std::vector<pollfd>& fds) {
     if (fd >= 0 && !holds(now, fd)) ::epoll_ctl(watch_fd_, EPOLL_CTL_DEL, fd, nullptr);
   for (int fd : now) {
     if (fd < 0 || holds(watched_, fd)) continue;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    if (::epoll_ctl(watch_fd_, EPOLL_CTL_ADD, fd, &ev) != 0 && errno == EEXIST)
+    if (epoll_add_readable(watch_fd_, fd) != 0 && errno == EEXIST) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = fd;
       ::epoll_ctl(watch_fd_, EPOLL_CTL_MOD, fd, &ev);
+    }
   }
   watched_ = std::move(now);
 }
