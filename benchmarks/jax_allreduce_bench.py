@@ -10,6 +10,11 @@ custom call); `gloo-jit` = jax.distributed with gloo CPU collectives, a jitted s
 pointed at the first rail's interface (JAX has no public setting for it: the CPU backend factory
 is replaced, as the issue says). Median over iterations (up to 64 KB taken in turns, see
 timed_interleaved), max over ranks; busbw as nccl-tests.
+
+`--in-jit-loop K` (sizes up to 64 KB) adds `nezha-loop` and `gloo-loop`: one jitted call runs K
+allreduces one after the other (a `lax.fori_loop`, each taking the previous result times 1/size),
+timed per allreduce. That is the collective's latency inside a jitted program, without JAX's
+dispatch of a jitted call from Python (which both pay alike once per call).
 """
 import argparse
 import json
@@ -48,21 +53,26 @@ def start_gloo(rank, size):
 
 
 def timed_interleaved(fns, iters, warmup, rounds):
-    """Median us per call of each fn. The calls run in `rounds` blocks taking turns (A B C A B C ...),
-    so a drift of the machine's state over the run (thread placement on 2 shared cores moves the
-    small-message figures by +-30 % from run to run) weighs on every implementation alike."""
-    for fn in fns.values():
+    """Median us per operation of each fn, given as (fn, operations per call). The calls run in
+    `rounds` blocks taking turns (A B C A B C ...), so a drift of the machine's state over the run
+    (thread placement on 2 shared cores moves the small-message figures by +-30 % from run to run)
+    weighs on every implementation alike; each block runs about `iters / rounds` operations."""
+    for fn, _ in fns.values():
         for _ in range(warmup):
             fn()
     times = {k: [] for k in fns}
-    per_round = max(1, iters // rounds)
     for _ in range(rounds):
-        for k, fn in fns.items():
-            for _ in range(per_round):
+        for k, (fn, ops_per_call) in fns.items():
+            for _ in range(max(1, iters // rounds // ops_per_call)):
                 t0 = time.perf_counter()
                 fn()
-                times[k].append(time.perf_counter() - t0)
+                times[k].append((time.perf_counter() - t0) / ops_per_call)
     return {k: float(np.median(v)) * 1e6 for k, v in times.items()}
+
+
+def check_close(name, got, want):
+    if not np.allclose(np.asarray(got), want, rtol=1e-6):
+        raise SystemExit(f"wrong {name} result: {np.asarray(got).ravel()[:4]}, expected {want}")
 
 
 def main():
@@ -73,6 +83,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5,
                         help="sizes up to 64 KB: the implementations take turns in this many blocks")
+    parser.add_argument("--in-jit-loop", type=int, default=0, metavar="K",
+                        help="also time K allreduces in one jitted call (sizes up to 64 KB)")
     parser.add_argument("--baseline", choices=["none", "gloo"], default="none")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -94,19 +106,33 @@ def main():
         dev = {f"w{i}": jnp.asarray(h) for i, h in enumerate(host)}
         iters = args.iters or (400 if nbytes <= 65536 else 30 if nbytes <= 1 << 20 else 5)
         step = jax.jit(lambda t: nj.grouped_allreduce(t, op=nj.Sum))
-        out = step(dev)
-        expected = size * (size + 1) / 2
-        if not all(np.all(np.asarray(v) == expected) for v in out.values()):
-            raise SystemExit(f"wrong nezha-jit result at {nbytes} B")
-        fns = {"numpy": lambda: nezha.grouped_allreduce(host, op=nezha.Sum),
-               "nezha-jit": lambda: jax.block_until_ready(step(dev))}
+        for v in step(dev).values():
+            check_close(f"nezha-jit {nbytes} B", v, size * (size + 1) / 2)
+        fns = {"numpy": (lambda: nezha.grouped_allreduce(host, op=nezha.Sum), 1),
+               "nezha-jit": (lambda: jax.block_until_ready(step(dev)), 1)}
+        loop = args.in_jit_loop if nbytes <= 65536 else 0
+        if loop:  # x -> sum over ranks / size: every rank holds the mean (size + 1) / 2 throughout
+            body = lambda i, t: jax.tree.map(lambda v: v * (1.0 / size),
+                                             nj.grouped_allreduce(t, op=nj.Sum))
+            looped = jax.jit(lambda t: jax.lax.fori_loop(0, loop, body, t))
+            for v in looped(dev).values():
+                check_close(f"nezha-loop {nbytes} B", v, (size + 1) / 2)
+            fns["nezha-loop"] = (lambda: jax.block_until_ready(looped(dev)), loop)
         if ifname:
             mesh = Mesh(np.array(jax.devices()), ("i",))
             garr = jax.make_array_from_process_local_data(
                 NamedSharding(mesh, P("i")), np.concatenate(host)[None])
             psum = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh,
                                          in_specs=P("i"), out_specs=P()))
-            fns["gloo-jit"] = lambda: jax.block_until_ready(psum(garr))
+            fns["gloo-jit"] = (lambda: jax.block_until_ready(psum(garr)), 1)
+            if loop:  # check_vma off: psum's result is not varying over "i", the loop's carry is
+                gbody = lambda i, x: jax.lax.psum(x, "i") * (1.0 / size)
+                glooped = jax.jit(jax.shard_map(lambda x: jax.lax.fori_loop(0, loop, gbody, x),
+                                                mesh=mesh, in_specs=P("i"), out_specs=P("i"),
+                                                check_vma=False))
+                check_close(f"gloo-loop {nbytes} B", glooped(garr).addressable_data(0),
+                            (size + 1) / 2)
+                fns["gloo-loop"] = (lambda: jax.block_until_ready(glooped(garr)), loop)
         results = timed_interleaved(fns, iters, args.warmup, args.rounds if nbytes <= 65536 else 1)
         for impl, us in results.items():
             worst = float(np.max(nezha.allgather(np.array([us]), name=f"jaxbench.{impl}.{nbytes}")))

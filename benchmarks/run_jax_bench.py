@@ -5,7 +5,7 @@
 
 (1) both rails shaped to 1 Gbit/s: a jitted pytree allreduce 8 B - 64 MB, nezha.jax against
 jax.distributed + gloo psum under jit on rail 0; (3) below; (2) unshaped rails: 8 B - 64 KB latency, the same
-pair; (3) a training step (7.3M-parameter MLP) with DistributedOptimizer against a gloo
+pair, one allreduce per jitted call and 50 in one (the collective's latency inside jit); (3) a training step (7.3M-parameter MLP) with DistributedOptimizer against a gloo
 pmean step, on the shaped rails. Prints each job's table; raw JSON and logs go to benchmarks/out/jax-*.
 """
 import shlex
@@ -19,10 +19,10 @@ sys.path.insert(0, str(REPO))
 OUT = BENCH_DIR / "out"
 
 
-def run(testbed, key, sizes, timeout_s=400):
+def run(testbed, key, sizes, extra=(), timeout_s=400):
     json_path = OUT / f"jax-{key}.json"
     job(testbed, key, ["jax_allreduce_bench.py", "--sizes", sizes, "--leaves", "8", "--baseline",
-                       "gloo", "--json", str(json_path)], timeout_s)
+                       "gloo", "--json", str(json_path), *extra], timeout_s)
 
 
 def job(testbed, key, script_args, timeout_s=400):
@@ -54,7 +54,7 @@ def main():
         for rail in range(2):
             testbed.set_rate(rail, None)
         if "unshaped" in wanted:
-            run(testbed, "unshaped", "8,1K,64K")
+            run(testbed, "unshaped", "8,1K,64K", ["--in-jit-loop", "50"])
 
 
 if __name__ == "__main__":

@@ -57,6 +57,8 @@ def main():
     p.add_argument("--count", type=int, default=1, help="float32 elements per leaf")
     p.add_argument("--iters", type=int, default=4000)
     p.add_argument("--warmup", type=int, default=300)
+    p.add_argument("--per-call", type=int, default=1, metavar="K",
+                   help="jit: K allreduces in one jitted call (a fori_loop): no dispatch between them")
     args = p.parse_args()
 
     import nezha
@@ -65,24 +67,28 @@ def main():
         import jax.numpy as jnp
         import nezha.jax as nj
         nj.init()
-        step = jax.jit(lambda tree: nj.grouped_allreduce(tree, op=nj.Sum))
+        body = lambda i, tree: nj.grouped_allreduce(tree, op=nj.Average)  # noqa: E731
+        step = jax.jit(lambda tree: jax.lax.fori_loop(0, args.per_call, body, tree))
         tree = [jnp.ones(args.count, jnp.float32) for _ in range(args.leaves)]
         once = lambda: jax.block_until_ready(step(tree))  # noqa: E731
     else:
         nezha.init()
         arrays = [np.ones(args.count, np.float32) for _ in range(args.leaves)]
         once = lambda: nezha.grouped_allreduce(arrays, op=nezha.Sum, name="small")  # noqa: E731
-    for _ in range(args.warmup):
+    calls = max(1, args.iters // args.per_call)
+    for _ in range(max(1, args.warmup // args.per_call)):
         once()
     before, start = thread_counters(), time.perf_counter()
-    for _ in range(args.iters):
+    for _ in range(calls):
         once()
-    wall_us = (time.perf_counter() - start) / args.iters * 1e6
-    rows = per_op_by_name(before, thread_counters(), args.iters)
+    ops = calls * args.per_call
+    wall_us = (time.perf_counter() - start) / ops * 1e6
+    rows = per_op_by_name(before, thread_counters(), ops)
     rows["wall_us"] = round(wall_us)
     lines = nezha.allgather_object(json.dumps(rows))
     if nezha.rank() == 0:
-        print(f"{args.mode}, {args.leaves} leaves x {args.count * 4} B, {args.iters} ops: "
+        print(f"{args.mode}, {args.leaves} leaves x {args.count * 4} B, {ops} ops, "
+              f"{args.per_call} per call: "
               "[us CPU, switches] per op by thread")
         for rank, line in enumerate(lines):
             print(f"rank {rank}: {line}")
