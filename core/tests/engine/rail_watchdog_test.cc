@@ -119,7 +119,7 @@ TEST(RailWatchdog, ARailsOwnFloorHoldsItsReportsBackAndIsCappedAtOneSecond) {
 
 // A rail whose link is gone is reported through on_link_lost within a few link ticks (10 ms), long
 // before the silence limit, once per operation, even while it still moves bytes; a rail whose
-// link is up is not; an idle rail's link is not checked at all.
+// link is up is not; with no rail working, no link is checked at all.
 TEST(RailWatchdog, ALostLinkIsReportedAtOnceAndOncePerOperation) {
   std::atomic<uint64_t> bytes{0};
   std::atomic<bool> carrier{true};
@@ -172,6 +172,96 @@ TEST(RailWatchdog, ALostLinkIsReportedAtOnceAndOncePerOperation) {
   EXPECT_NE(lost[0].find("0: share A lost its link: interface rail9 has no carrier"), std::string::npos) << lost[0];
   EXPECT_NE(lost[1].find("share B"), std::string::npos) << lost[1];
   EXPECT_EQ(stalls.load(), 0) << "a lost link is not also reported as silence";
+}
+
+// While one rail works, an idle rail's link is checked too, and its loss reported once per loss: the
+// host whose share on the cut rail is done can tell, while a peer still waits for its last bytes.
+// With no rail working, no link is checked at all.
+TEST(RailWatchdog, AnIdleRailsLostLinkIsReportedWhileAnotherRailWorks) {
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<bool> carrier1{true};
+  std::atomic<int> checks1{0}, stalls{0};
+  std::mutex mu;
+  std::vector<std::string> lost;
+  RailWatchdog dog{
+      2, 1.0, [&](int) { return bytes.load(); }, [&](int, const std::string&) { ++stalls; },
+      [&](int rail) {
+        if (rail == 0) return std::string();
+        ++checks1;
+        return carrier1 ? std::string() : std::string("interface rail1 has no carrier");
+      },
+      [&](int rail, const std::string& what) {
+        std::lock_guard<std::mutex> lock(mu);
+        lost.push_back(std::to_string(rail) + ": " + what);
+      }};
+  auto lost_count = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return lost.size();
+  };
+  auto wait_for_reports = [&](size_t n) {
+    const auto start = std::chrono::steady_clock::now();
+    while (lost_count() < n && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+      bytes += 100;  // rail 0 keeps moving data
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  };
+  carrier1 = false;
+  std::this_thread::sleep_for(milliseconds(60));
+  EXPECT_EQ(checks1.load(), 0) << "a link was checked while no rail works";
+  carrier1 = true;
+
+  dog.begin(0, "share on rail 0");
+  bytes += 100;
+  std::this_thread::sleep_for(milliseconds(40));
+  EXPECT_GT(checks1.load(), 0) << "the idle rail's link was not checked while rail 0 works";
+  EXPECT_EQ(lost_count(), 0u);
+  carrier1 = false;
+  EXPECT_LT(wait_for_reports(1), 500.0) << "a generous bound: the link is checked every 10 ms";
+  auto keep_rail0_busy = [&](int ticks) {
+    for (int i = 0; i < ticks; ++i) {
+      bytes += 100;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  };
+  keep_rail0_busy(20);
+  EXPECT_EQ(lost_count(), 1u) << "one loss reported more than once";
+  carrier1 = true;  // plugged back, then pulled again: a new loss
+  keep_rail0_busy(5);
+  carrier1 = false;
+  wait_for_reports(2);
+  dog.end(0, true);
+  dog.stop();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(lost.size(), 2u);
+  EXPECT_EQ(lost[0], "1: between operations, lost its link: interface rail1 has no carrier");
+  EXPECT_EQ(lost[1], lost[0]);
+  EXPECT_EQ(stalls.load(), 0);
+}
+
+// An operation's link loss is not reported again once the operation ends and the rail is idle.
+TEST(RailWatchdog, ALossReportedDuringAnOperationIsNotReportedAgainWhenIdle) {
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<int> lost{0};
+  RailWatchdog dog{
+      2, 1.0, [&](int) { return bytes.load(); }, [](int, const std::string&) {},
+      [&](int rail) { return rail == 1 ? std::string("interface rail1 has no carrier") : std::string(); },
+      [&](int, const std::string&) { ++lost; }};
+  dog.begin(0, "share on rail 0");
+  dog.begin(1, "share on rail 1");
+  const auto start = std::chrono::steady_clock::now();
+  while (lost.load() == 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    bytes += 100;
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  ASSERT_EQ(lost.load(), 1);
+  dog.end(1, false);
+  for (int i = 0; i < 20; ++i) {  // rail 0 still works: rail 1 is checked, idle
+    bytes += 100;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  dog.end(0, true);
+  EXPECT_EQ(lost.load(), 1);
 }
 
 // A paused rail (its worker waits for a claim, not for data) may stay silent past the limit; its

@@ -93,6 +93,7 @@ void RailWatchdog::end(int rail, bool ok) {
   Slot& s = slots_[rail];
   if (ok) learn_locked(s);
   s.active = false;  // no notify: the next tick just finds nothing to watch
+  s.idle_link_reported = s.link_reported;  // a loss reported during the operation is not news
   s.silence_watched = false;
 }
 
@@ -113,8 +114,19 @@ void RailWatchdog::run() {
     if (link_fault_) tick = std::min<Clock::duration>(tick, kLinkTick);
     std::vector<std::pair<int, std::string>> stalled, lost;
     Clock::time_point now = Clock::now();
+    const bool any_active = std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.active; });
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& s = slots_[i];
+      if (!s.active && any_active && link_fault_) {
+        // An idle rail's link is checked too while another rail works: a host whose share on the
+        // cut rail is done (its last bytes still in flight) would otherwise not notice, and a
+        // peer still waiting for those bytes would report a silence instead, a limit later.
+        std::string fault = link_fault_(static_cast<int>(i));
+        if (!fault.empty() && !s.idle_link_reported)
+          lost.emplace_back(static_cast<int>(i), "between operations, lost its link: " + fault);
+        s.idle_link_reported = !fault.empty();
+        continue;
+      }
       if (!s.active || (!s.silence_watched && !link_fault_)) continue;
       watching = true;
       const Clock::duration limit = limit_locked(static_cast<int>(i));

@@ -16,7 +16,9 @@
 //
 // A rail whose own link is gone (Rail::link_fault(): the interface lost its carrier) is reported at
 // once through on_link_lost, checked every kLinkTick while the rail works: a pulled cable then
-// costs a tick, not a silence limit, and is never mistaken for a late peer.
+// costs a tick, not a silence limit, and is never mistaken for a late peer. While any rail works,
+// the idle rails' links are checked too (reported once per loss): the host whose share on a rail
+// is done is the one that can tell its cable was pulled, while a peer waits for its last bytes.
 //
 // A rail silent for the limit whose transport vouches that every connection still delivers
 // (Rail::delivering: TCP has nothing unacknowledged for the limit) is reported only after twice the
@@ -47,7 +49,8 @@ class RailWatchdog {
   using Callback = std::function<void(int rail, const std::string& what)>;
   // bytes_moved(rail): the rail's sent + received byte counters (thread-safe).
   // link_fault(rail) (optional): Rail::link_fault(); non-empty goes to on_link_lost(rail, what),
-  // once per operation. delivering(rail, quiet) (optional): Rail::delivering().
+  // once per operation (an idle rail's: once per loss, "between operations, lost its link: ...").
+  // delivering(rail, quiet) (optional): Rail::delivering().
   RailWatchdog(size_t num_rails, double min_silence_s, std::function<uint64_t(int rail)> bytes_moved,
                Callback on_stall, std::function<std::string(int rail)> link_fault = {},
                Callback on_link_lost = {},
@@ -84,6 +87,7 @@ class RailWatchdog {
     bool silence_watched = false;     // active and not paused: silence counts
     bool moved = false;               // the current operation has moved a byte
     bool link_reported = false;       // the current operation's link loss was reported
+    bool idle_link_reported = false;  // the link, lost while the rail was idle, was reported
     Clock::duration longest_pause{};  // within the current operation, after its first byte
     Clock::duration healthy_pause{};  // decaying maximum over operations that completed
     Clock::duration min_silence{};    // this rail's own floor (set_min_silence), 0: the shared one
