@@ -264,6 +264,52 @@ TEST(RailWatchdog, ALossReportedDuringAnOperationIsNotReportedAgainWhenIdle) {
   EXPECT_EQ(lost.load(), 1);
 }
 
+// After its operation, a rail whose sent bytes are not yet acknowledged keeps its link watched
+// (its peer may be waiting for them); once they are, or with the link intact for 1 s, nothing is
+// checked any more.
+TEST(RailWatchdog, ARailsLinkStaysWatchedUntilWhatItSentIsAcknowledged) {
+  std::atomic<bool> carrier{true}, acknowledged{false};
+  std::atomic<int> checks{0}, lost{0};
+  RailWatchdog dog{
+      1, 1.0, [](int) { return uint64_t{0}; }, [](int, const std::string&) {},
+      [&](int) {
+        ++checks;
+        return carrier ? std::string() : std::string("interface rail0 has no carrier");
+      },
+      [&](int, const std::string&) { ++lost; },
+      [&](int, std::chrono::milliseconds quiet) { return quiet.count() == 0 && acknowledged.load(); }};
+  dog.begin(0, "share");
+  std::this_thread::sleep_for(milliseconds(20));
+  dog.end(0, true);  // its last bytes in flight
+  std::this_thread::sleep_for(milliseconds(40));
+  carrier = false;
+  const auto cut = std::chrono::steady_clock::now();
+  while (lost.load() == 0 && std::chrono::steady_clock::now() - cut < std::chrono::seconds(5))
+    std::this_thread::sleep_for(milliseconds(2));
+  EXPECT_EQ(lost.load(), 1) << "the cut under its undelivered bytes was not reported";
+  const double waited_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - cut).count();
+  EXPECT_LT(waited_ms, 500.0) << "a generous bound: the link is checked every 10 ms";
+
+  carrier = true;
+  dog.begin(0, "share");
+  std::this_thread::sleep_for(milliseconds(20));
+  acknowledged = true;  // everything it sent arrived: no reason to watch
+  dog.end(0, true);
+  std::this_thread::sleep_for(milliseconds(50));
+  const int after_drain = checks.load();
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(checks.load(), after_drain) << "a drained idle rail's link is still checked";
+
+  acknowledged = false;  // a rail that cannot tell: watched for the 1 s bound, then not
+  dog.begin(0, "share");
+  dog.end(0, true);
+  std::this_thread::sleep_for(milliseconds(1300));
+  const int after_bound = checks.load();
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(checks.load(), after_bound) << "watched past the 1 s bound";
+  EXPECT_EQ(lost.load(), 1);
+}
+
 // A paused rail (its worker waits for a claim, not for data) may stay silent past the limit; its
 // link is still checked, so a rank waiting for a claim its cut link will never bring is reported;
 // after begin() its silence counts again.

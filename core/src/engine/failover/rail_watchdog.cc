@@ -20,6 +20,9 @@ constexpr std::chrono::seconds kMaxLimit{1};
 constexpr int kLatePeerLimits = 2;
 // How often a working rail's link is checked: one ioctl per rail, and only while it works.
 constexpr std::chrono::milliseconds kLinkTick{10};
+// How long an idle rail's link stays watched after its operation while what it sent is not
+// acknowledged (a rail that cannot tell, Rail::delivering() false, is watched this long).
+constexpr std::chrono::seconds kMaxDrainWatch{1};
 }  // namespace
 
 RailWatchdog::RailWatchdog(size_t num_rails, double min_silence_s,
@@ -75,6 +78,7 @@ void RailWatchdog::begin(int rail, std::string what) {
     s.longest_pause = Clock::duration::zero();
     s.moved = false;
     s.link_reported = false;
+    s.draining = false;
     s.what = std::move(what);
     wake = idle_;  // a ticking watchdog sees the new work on its next tick: no wakeup per operation
   }
@@ -94,6 +98,8 @@ void RailWatchdog::end(int rail, bool ok) {
   if (ok) learn_locked(s);
   s.active = false;  // no notify: the next tick just finds nothing to watch
   s.idle_link_reported = s.link_reported;  // a loss reported during the operation is not news
+  s.draining = true;
+  s.drain_until = Clock::now() + kMaxDrainWatch;
   s.silence_watched = false;
 }
 
@@ -117,10 +123,17 @@ void RailWatchdog::run() {
     const bool any_active = std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.active; });
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& s = slots_[i];
-      if (!s.active && any_active && link_fault_) {
-        // An idle rail's link is checked too while another rail works: a host whose share on the
-        // cut rail is done (its last bytes still in flight) would otherwise not notice, and a
-        // peer still waiting for those bytes would report a silence instead, a limit later.
+      if (!s.active && link_fault_) {
+        // An idle rail's link is checked too while another rail works, or while what its last
+        // operation sent is not yet acknowledged (draining): a host whose share on the cut rail is
+        // done, its last bytes still in flight, would otherwise not notice, and a peer waiting for
+        // those bytes would report a silence instead, two limits later (it sees its own
+        // connections deliver).
+        if (s.draining && (now >= s.drain_until ||
+                           (delivering_ && delivering_(static_cast<int>(i), std::chrono::milliseconds(0)))))
+          s.draining = false;
+        if (!any_active && !s.draining) continue;
+        watching = true;
         std::string fault = link_fault_(static_cast<int>(i));
         if (!fault.empty() && !s.idle_link_reported)
           lost.emplace_back(static_cast<int>(i), "between operations, lost its link: " + fault);

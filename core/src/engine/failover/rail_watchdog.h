@@ -17,8 +17,10 @@
 // A rail whose own link is gone (Rail::link_fault(): the interface lost its carrier) is reported at
 // once through on_link_lost, checked every kLinkTick while the rail works: a pulled cable then
 // costs a tick, not a silence limit, and is never mistaken for a late peer. While any rail works,
-// the idle rails' links are checked too (reported once per loss): the host whose share on a rail
-// is done is the one that can tell its cable was pulled, while a peer waits for its last bytes.
+// and for up to 1 s after a rail's operation until what it sent is acknowledged
+// (Rail::delivering(0)), the idle rails' links are checked too (reported once per loss): the host
+// whose share on a rail is done is the one that can tell its cable was pulled, while a peer waits
+// for its last bytes.
 //
 // A rail silent for the limit whose transport vouches that every connection still delivers
 // (Rail::delivering: TCP has nothing unacknowledged for the limit) is reported only after twice the
@@ -26,7 +28,7 @@
 // of false failovers left), which failing the rail over would not mend. Not longer: a link
 // throttled to nothing in the direction this rank only receives on looks the same from here.
 //
-// Wakes only while some rail has work running (sleeps on a condition variable otherwise); a rail
+// Wakes only while some rail has work running or drains (sleeps on a condition variable otherwise); a rail
 // that stays silent is reported again every few limits.
 #pragma once
 
@@ -88,6 +90,8 @@ class RailWatchdog {
     bool moved = false;               // the current operation has moved a byte
     bool link_reported = false;       // the current operation's link loss was reported
     bool idle_link_reported = false;  // the link, lost while the rail was idle, was reported
+    bool draining = false;            // idle, what the last operation sent maybe not yet delivered
+    Clock::time_point drain_until{};
     Clock::duration longest_pause{};  // within the current operation, after its first byte
     Clock::duration healthy_pause{};  // decaying maximum over operations that completed
     Clock::duration min_silence{};    // this rail's own floor (set_min_silence), 0: the shared one
