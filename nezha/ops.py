@@ -8,6 +8,7 @@ collective then runs among that set's ranks only.
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -36,6 +37,31 @@ def _auto_name(kind: str, name: Optional[str], set_id: int = 0) -> str:
     key = (kind, set_id, _state.generation if set_id else 0)
     counter = _counters.setdefault(key, itertools.count())
     return f"{kind}.noname.{next(counter)}"
+
+
+# Set while a synchronous function submits: its caller waits at once, so the submission leads the
+# engine's loop on this thread meanwhile (NEZHA_LEAD_US; engine.h point 5), with no wake-up of the
+# loop thread on a small operation's latency.
+_sync_call = threading.local()
+
+
+def _submit(*args, **kwargs):
+    return _engine().submit(*args, lead=getattr(_sync_call, "on", False), **kwargs)
+
+
+def _submit_group(*args, **kwargs):
+    return _engine().submit_group(*args, lead=getattr(_sync_call, "on", False), **kwargs)
+
+
+def started_by_waiter(start, *args, **kwargs):
+    """``start(*args, **kwargs)`` (an *_async function, here or in an adapter) for a caller that
+    waits for the handle at once: the submission leads the engine's loop meanwhile."""
+    before = getattr(_sync_call, "on", False)
+    _sync_call.on = True
+    try:
+        return start(*args, **kwargs)
+    finally:
+        _sync_call.on = before
 
 
 def _set_size(set_id: int) -> int:
@@ -77,8 +103,8 @@ def allreduce_async(tensor: Any, op: ReduceOp = Average, name: Optional[str] = N
     name = _auto_name("allreduce", name, set_id)
     arr, dtype = as_array(tensor)
     result = _output_like(arr, out, "out")
-    h = _engine().submit(OpType.allreduce, name, arr, result, dtype, op,
-                         float(prescale_factor), float(postscale_factor), process_set=set_id)
+    h = _submit(OpType.allreduce, name, arr, result, dtype, op,
+                float(prescale_factor), float(postscale_factor), process_set=set_id)
     return Handle([h], lambda: present(result, dtype), [name])
 
 
@@ -87,8 +113,8 @@ def allreduce(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
               process_set: Any = global_process_set):
     """Reduces ``tensor`` elementwise across all ranks (default: average) and returns the result
     on every rank, bit-identical everywhere."""
-    return allreduce_async(tensor, op, name, prescale_factor, postscale_factor, out,
-                           process_set).wait()
+    return started_by_waiter(allreduce_async, tensor, op, name, prescale_factor, postscale_factor,
+                             out, process_set).wait()
 
 
 def grouped_allreduce_async(tensors: Sequence[Any], op: ReduceOp = Average,
@@ -112,9 +138,9 @@ def grouped_allreduce_async(tensors: Sequence[Any], op: ReduceOp = Average,
         dtypes.append(dtype)
         results.append(_output_like(arr, None if outs is None else outs[i], f"outs[{i}]"))
         names.append(f"{group}.{i}")
-    handles = _engine().submit_group(OpType.allreduce, group, names, arrays, results, dtypes, op,
-                                     float(prescale_factor), float(postscale_factor),
-                                     process_set=set_id)
+    handles = _submit_group(OpType.allreduce, group, names, arrays, results, dtypes, op,
+                            float(prescale_factor), float(postscale_factor),
+                            process_set=set_id)
     presented = [present(r, d) for r, d in zip(results, dtypes)]
     return Handle(handles, lambda: presented, names)
 
@@ -124,8 +150,8 @@ def grouped_allreduce(tensors: Sequence[Any], op: ReduceOp = Average, name: Opti
                       outs: Optional[Sequence[Any]] = None,
                       process_set: Any = global_process_set) -> List[np.ndarray]:
     """Allreduce of several tensors as one unit (fused together); returns a list of results."""
-    return grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
-                                   outs, process_set).wait()
+    return started_by_waiter(grouped_allreduce_async, tensors, op, name, prescale_factor,
+                             postscale_factor, outs, process_set).wait()
 
 
 # --- allgather, broadcast, alltoall, reducescatter --------------------------------------------
@@ -137,14 +163,14 @@ def allgather_async(tensor: Any, name: Optional[str] = None,
     name = _auto_name("allgather", name, set_id)
     arr, dtype = as_array(tensor)
     src = arr.reshape(1) if arr.ndim == 0 else arr
-    h = _engine().submit(OpType.allgather, name, src, None, dtype, process_set=set_id)
+    h = _submit(OpType.allgather, name, src, None, dtype, process_set=set_id)
     return Handle([h], lambda: present(_engine_output(h, src), dtype), [name])
 
 
 def allgather(tensor: Any, name: Optional[str] = None,
               process_set: Any = global_process_set) -> np.ndarray:
     """Concatenates every rank's tensor along the first dimension (which may differ per rank)."""
-    return allgather_async(tensor, name, process_set).wait()
+    return started_by_waiter(allgather_async, tensor, name, process_set).wait()
 
 
 def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None,
@@ -160,15 +186,15 @@ def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None,
         raise ValueError(f"root_rank {root_rank} is not in {process_set!r}")
     arr, dtype = as_array(tensor)
     result = _output_like(arr, out, "out")
-    h = _engine().submit(OpType.broadcast, name, arr, result, dtype, Sum, 1.0, 1.0,
-                         int(root_rank), process_set=set_id)
+    h = _submit(OpType.broadcast, name, arr, result, dtype, Sum, 1.0, 1.0,
+                int(root_rank), process_set=set_id)
     return Handle([h], lambda: present(result, dtype), [name])
 
 
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, out: Any = None,
               process_set: Any = global_process_set):
     """Copies ``root_rank``'s tensor to every rank and returns it."""
-    return broadcast_async(tensor, root_rank, name, out, process_set).wait()
+    return started_by_waiter(broadcast_async, tensor, root_rank, name, out, process_set).wait()
 
 
 def alltoall_async(tensor: Any, splits: Optional[Sequence[int]] = None,
@@ -192,8 +218,8 @@ def alltoall_async(tensor: Any, splits: Optional[Sequence[int]] = None,
         raise ValueError(f"splits has {len(splits)} entries; expected one per rank ({n})")
     if any(s < 0 for s in splits) or sum(splits) != rows:
         raise ValueError(f"splits {splits} must be non-negative and sum to dim 0 ({rows})")
-    h = _engine().submit(OpType.alltoall, name, arr, None, dtype, Sum, 1.0, 1.0, -1, splits,
-                         process_set=set_id)
+    h = _submit(OpType.alltoall, name, arr, None, dtype, Sum, 1.0, 1.0, -1, splits,
+                process_set=set_id)
     return Handle([h], lambda: (present(_engine_output(h, arr), dtype),
                                 np.asarray(h.received_splits, np.int64)),
                   [name])
@@ -204,7 +230,7 @@ def alltoall(tensor: Any, splits: Optional[Sequence[int]] = None,
              process_set: Any = global_process_set) -> Tuple[np.ndarray, np.ndarray]:
     """Sends ``splits[r]`` rows of dim 0 to rank r (equal parts by default) and returns
     ``(received rows concatenated in rank order, rows received from each rank)``."""
-    return alltoall_async(tensor, splits, name, process_set).wait()
+    return started_by_waiter(alltoall_async, tensor, splits, name, process_set).wait()
 
 
 def reducescatter_async(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
@@ -216,8 +242,8 @@ def reducescatter_async(tensor: Any, op: ReduceOp = Average, name: Optional[str]
     name = _auto_name("reducescatter", name, set_id)
     arr, dtype = as_array(tensor)
     src = arr.reshape(1) if arr.ndim == 0 else arr
-    h = _engine().submit(OpType.reducescatter, name, src, None, dtype, op,
-                         float(prescale_factor), float(postscale_factor), process_set=set_id)
+    h = _submit(OpType.reducescatter, name, src, None, dtype, op,
+                float(prescale_factor), float(postscale_factor), process_set=set_id)
     return Handle([h], lambda: present(_engine_output(h, src), dtype), [name])
 
 
@@ -226,8 +252,8 @@ def reducescatter(tensor: Any, op: ReduceOp = Average, name: Optional[str] = Non
                   process_set: Any = global_process_set) -> np.ndarray:
     """Reduces across ranks and returns this rank's block of dim 0 (split as evenly as possible;
     lower ranks get the extra rows)."""
-    return reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
-                               process_set).wait()
+    return started_by_waiter(reducescatter_async, tensor, op, name, prescale_factor,
+                             postscale_factor, process_set).wait()
 
 
 def _group_members(tensors: Sequence[Any], group: str):
@@ -249,8 +275,8 @@ def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None,
     set_id = process_set_id(process_set)
     group = _auto_name("grouped_allgather", name, set_id)
     srcs, dtypes, names = _group_members(list(tensors), group)
-    handles = _engine().submit_group(OpType.allgather, group, names, srcs, [None] * len(srcs),
-                                     dtypes, process_set=set_id)
+    handles = _submit_group(OpType.allgather, group, names, srcs, [None] * len(srcs),
+                            dtypes, process_set=set_id)
     return Handle(handles, lambda: [present(_engine_output(h, s), d)
                                     for h, s, d in zip(handles, srcs, dtypes)], names)
 
@@ -258,7 +284,7 @@ def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None,
 def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
                       process_set: Any = global_process_set) -> List[np.ndarray]:
     """Allgather of several tensors as one unit; returns a list of gathered tensors."""
-    return grouped_allgather_async(tensors, name, process_set).wait()
+    return started_by_waiter(grouped_allgather_async, tensors, name, process_set).wait()
 
 
 def grouped_reducescatter_async(tensors: Sequence[Any], op: ReduceOp = Average,
@@ -272,9 +298,9 @@ def grouped_reducescatter_async(tensors: Sequence[Any], op: ReduceOp = Average,
     set_id = process_set_id(process_set)
     group = _auto_name("grouped_reducescatter", name, set_id)
     srcs, dtypes, names = _group_members(list(tensors), group)
-    handles = _engine().submit_group(OpType.reducescatter, group, names, srcs, [None] * len(srcs),
-                                     dtypes, op, float(prescale_factor), float(postscale_factor),
-                                     process_set=set_id)
+    handles = _submit_group(OpType.reducescatter, group, names, srcs, [None] * len(srcs),
+                            dtypes, op, float(prescale_factor), float(postscale_factor),
+                            process_set=set_id)
     return Handle(handles, lambda: [present(_engine_output(h, s), d)
                                     for h, s, d in zip(handles, srcs, dtypes)], names)
 
@@ -284,8 +310,8 @@ def grouped_reducescatter(tensors: Sequence[Any], op: ReduceOp = Average,
                           postscale_factor: float = 1.0,
                           process_set: Any = global_process_set) -> List[np.ndarray]:
     """Reducescatter of several tensors as one unit; returns a list of this rank's blocks."""
-    return grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor,
-                                       process_set).wait()
+    return started_by_waiter(grouped_reducescatter_async, tensors, op, name, prescale_factor,
+                             postscale_factor, process_set).wait()
 
 
 # --- synchronisation --------------------------------------------------------------------------
@@ -294,7 +320,7 @@ def barrier(timeout_s: Optional[float] = None, process_set: Any = global_process
     """Returns once every rank (of the process set, if given) has called barrier()."""
     set_id = process_set_id(process_set)
     name = _auto_name("barrier", None, set_id)
-    h = _engine().submit(OpType.barrier, name, process_set=set_id)
+    h = _engine().submit(OpType.barrier, name, process_set=set_id, lead=True)
     Handle([h], lambda: None, [name]).wait(timeout_s)
 
 

@@ -51,3 +51,16 @@ def test_prescale_and_postscale_give_horovods_bits(job, ranks):
     assert result.returncode == 0, result.output[-4000:]
     for r in range(ranks):
         assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
+
+
+@pytest.mark.parametrize("lead", ["1", "0"])
+def test_synchronous_calls_lead_the_engine_loop(job, lead):
+    # A synchronous call runs the engine's loop itself while it waits (NEZHA_LEAD_US): every
+    # collective still matches numpy, small and large, from three threads at once and with a late
+    # peer; a worker's engine thread sleeps through 30 small calls, and wakes for each with 0.
+    ranks = 3
+    env = {} if lead == "1" else {"NEZHA_LEAD_US": "0"}
+    result = job(ranks, "sync_lead.py", lead, env=env, timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(ranks):
+        assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]

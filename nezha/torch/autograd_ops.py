@@ -21,10 +21,17 @@ import torch
 from nezha.basics import rank
 from nezha.compression import compress_all, decompress_all
 from nezha.handle import synchronize
+from nezha.ops import started_by_waiter
 from nezha.horovod_api import Average, Max, Min, Product, Sum, resolve_op
 from nezha.process_sets import global_process_set, process_set_id
 from nezha.torch import mpi_ops
 from nezha.torch.compression import Compression
+
+
+def _waited(start, *args, **kwargs):
+    """The result of ``start`` (an mpi_ops *_async function) waited for at once: the submission
+    leads the engine's loop meanwhile (NEZHA_LEAD_US)."""
+    return synchronize(started_by_waiter(start, *args, **kwargs))
 
 
 def _grad_name(name, suffix="grad"):
@@ -36,9 +43,9 @@ class _Allreduce(torch.autograd.Function):
     def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.name, ctx.process_set = op, name, process_set
         ctx.scale = (prescale_factor, postscale_factor)
-        result = synchronize(mpi_ops.allreduce_async(
+        result = _waited(mpi_ops.allreduce_async,
             tensor, name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, process_set=process_set))
+            postscale_factor=postscale_factor, process_set=process_set)
         if op in (Min, Max, Product):
             ctx.save_for_backward(tensor, result)
         return result
@@ -80,9 +87,9 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx, op, name, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.op, ctx.name, ctx.scale = op, name, (prescale_factor, postscale_factor)
         ctx.process_set = process_set
-        results = tuple(synchronize(mpi_ops.grouped_allreduce_async(
+        results = tuple(_waited(mpi_ops.grouped_allreduce_async,
             tensors, name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, process_set=process_set)))
+            postscale_factor=postscale_factor, process_set=process_set))
         if op not in (Sum, Average):
             ctx.save_for_backward(*tensors, *results)
         return results
@@ -91,14 +98,14 @@ class _GroupedAllreduce(torch.autograd.Function):
     def backward(ctx, *grad_outputs):
         grads = [g.contiguous() for g in grad_outputs]
         if ctx.op in (Sum, Average):
-            grads = synchronize(mpi_ops.grouped_allreduce_async(
+            grads = _waited(mpi_ops.grouped_allreduce_async,
                 grads, name=_grad_name(ctx.name), op=ctx.op, prescale_factor=ctx.scale[0],
-                postscale_factor=ctx.scale[1], process_set=ctx.process_set))
+                postscale_factor=ctx.scale[1], process_set=ctx.process_set)
         else:
             saved = ctx.saved_tensors
             count = len(grads)
-            summed = synchronize(mpi_ops.grouped_allreduce_async(
-                grads, name=_grad_name(ctx.name), op=Sum, process_set=ctx.process_set))
+            summed = _waited(mpi_ops.grouped_allreduce_async,
+                grads, name=_grad_name(ctx.name), op=Sum, process_set=ctx.process_set)
             grads = [_selected_grad(ctx.op, s, t, r)
                      for s, t, r in zip(summed, saved[:count], saved[count:])]
         return (None, None, None, None, None) + tuple(grads)
@@ -119,15 +126,15 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
         ctx.rows, ctx.name, ctx.process_set = (tensor.shape[0] if tensor.dim() else 1), name, process_set
-        return synchronize(mpi_ops.allgather_async(tensor, name=name, process_set=process_set))
+        return _waited(mpi_ops.allgather_async, tensor, name=name, process_set=process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
         ps = ctx.process_set
         grad = allreduce(grad_output, name=_grad_name(ctx.name), op=Average, process_set=ps)
         rows = torch.tensor([ctx.rows], dtype=torch.int64)
-        all_rows = synchronize(mpi_ops.allgather_async(rows, name=_grad_name(ctx.name, "rows"),
-                                                       process_set=ps))
+        all_rows = _waited(mpi_ops.allgather_async, rows, name=_grad_name(ctx.name, "rows"),
+                           process_set=ps)
         offset = int(all_rows[:ps.rank()].sum())
         return grad.narrow(0, offset, ctx.rows), None, None
 
@@ -143,19 +150,19 @@ class _GroupedAllgather(torch.autograd.Function):
     def forward(ctx, name, process_set, *tensors):
         ctx.rows = [t.shape[0] if t.dim() else 1 for t in tensors]
         ctx.name, ctx.process_set = name, process_set
-        return tuple(synchronize(mpi_ops.grouped_allgather_async(list(tensors), name=name,
-                                                                 process_set=process_set)))
+        return tuple(_waited(mpi_ops.grouped_allgather_async, list(tensors), name=name,
+                             process_set=process_set))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         ps = ctx.process_set
-        grads = synchronize(mpi_ops.grouped_allreduce_async(
+        grads = _waited(mpi_ops.grouped_allreduce_async,
             [g.contiguous() for g in grad_outputs], name=_grad_name(ctx.name), op=Average,
-            process_set=ps))
+            process_set=ps)
         # Every rank's rows of every tensor, [ranks, tensors]: where this rank's rows start.
         rows = torch.tensor([ctx.rows], dtype=torch.int64)
-        all_rows = synchronize(mpi_ops.allgather_async(rows, name=_grad_name(ctx.name, "rows"),
-                                                       process_set=ps))
+        all_rows = _waited(mpi_ops.allgather_async, rows, name=_grad_name(ctx.name, "rows"),
+                           process_set=ps)
         offsets = all_rows[:ps.rank()].sum(dim=0)
         return (None, None) + tuple(g.narrow(0, int(o), r)
                                     for g, o, r in zip(grads, offsets, ctx.rows))
@@ -174,8 +181,8 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.name, ctx.process_set = root_rank, name, process_set
-        return synchronize(mpi_ops.broadcast_async(tensor, root_rank, name=name,
-                                                   process_set=process_set))
+        return _waited(mpi_ops.broadcast_async, tensor, root_rank, name=name,
+                       process_set=process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -195,17 +202,17 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received_splits = synchronize(
-            mpi_ops.alltoall_async(tensor, splits=splits, name=name, process_set=process_set))
+        output, received_splits = _waited(mpi_ops.alltoall_async, tensor, splits=splits, name=name,
+                                          process_set=process_set)
         ctx.received_splits, ctx.name, ctx.process_set = received_splits, name, process_set
         ctx.mark_non_differentiable(received_splits)
         return output, received_splits
 
     @staticmethod
     def backward(ctx, grad_output, _unused):
-        grad, _ = synchronize(mpi_ops.alltoall_async(
+        grad, _ = _waited(mpi_ops.alltoall_async,
             grad_output.contiguous(), splits=ctx.received_splits, name=_grad_name(ctx.name),
-            process_set=ctx.process_set))
+            process_set=ctx.process_set)
         return grad, None, None, None
 
 
@@ -231,15 +238,15 @@ class _Reducescatter(torch.autograd.Function):
                                       "use reducescatter_async for %s" % op)
         ctx.name, ctx.process_set = name, process_set
         ctx.factor = _reducescatter_grad_factor(op, prescale_factor, postscale_factor, process_set)
-        return synchronize(mpi_ops.reducescatter_async(
+        return _waited(mpi_ops.reducescatter_async,
             tensor, name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, process_set=process_set))
+            postscale_factor=postscale_factor, process_set=process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
         grad = grad_output * ctx.factor if ctx.factor != 1 else grad_output
-        grad = synchronize(mpi_ops.allgather_async(grad.contiguous(), name=_grad_name(ctx.name),
-                                                   process_set=ctx.process_set))
+        grad = _waited(mpi_ops.allgather_async, grad.contiguous(), name=_grad_name(ctx.name),
+                       process_set=ctx.process_set)
         return grad, None, None, None, None, None
 
 
@@ -263,15 +270,15 @@ class _GroupedReducescatter(torch.autograd.Function):
                                       "Average; use grouped_reducescatter_async for %s" % op)
         ctx.name, ctx.process_set = name, process_set
         ctx.factor = _reducescatter_grad_factor(op, prescale_factor, postscale_factor, process_set)
-        return tuple(synchronize(mpi_ops.grouped_reducescatter_async(
+        return tuple(_waited(mpi_ops.grouped_reducescatter_async,
             list(tensors), name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, process_set=process_set)))
+            postscale_factor=postscale_factor, process_set=process_set))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         grads = [(g * ctx.factor if ctx.factor != 1 else g).contiguous() for g in grad_outputs]
-        gathered = synchronize(mpi_ops.grouped_allgather_async(grads, name=_grad_name(ctx.name),
-                                                               process_set=ctx.process_set))
+        gathered = _waited(mpi_ops.grouped_allgather_async, grads, name=_grad_name(ctx.name),
+                           process_set=ctx.process_set)
         return (None, None, None, None, None) + tuple(gathered)
 
 

@@ -98,6 +98,16 @@ Buffer view(const py::buffer& b, const char* what, std::optional<DataType> dtype
 
 // One tensor's entry with its buffers pinned: the operation, not the Python handle, keeps them
 // alive until the engine is done with them, so dropping a handle is legal.
+// Queues `entries`; a synchronous caller (`lead`) runs the engine's loop itself meanwhile for up to
+// NEZHA_LEAD_US, without the GIL (engine.h point 5): a small operation is then negotiated, and done
+// when rank 0 carries it inline, with no thread wake-up on this rank.
+std::vector<std::shared_ptr<OpHandle>> submit_entries(Engine& e, std::vector<TensorEntry> entries, bool lead) {
+  static const double lead_s = static_cast<double>(knob_int("NEZHA_LEAD_US")) / 1e6;
+  if (!lead || lead_s <= 0) return e.enqueue_all(std::move(entries));
+  py::gil_scoped_release release;  // (entries dropped without it release their views later)
+  return e.enqueue_all(std::move(entries), lead_s);
+}
+
 TensorEntry make_entry(OpType type, const std::string& name, const std::optional<py::buffer>& input,
                        const std::optional<py::buffer>& output, std::optional<DataType> dtype) {
   TensorEntry entry;
@@ -338,28 +348,31 @@ PYBIND11_MODULE(_core, m) {
       .def("submit", [](Engine& e, OpType type, const std::string& name, std::optional<py::buffer> input,
                         std::optional<py::buffer> output, std::optional<DataType> dtype, ReduceOp op,
                         double prescale, double postscale, int root, std::vector<int64_t> splits,
-                        int32_t process_set) {
+                        int32_t process_set, bool lead) {
              bindings::release_deferred();  // views the engine let go of on its threads meanwhile
-             TensorEntry entry = make_entry(type, name, input, output, dtype);
-             entry.req.op = op;
-             entry.req.prescale = prescale;
-             entry.req.postscale = postscale;
-             entry.req.root = root;
-             entry.req.splits = std::move(splits);
-             entry.req.process_set = process_set;
-             return e.enqueue(std::move(entry));
+             std::vector<TensorEntry> one;
+             one.push_back(make_entry(type, name, input, output, dtype));
+             engine::Request& req = one.back().req;
+             req.op = op;
+             req.prescale = prescale;
+             req.postscale = postscale;
+             req.root = root;
+             req.splits = std::move(splits);
+             req.process_set = process_set;
+             return submit_entries(e, std::move(one), lead).at(0);
            }, py::arg("type"), py::arg("name"), py::arg("input") = py::none(),
            py::arg("output") = py::none(), py::arg("dtype") = py::none(),
            py::arg("op") = ReduceOp::kSum, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
            py::arg("root") = -1, py::arg("splits") = std::vector<int64_t>{},
-           py::arg("process_set") = 0,
+           py::arg("process_set") = 0, py::arg("lead") = false,
            "Submits one tensor; returns an OpHandle. The operation keeps its buffers alive until "
-           "the engine is done with them, whether or not the handle is kept.")
+           "the engine is done with them, whether or not the handle is kept. lead: the caller is "
+           "about to wait for it, and runs the engine's loop meanwhile (NEZHA_LEAD_US).")
       .def("submit_group", [](Engine& e, OpType type, const std::string& group,
                               const std::vector<std::string>& names, const std::vector<py::buffer>& inputs,
                               const std::vector<std::optional<py::buffer>>& outputs,
                               const std::vector<std::optional<DataType>>& dtypes, ReduceOp op,
-                              double prescale, double postscale, int32_t process_set) {
+                              double prescale, double postscale, int32_t process_set, bool lead) {
              bindings::release_deferred();
              const size_t n = names.size();
              if (inputs.size() != n || outputs.size() != n || dtypes.size() != n)
@@ -375,12 +388,13 @@ PYBIND11_MODULE(_core, m) {
                req.group_size = static_cast<int32_t>(n);
                req.process_set = process_set;
              }
-             return e.enqueue_all(std::move(entries));
+             return submit_entries(e, std::move(entries), lead);
            }, py::arg("type"), py::arg("group"), py::arg("names"), py::arg("inputs"),
            py::arg("outputs"), py::arg("dtypes"), py::arg("op") = ReduceOp::kSum,
            py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("process_set") = 0,
+           py::arg("lead") = false,
            "Submits a group's members as one unit: every member is queued or, if any is invalid, none "
-           "is. Returns one OpHandle per member.")
+           "is. Returns one OpHandle per member. lead: as submit's.")
       .def("add_process_set", &Engine::add_process_set, py::arg("ranks"),
            "Registers a process set on this rank (every rank registers the same sets in the same "
            "order); returns its id.")

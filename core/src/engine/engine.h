@@ -26,7 +26,8 @@
 //     done, then hands both back; the loop thread is woken only when a timer it sleeps past is due
 //     sooner. Work other threads submit meanwhile wakes the loop thread, which takes it once the
 //     lead ends (bounded by lead_s). The loop's state is touched only under loop_mu_, by one thread
-//     at a time.
+//     at a time. Callers that lead: nezha.jax inside jit (NEZHA_JAX_WAIT_US) and every synchronous
+//     Python call, numpy's and nezha.torch's (NEZHA_LEAD_US; bindings/module.cc, nezha/ops.py).
 #pragma once
 
 #include <atomic>
