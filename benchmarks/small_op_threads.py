@@ -20,22 +20,7 @@ import time
 
 import numpy as np
 
-
-def thread_counters():
-    """{tid: (name, cpu clock ticks, context switches)} for every thread of this process."""
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/self/task/{tid}/status") as f:
-                switches = sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
-        except OSError:  # the thread ended meanwhile
-            continue
-        out[tid] = (name, int(fields[11]) + int(fields[12]), switches)
-    return out
+from nezha.bench.thread_stats import thread_counters
 
 
 def per_op_by_name(before, after, ops):

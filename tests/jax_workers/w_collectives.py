@@ -1,6 +1,5 @@
 """nezha.jax collectives against numpy references: pytrees of mixed dtypes, eager and jitted,
 gradients, ordering under scan/cond, mismatched shapes; on every rank."""
-import os
 import sys
 import time
 
@@ -12,6 +11,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import nezha.jax as nj  # noqa: E402
+from nezha.bench.thread_stats import context_switches  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 nj.init()
@@ -200,23 +200,11 @@ if MODE == "ffi" and jax.default_backend() == "cpu":
     # ... and XLA's thread runs the engine loop meanwhile (engine.h, point 5): a worker's engine
     # thread then sleeps through back-to-back small calls (without the lead it wakes twice per call:
     # for the request and for the answer).
-    def engine_thread_switches():
-        total = 0
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{tid}/comm") as f:
-                    if f.read().strip() != "nz-engine":
-                        continue
-                with open(f"/proc/self/task/{tid}/status") as f:
-                    total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
-            except OSError:
-                continue
-        return total
     nj.barrier()
-    switches = engine_thread_switches()
+    switches = context_switches("nz-engine")
     for i in range(30):
         jax.block_until_ready(small(jnp.full(2, float(i))))
-    switches = engine_thread_switches() - switches
+    switches = context_switches("nz-engine") - switches
     if r != 0 and switches >= 15:
         fail("30 small jitted allreduces: the engine thread switched %d times (XLA's thread did not "
              "lead the loop)" % switches)

@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 import nezha
+from nezha.bench.thread_stats import context_switches
 
 LEAD = sys.argv[1] == "1"
 nezha.init()
@@ -91,25 +92,11 @@ check(nezha.allreduce(np.ones(2, np.float32), op=nezha.Sum, name="late"), np.ful
       "allreduce with a late peer")
 
 
-def engine_thread_switches():
-    total = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() != "nz-engine":
-                    continue
-            with open(f"/proc/self/task/{tid}/status") as f:
-                total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
-        except OSError:
-            continue
-    return total
-
-
 nezha.barrier()
-switches = engine_thread_switches()
+switches = context_switches("nz-engine")
 for i in range(30):
     nezha.allreduce(np.full(2, float(i), np.float32), op=nezha.Sum, name=f"back.{i}")
-switches = engine_thread_switches() - switches
+switches = context_switches("nz-engine") - switches
 if r != 0 and LEAD and switches >= 15:
     fail(f"30 small synchronous allreduces: the engine thread switched {switches} times (no lead)")
 if r != 0 and not LEAD and switches < 30:
