@@ -96,8 +96,6 @@ Buffer view(const py::buffer& b, const char* what, std::optional<DataType> dtype
   return out;
 }
 
-// One tensor's entry with its buffers pinned: the operation, not the Python handle, keeps them
-// alive until the engine is done with them, so dropping a handle is legal.
 // Queues `entries`; a synchronous caller (`lead`) runs the engine's loop itself meanwhile for up to
 // NEZHA_LEAD_US, without the GIL (engine.h point 5): a small operation is then negotiated, and done
 // when rank 0 carries it inline, with no thread wake-up on this rank.
@@ -108,6 +106,8 @@ std::vector<std::shared_ptr<OpHandle>> submit_entries(Engine& e, std::vector<Ten
   return e.enqueue_all(std::move(entries), lead_s);
 }
 
+// One tensor's entry with its buffers pinned: the operation, not the Python handle, keeps them
+// alive until the engine is done with them, so dropping a handle is legal.
 TensorEntry make_entry(OpType type, const std::string& name, const std::optional<py::buffer>& input,
                        const std::optional<py::buffer>& output, std::optional<DataType> dtype) {
   TensorEntry entry;

@@ -28,8 +28,8 @@
 // of false failovers left), which failing the rail over would not mend. Not longer: a link
 // throttled to nothing in the direction this rank only receives on looks the same from here.
 //
-// Wakes only while some rail has work running or drains (sleeps on a condition variable otherwise); a rail
-// that stays silent is reported again every few limits.
+// Wakes only while some rail has work running or drains (sleeps on a condition variable
+// otherwise); a rail that stays silent is reported again every few limits.
 #pragma once
 
 #include <chrono>
