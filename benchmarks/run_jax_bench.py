@@ -4,9 +4,11 @@
     .venv/bin/python benchmarks/run_jax_bench.py [shaped,train,unshaped]
 
 (1) both rails shaped to 1 Gbit/s: a jitted pytree allreduce 8 B - 64 MB, nezha.jax against
-jax.distributed + gloo psum under jit on rail 0; (3) below; (2) unshaped rails: 8 B - 64 KB latency, the same
-pair, one allreduce per jitted call and 50 in one (the collective's latency inside jit); (3) a training step (7.3M-parameter MLP) with DistributedOptimizer against a gloo
-pmean step, on the shaped rails. Prints each job's table; raw JSON and logs go to benchmarks/out/jax-*.
+jax.distributed + gloo psum under jit on rail 0; (3) below; (2) unshaped rails: 8 B - 64 KB
+latency, the same pair, one allreduce per jitted call and 50 in one (the collective's latency
+inside jit); (3) a training step (7.3M-parameter MLP) with DistributedOptimizer against a gloo
+pmean step, on the shaped rails. Prints each job's table; raw JSON and logs go to
+benchmarks/out/jax-*.
 """
 import shlex
 import subprocess
