@@ -43,8 +43,8 @@ class _Allreduce(torch.autograd.Function):
     def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.name, ctx.process_set = op, name, process_set
         ctx.scale = (prescale_factor, postscale_factor)
-        result = _waited(mpi_ops.allreduce_async,
-            tensor, name=name, op=op, prescale_factor=prescale_factor,
+        result = _waited(
+            mpi_ops.allreduce_async, tensor, name=name, op=op, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, process_set=process_set)
         if op in (Min, Max, Product):
             ctx.save_for_backward(tensor, result)
@@ -87,7 +87,8 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx, op, name, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.op, ctx.name, ctx.scale = op, name, (prescale_factor, postscale_factor)
         ctx.process_set = process_set
-        results = tuple(_waited(mpi_ops.grouped_allreduce_async,
+        results = tuple(_waited(
+            mpi_ops.grouped_allreduce_async,
             tensors, name=name, op=op, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, process_set=process_set))
         if op not in (Sum, Average):
@@ -98,13 +99,15 @@ class _GroupedAllreduce(torch.autograd.Function):
     def backward(ctx, *grad_outputs):
         grads = [g.contiguous() for g in grad_outputs]
         if ctx.op in (Sum, Average):
-            grads = _waited(mpi_ops.grouped_allreduce_async,
+            grads = _waited(
+                mpi_ops.grouped_allreduce_async,
                 grads, name=_grad_name(ctx.name), op=ctx.op, prescale_factor=ctx.scale[0],
                 postscale_factor=ctx.scale[1], process_set=ctx.process_set)
         else:
             saved = ctx.saved_tensors
             count = len(grads)
-            summed = _waited(mpi_ops.grouped_allreduce_async,
+            summed = _waited(
+                mpi_ops.grouped_allreduce_async,
                 grads, name=_grad_name(ctx.name), op=Sum, process_set=ctx.process_set)
             grads = [_selected_grad(ctx.op, s, t, r)
                      for s, t, r in zip(summed, saved[:count], saved[count:])]
@@ -156,7 +159,8 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grad_outputs):
         ps = ctx.process_set
-        grads = _waited(mpi_ops.grouped_allreduce_async,
+        grads = _waited(
+            mpi_ops.grouped_allreduce_async,
             [g.contiguous() for g in grad_outputs], name=_grad_name(ctx.name), op=Average,
             process_set=ps)
         # Every rank's rows of every tensor, [ranks, tensors]: where this rank's rows start.
@@ -210,7 +214,8 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output, _unused):
-        grad, _ = _waited(mpi_ops.alltoall_async,
+        grad, _ = _waited(
+            mpi_ops.alltoall_async,
             grad_output.contiguous(), splits=ctx.received_splits, name=_grad_name(ctx.name),
             process_set=ctx.process_set)
         return grad, None, None, None
@@ -238,8 +243,8 @@ class _Reducescatter(torch.autograd.Function):
                                       "use reducescatter_async for %s" % op)
         ctx.name, ctx.process_set = name, process_set
         ctx.factor = _reducescatter_grad_factor(op, prescale_factor, postscale_factor, process_set)
-        return _waited(mpi_ops.reducescatter_async,
-            tensor, name=name, op=op, prescale_factor=prescale_factor,
+        return _waited(
+            mpi_ops.reducescatter_async, tensor, name=name, op=op, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, process_set=process_set)
 
     @staticmethod
@@ -270,7 +275,8 @@ class _GroupedReducescatter(torch.autograd.Function):
                                       "Average; use grouped_reducescatter_async for %s" % op)
         ctx.name, ctx.process_set = name, process_set
         ctx.factor = _reducescatter_grad_factor(op, prescale_factor, postscale_factor, process_set)
-        return tuple(_waited(mpi_ops.grouped_reducescatter_async,
+        return tuple(_waited(
+            mpi_ops.grouped_reducescatter_async,
             list(tensors), name=name, op=op, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, process_set=process_set))
 
