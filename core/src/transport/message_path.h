@@ -39,6 +39,11 @@ class MessagePath {
   // For waiting on several paths at once: appends every fd whose readiness means progress (POLLIN);
   // when any is readable, recv_message_any(-1, an expired deadline) makes progress without blocking.
   virtual void append_poll_fds(std::vector<struct pollfd>& fds) const = 0;
+  // After a poll() over what append_poll_fds appended (fds[0, n), revents filled in): reads what
+  // the readable ones hold, without waiting or polling again, and appends every whole message to
+  // out (with any read before, not yet returned). A failed peer: PeerError, after appending what
+  // came before; an aborted path: NezhaError.
+  virtual void read_polled(const struct pollfd* fds, size_t n, std::vector<Message>& out) = 0;
   // As Rail::link_fault(): non-empty when this rank's own link of the path is gone (no carrier).
   virtual std::string link_fault() const { return {}; }
 };

@@ -1,9 +1,12 @@
-// Control-plane messages: send_message / recv_message_any, ordering, partial reads, wake_fd.
+// Control-plane messages: send_message / recv_message_any / read_polled, ordering, partial reads,
+// wake_fd.
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 #include <map>
 
@@ -132,6 +135,81 @@ TEST(TcpControl, DeadlineReturnsNulloptInBoundedTime) {
   const double took = seconds_since(start);
   EXPECT_GE(took, 0.19);
   EXPECT_LT(took, 1.0);
+}
+
+// The control channel's way to read several paths: one poll() over every path's descriptors, then
+// read_polled() on each path with what that poll found, with no poll or wait of its own.
+std::vector<TcpRail::Message> poll_then_read(TcpRail& rail, int timeout_ms) {
+  std::vector<pollfd> fds;
+  rail.append_poll_fds(fds);
+  ::poll(fds.data(), fds.size(), timeout_ms);
+  std::vector<TcpRail::Message> got;
+  rail.read_polled(fds.data(), fds.size(), got);
+  return got;
+}
+
+TEST(TcpControl, ReadPolledTakesEveryWholeMessageThePollFoundInOrderPerPeer) {
+  const int n = 3, per_peer = 300;
+  auto rails = make_mesh(n);
+  // Nothing readable: returns at once with nothing, though nothing was polled for long.
+  EXPECT_TRUE(poll_then_read(*rails[0], 0).empty());
+  // Many small messages and two longer than one read's room (16 KiB), all sent before rank 0 reads
+  // (~70 KB a peer: within the socket buffers): one read takes many messages, and the long ones
+  // straddle reads.
+  auto size_of = [](int i) { return i % 150 == 7 ? size_t{20000} : static_cast<size_t>(i % 40); };
+  std::atomic<int> senders_done{0};
+  run_ranks(n, [&](int me) {
+    if (me != 0) {
+      for (int i = 0; i < per_peer; ++i)
+        rails[me]->send_message(0, message_text(me, i, size_of(i)), Deadline::after_seconds(10));
+      ++senders_done;
+      return;
+    }
+    while (senders_done < n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::map<int, int> next;
+    const auto start = Clock::now();
+    int polls = 0;
+    while (next[1] + next[2] < 2 * per_peer) {
+      ASSERT_LT(seconds_since(start), 20.0) << "got " << next[1] << " + " << next[2];
+      ++polls;
+      for (auto& m : poll_then_read(*rails[0], 100)) {
+        const int i = next[m.peer]++;
+        ASSERT_EQ(m.payload, message_text(m.peer, i, size_of(i))) << "from rank " << m.peer << " #" << i;
+      }
+    }
+    EXPECT_LT(polls, per_peer / 4) << "reads took one message or few at a time";
+  });
+}
+
+TEST(TcpControl, ReadPolledHandsOverAPeersLastWordsBeforeItsLoss) {
+  auto rails = make_mesh(3);
+  rails[2]->send_message(0, "last words", Deadline::after_seconds(5));
+  rails[2]->close();
+  std::vector<std::string> got;
+  const auto start = Clock::now();
+  for (;;) {
+    ASSERT_LT(seconds_since(start), 10.0) << "the closed peer was never reported";
+    std::vector<pollfd> fds;
+    rails[0]->append_poll_fds(fds);
+    ::poll(fds.data(), fds.size(), 100);
+    std::vector<TcpRail::Message> out;
+    try {
+      rails[0]->read_polled(fds.data(), fds.size(), out);
+    } catch (const PeerError& e) {
+      EXPECT_EQ(e.peer(), 2);
+      for (auto& m : out) got.push_back(m.payload);
+      break;
+    }
+    for (auto& m : out) got.push_back(m.payload);
+  }
+  EXPECT_EQ(got, std::vector<std::string>{"last words"});
+  EXPECT_THROW(rails[0]->send_message(2, "x", Deadline::after_seconds(1)), PeerError);
+  // The rail goes on with the others.
+  rails[1]->send_message(0, "still here", Deadline::after_seconds(5));
+  auto msg = rails[0]->recv_message_any(-1, Deadline::after_seconds(5));
+  ASSERT_TRUE(msg);
+  EXPECT_EQ(msg->peer, 1);
+  EXPECT_EQ(msg->payload, "still here");
 }
 
 TEST(TcpControl, PeerLossIsAPeerErrorAndAbortWakesTheWait) {

@@ -47,7 +47,7 @@ void append_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const ch
 ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, const std::string& secret,
                                int rank, int size, size_t socket_buffer_bytes)
     : rank_(rank), size_(size), avoided_(paths.size(), false), black_hole_(paths.size(), false),
-      testing_link_faults_(paths.size()),
+      testing_link_faults_(paths.size()), links_(paths.size()),
       peers_(size) {
   if (paths.empty()) throw InvalidArgument("the control channel needs at least one rail");
   for (size_t i = 0; i < paths.size(); ++i) {
@@ -205,12 +205,14 @@ void ControlChannel::send_bare_ack(int peer) {
 std::optional<Clock::time_point> ControlChannel::run_timers(Clock::time_point now) {
   std::optional<Clock::time_point> next;
   auto consider = [&next](Clock::time_point t) { next = next ? std::min(*next, t) : t; };
-  // Each path's link, read at most once per run and only for paths carrying unacknowledged messages.
-  std::vector<std::optional<std::string>> faults(paths_.size());
+  // Each path's link, read only for paths carrying unacknowledged messages, and at most every
+  // kLinkCheck: a small operation's request is unacknowledged on every run until its response, and
+  // reading a carrier is a system call.
   auto fault_of = [&](int path) -> const std::string& {
-    if (!faults[path])
-      faults[path] = testing_link_faults_[path].empty() ? paths_[path]->link_fault() : testing_link_faults_[path];
-    return *faults[path];
+    if (!testing_link_faults_[path].empty()) return testing_link_faults_[path];
+    LinkCheck& link = links_[path];
+    if (!link.checked || now - link.at >= kLinkCheck) link = {true, now, paths_[path]->link_fault()};
+    return link.fault;
   };
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
@@ -324,17 +326,18 @@ std::optional<transport::MessagePath::Message> ControlChannel::recv_any(int wake
     }
   };
   std::vector<pollfd> fds;
-  std::vector<int> owner;  // path of each fd; -1 for wake_fd
+  std::vector<size_t> first_fd(paths_.size() + 1);  // path i's fds: [first_fd[i], first_fd[i + 1])
+  std::vector<transport::MessagePath::Message> got;
   // The first pass reads what has already arrived before the timers judge anything: the engine may
   // not have called for a while, and the acknowledgements may be waiting in the sockets.
   int timeout_ms = 0;
   for (;;) {
     fds.assign({{wake_fd, POLLIN, 0}});
-    owner.assign(1, -1);
     for (size_t i = 0; i < paths_.size(); ++i) {
+      first_fd[i] = fds.size();
       paths_[i]->append_poll_fds(fds);
-      owner.resize(fds.size(), static_cast<int>(i));
     }
+    first_fd[paths_.size()] = fds.size();
     sync_watch(fds);
     if (wait && timeout_ms > 0) {
       if (wait(timeout_ms)) return std::nullopt;
@@ -342,29 +345,32 @@ std::optional<transport::MessagePath::Message> ControlChannel::recv_any(int wake
     }
     const int n = ::poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno != EINTR) throw NezhaError(std::string("control channel: poll() failed: ") + std::strerror(errno));
-    std::vector<bool> readable(paths_.size(), false);
-    for (size_t k = 1; n > 0 && k < fds.size(); ++k)
-      if (fds[k].revents) readable[owner[k]] = true;
-    for (size_t i = 0; i < paths_.size(); ++i) {
-      while (readable[i]) {
-        std::optional<transport::MessagePath::Message> m;
-        try {
-          m = paths_[i]->recv_message_any(-1, Deadline::after_seconds(0));
-        } catch (const PeerError& e) {
-          fail_path(static_cast<int>(i), e.peer(), e.what());
-          continue;  // that peer's socket is closed now; serve the others
-        } catch (const ProtocolError&) {
-          throw;
-        } catch (const NezhaError& e) {  // the whole path was aborted
-          if (aborted_) throw;
-          for (int peer = 0; peer < size_; ++peer)
-            if (peer != rank_ && !peers_[peer].broken[i]) fail_path(static_cast<int>(i), peer, e.what());
-          break;
-        }
-        if (!m) break;
-        if (black_hole_[i]) continue;  // tests: lost under the cut
-        on_envelope(m->peer, static_cast<int>(i), std::move(m->payload));
+    for (size_t i = 0; n > 0 && i < paths_.size(); ++i) {
+      const pollfd* begin = fds.data() + first_fd[i];
+      const pollfd* end = fds.data() + first_fd[i + 1];
+      if (std::none_of(begin, end, [](const pollfd& p) { return p.revents != 0; })) continue;
+      got.clear();
+      int failed_peer = -1;  // its socket is closed now; the others are served next pass
+      bool path_aborted = false;
+      std::string why;
+      try {
+        paths_[i]->read_polled(begin, static_cast<size_t>(end - begin), got);
+      } catch (const PeerError& e) {
+        failed_peer = e.peer();
+        why = e.what();
+      } catch (const ProtocolError&) {
+        throw;
+      } catch (const NezhaError& e) {
+        if (aborted_) throw;
+        path_aborted = true;
+        why = e.what();
       }
+      // What arrived before a failure is delivered first: it may be the peer's last words.
+      if (!black_hole_[i])  // (tests: lost under the cut)
+        for (auto& m : got) on_envelope(m.peer, static_cast<int>(i), std::move(m.payload));
+      if (failed_peer >= 0) fail_path(static_cast<int>(i), failed_peer, why);
+      for (int peer = 0; path_aborted && peer < size_; ++peer)
+        if (peer != rank_ && !peers_[peer].broken[i]) fail_path(static_cast<int>(i), peer, why);
     }
     if (!ready_.empty()) return pop();
     if (n > 0 && (fds[0].revents & POLLIN)) return std::nullopt;

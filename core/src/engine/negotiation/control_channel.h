@@ -138,6 +138,12 @@ class ControlChannel {
   std::vector<bool> avoided_;
   std::vector<bool> black_hole_;
   std::vector<std::string> testing_link_faults_;
+  struct LinkCheck {  // a path's carrier, as last read (run_timers)
+    bool checked = false;
+    Clock::time_point at;
+    std::string fault;
+  };
+  std::vector<LinkCheck> links_;
   std::vector<PeerState> peers_;
   std::deque<transport::MessagePath::Message> ready_;
   std::exception_ptr deferred_error_;  // a peer lost after sending what ready_ still holds

@@ -287,7 +287,7 @@ void TcpRail::close_peer(int peer, const std::string& why) {
   reachable_[peer].store(false, std::memory_order_release);
   watched_fds_[peer].store(-1, std::memory_order_release);
   p.fd.reset();
-  p.control_rx.reset();
+  p.control_in.drop_partial();
   NZ_LOG(Debug) << why;
 }
 
@@ -400,14 +400,34 @@ void TcpRail::send_message(int peer, const std::string& payload, const Deadline&
   peers_[peer].control_sent = seq + 1;
 }
 
+void TcpRail::read_control(int peer) {
+  Peer& p = peers_[peer];
+  try {
+    bytes_received_.fetch_add(p.control_in.read(p.fd.get(), peer, config_.name, control_ready_),
+                              std::memory_order_relaxed);
+  } catch (const SocketFailure& f) {
+    fail_peer(peer, "rail " + config_.name + ": receiving a control message from " + rank_name(peer) +
+                        " failed: " + f.describe());
+  } catch (const ProtocolError& e) {
+    close_peer(peer, e.what());
+    throw;
+  }
+}
+
 std::optional<TcpRail::Message> TcpRail::recv_message_any(int wake_fd, const Deadline& deadline) {
+  auto pop = [this] {
+    Message m = std::move(control_ready_.front());
+    control_ready_.pop_front();
+    return m;
+  };
   std::vector<pollfd> fds;
   std::vector<int> fd_peer;
   for (;;) {
     throw_if_aborted();
+    if (!control_ready_.empty()) return pop();
     fds.assign({{abort_fd_.get(), POLLIN, 0}, {wake_fd, POLLIN, 0}});  // poll ignores fd -1
     fd_peer.assign(2, -1);
-    // Round robin: start after the peer served last, so one chatty peer cannot starve the others.
+    // Round robin: start after the peer served first last time, so no peer's messages always wait.
     for (int i = 0; i < size_; ++i) {
       const int peer = static_cast<int>((next_control_peer_ + i) % size_);
       if (peer != rank_ && peers_[peer].fd.valid()) {
@@ -415,43 +435,39 @@ std::optional<TcpRail::Message> TcpRail::recv_message_any(int wake_fd, const Dea
         fd_peer.push_back(peer);
       }
     }
+    next_control_peer_ = (next_control_peer_ + 1) % size_;
     const int n = ::poll(fds.data(), fds.size(), deadline.remaining_ms());
     if (n < 0 && errno != EINTR)
       throw NezhaError("rail " + config_.name + ": poll() failed: " + tcp::errno_text(errno));
     throw_if_aborted();
-    for (size_t i = 2; n > 0 && i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      const int peer = fd_peer[i];
-      Peer& p = peers_[peer];
-      try {
-        bytes_received_.fetch_add(
-            p.control_rx.progress(p.fd.get(),
-                                  [&](const uint8_t* raw, uint64_t* length) {
-                                    const FrameHeader h = parse_header(raw, peer, config_.name);
-                                    check_header(h, FrameType::kControl, p.control_received,
-                                                 kMaxControlPayloadBytes, /*exact=*/false, peer, config_.name);
-                                    p.control_payload.assign(h.length, '\0');
-                                    *length = h.length;
-                                    return reinterpret_cast<uint8_t*>(p.control_payload.data());
-                                  }),
-            std::memory_order_relaxed);
-      } catch (const SocketFailure& f) {
-        fail_peer(peer, "rail " + config_.name + ": receiving a control message from " + rank_name(peer) +
-                            " failed: " + f.describe());
-      } catch (const ProtocolError& e) {
-        close_peer(peer, e.what());
-        throw;
-      }
-      if (p.control_rx.done()) {
-        p.control_rx.reset();
-        ++p.control_received;
-        next_control_peer_ = static_cast<size_t>(peer + 1) % size_;
-        return Message{peer, std::move(p.control_payload)};
-      }
-    }
+    for (size_t i = 2; n > 0 && i < fds.size(); ++i)
+      if (fds[i].revents != 0) read_control(fd_peer[i]);
+    if (!control_ready_.empty()) return pop();
     if (fds[1].revents & POLLIN) return std::nullopt;
     if (deadline.expired()) return std::nullopt;
   }
+}
+
+void TcpRail::read_polled(const pollfd* fds, size_t n, std::vector<Message>& out) {
+  auto hand_over = [&] {
+    for (Message& m : control_ready_) out.push_back(std::move(m));
+    control_ready_.clear();
+  };
+  try {
+    throw_if_aborted();
+    for (size_t i = 0; i < n; ++i) {
+      if (fds[i].revents == 0 || fds[i].fd < 0) continue;
+      for (int peer = 0; peer < size_; ++peer)  // a few peers: a scan beats a map
+        if (peer != rank_ && peers_[peer].fd.valid() && peers_[peer].fd.get() == fds[i].fd) {
+          read_control(peer);
+          break;
+        }
+    }
+  } catch (...) {
+    hand_over();
+    throw;
+  }
+  hand_over();
 }
 
 void TcpRail::append_poll_fds(std::vector<pollfd>& fds) const {
@@ -469,10 +485,10 @@ void TcpRail::reset() {
   for (Peer& p : peers_) {
     p.fd.reset();
     p.closed_reason.clear();
-    p.control_sent = p.control_received = 0;
-    p.control_rx.reset();
-    p.control_payload.clear();
+    p.control_sent = 0;
+    p.control_in.reset();
   }
+  control_ready_.clear();
   uint64_t drained;
   while (::read(abort_fd_.get(), &drained, sizeof drained) > 0) {
   }

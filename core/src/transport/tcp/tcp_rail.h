@@ -7,17 +7,18 @@
 // the life of the rail: strangers and failed handshakes are logged and dropped there, so they never
 // disturb a running job.
 //
-// Data path. send/recv/sendrecv/send_message/recv_message_any are made by one thread at a time (the
-// rail's worker, per rail.h). Each runs a poll() loop over the sockets it needs plus the abort
-// eventfd, so abort() from any thread wakes it at once; frames go out with one sendmsg() from the
-// caller's buffer and come in straight to it once their header has been checked (frame.h).
+// Data path. send/recv/sendrecv/send_message/recv_message_any/read_polled are made by one thread at
+// a time (the rail's worker, per rail.h). Each runs a poll() loop over the sockets it needs plus the
+// abort eventfd (read_polled: the caller's poll), so abort() from any thread wakes it at once;
+// frames go out with one sendmsg() from the caller's buffer and data frames come in straight to it
+// once their header has been checked (frame.h).
 //
 // Control messages (kControl frames, variable length up to kMaxControlPayloadBytes) carry the
 // engine's negotiation. Their tag is a per-peer sequence number, so a lost or duplicated message is a
 // ProtocolError. A message is sent whole before send_message returns; keep messages well below the
 // socket buffer size when two ranks may send to each other without receiving (negotiation messages
-// are a few KB). Data and control frames to the same peer must not be interleaved while a control
-// message is half received.
+// are a few KB). They are read ahead, whatever a socket holds at once (tcp/control_inbox.h), so a
+// rail that receives control messages carries nothing else (the control channel's paths).
 //
 // Failures. A reset, EOF, protocol violation or timeout closes that peer's connection; later calls
 // to the peer throw PeerError at once, naming the first failure. abort() poisons the whole rail
@@ -26,6 +27,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -38,6 +40,7 @@
 #include "transport/rail.h"
 #include "transport/rail_factory.h"
 #include "transport/tcp/acceptor.h"
+#include "transport/tcp/control_inbox.h"
 #include "transport/tcp/frame_stream.h"
 #include "transport/tcp/link_state.h"
 #include "transport/tcp/socket.h"
@@ -99,8 +102,9 @@ class TcpRail : public Rail, public MessagePath {
   std::optional<Message> recv_message_any(int wake_fd, const Deadline& deadline) override;
   // For waiting on several rails at once: appends the abort eventfd and every connected peer's
   // socket (POLLIN). When any is readable, recv_message_any(-1, an expired deadline) makes progress
-  // without blocking.
+  // without blocking, and read_polled() without polling again.
   void append_poll_fds(std::vector<struct pollfd>& fds) const override;
+  void read_polled(const struct pollfd* fds, size_t n, std::vector<Message>& out) override;
 
   // Idempotent; also run by the destructor. Must not race a data call (use abort() for that).
   void close() override;
@@ -114,10 +118,8 @@ class TcpRail : public Rail, public MessagePath {
   struct Peer {
     tcp::Fd fd;
     std::string closed_reason;  // why fd was closed after an error; empty while healthy
-    uint64_t control_sent = 0;  // sequence numbers (frame tags) of control messages
-    uint64_t control_received = 0;
-    tcp::FrameReceiver control_rx;
-    std::string control_payload;
+    uint64_t control_sent = 0;  // sequence number (frame tag) of the next control message
+    tcp::ControlInbox control_in;
   };
   struct Outgoing;
   struct Incoming;
@@ -129,6 +131,7 @@ class TcpRail : public Rail, public MessagePath {
   void close_peer(int peer, const std::string& why);  // keeps the first reason
   [[noreturn]] void fail_peer(int peer, const std::string& what);  // close_peer + PeerError
   void throw_if_aborted() const;
+  void read_control(int peer);  // control_in -> control_ready_; PeerError / ProtocolError close it
   std::string rank_name(int peer) const;
 
   TcpRailConfig config_;
@@ -145,6 +148,7 @@ class TcpRail : public Rail, public MessagePath {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<size_t> send_buffer_bytes_{0};  // 0 until a mesh is connected
   size_t next_control_peer_ = 0;  // round-robin start for recv_message_any
+  std::deque<Message> control_ready_;  // whole control messages read, not yet returned
 
   mutable std::mutex mu_;  // guards the fields below, and peers_[*].fd while admitting_
   std::condition_variable admitted_;
