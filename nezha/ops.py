@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -62,6 +62,16 @@ def started_by_waiter(start, *args, **kwargs):
         return start(*args, **kwargs)
     finally:
         _sync_call.on = before
+
+
+def started_together_by_waiter(starts: Sequence[Callable[[], Handle]]) -> List[Handle]:
+    """Runs the submissions ``starts`` (no-argument callables) in order for a caller that waits for
+    all of them at once: only the last leads the engine's loop, so the others are negotiated (and
+    fused) with it rather than one round trip each."""
+    handles = [start() for start in starts[:-1]]
+    if starts:
+        handles.append(started_by_waiter(starts[-1]))
+    return handles
 
 
 def _set_size(set_id: int) -> int:

@@ -178,19 +178,22 @@ def _host_collective(kind: str, name: str, reduce_op: Any, prescale: float, post
     callbacks are ordered), so every rank must reach these collectives in the same order."""
     arrays = [np.asarray(a) for a in arrays]
     ps = process_sets.by_id(process_set)
+    led = ops.started_by_waiter  # the callback waits at once: the submission leads the loop
     if kind == "allreduce":
-        handle = ops.grouped_allreduce_async(arrays, reduce_op, name, prescale, postscale,
-                                             process_set=ps)
+        handle = led(ops.grouped_allreduce_async, arrays, reduce_op, name, prescale, postscale,
+                     process_set=ps)
     elif kind == "broadcast":
-        handle = ops.Handle.gather([ops.broadcast_async(a, root, name=f"{name}.{i}", process_set=ps)
-                                    for i, a in enumerate(arrays)])
+        handle = ops.Handle.gather(ops.started_together_by_waiter(
+            [functools.partial(ops.broadcast_async, a, root, name=f"{name}.{i}", process_set=ps)
+             for i, a in enumerate(arrays)]))
     elif kind == "allgather":
-        handle = ops.allgather_async(arrays[0], name=name, process_set=ps).then(lambda y: [y])
+        handle = led(ops.allgather_async, arrays[0], name=name, process_set=ps).then(lambda y: [y])
     elif kind == "reducescatter":
-        handle = ops.reducescatter_async(arrays[0], reduce_op, name, prescale, postscale,
-                                         process_set=ps).then(lambda y: [y])
+        handle = led(ops.reducescatter_async, arrays[0], reduce_op, name, prescale, postscale,
+                     process_set=ps).then(lambda y: [y])
     elif kind == "alltoall":
-        handle = ops.alltoall_async(arrays[0], name=name, process_set=ps).then(lambda y: [y[0]])
+        handle = led(ops.alltoall_async, arrays[0], name=name, process_set=ps).then(
+            lambda y: [y[0]])
     else:
         raise ValueError(f"unknown collective kind {kind!r}")
     return handle.wait(_backstop_s())

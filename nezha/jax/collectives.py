@@ -220,9 +220,10 @@ def broadcast(tensor: Any, root_rank: int = 0, name: Optional[str] = None,
         out = _broadcast_t(p, _fallback_forced(), leaves)
     else:
         base = ops._auto_name("broadcast", name, set_id)
-        handles = [ops.broadcast_async(_to_numpy(x), int(root_rank), name=f"{base}.{i}",
-                                       process_set=process_set)
-                   for i, x in enumerate(leaves)]
+        handles = ops.started_together_by_waiter(
+            [functools.partial(ops.broadcast_async, _to_numpy(x), int(root_rank),
+                               name=f"{base}.{i}", process_set=process_set)
+             for i, x in enumerate(leaves)])
         out = [jnp.asarray(h.wait()) for h in handles]
     return jax.tree_util.tree_unflatten(tree, out)
 

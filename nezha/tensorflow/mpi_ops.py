@@ -7,11 +7,14 @@ Gradients (as horovod/tensorflow/mpi_ops.py registers them):
   alltoall                     -> sent back with alltoall using the received splits;
   reducescatter                -> allgathered, times size for Sum, times the scale factors.
 """
+import functools
+
 import numpy as np
 import tensorflow as tf
 
 import nezha
 from nezha.handle import Handle
+from nezha.ops import started_together_by_waiter
 from nezha.horovod_api import Average, Sum
 from nezha.process_sets import global_process_set, process_set_id
 from nezha.tensorflow._host import check_dtype, grad_name, host_call, op_name
@@ -63,13 +66,14 @@ def grouped_allreduce_raw(tensors, name, op, prescale_factor, postscale_factor,
         by_dtype = {}
         for i, a in enumerate(arrays):
             by_dtype.setdefault(a.dtype.str, []).append(i)
-        handles = [(idx, nezha.grouped_allreduce_async(
-                        [arrays[i] for i in idx], op=op, name="%s.%s" % (engine_name, key),
-                        prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                        process_set=process_set))
-                   for key, idx in sorted(by_dtype.items())]
+        groups = sorted(by_dtype.items())
+        handles = started_together_by_waiter(
+            [functools.partial(nezha.grouped_allreduce_async, [arrays[i] for i in idx], op=op,
+                               name="%s.%s" % (engine_name, key), prescale_factor=prescale_factor,
+                               postscale_factor=postscale_factor, process_set=process_set)
+             for key, idx in groups])
         results = [None] * len(arrays)
-        for idx, handle in handles:
+        for (_, idx), handle in zip(groups, handles):
             for i, r in zip(idx, handle.wait()):
                 results[i] = r
         return results
@@ -156,9 +160,10 @@ def grouped_broadcast_raw(tensors, root_rank, name, process_set=global_process_s
     engine_name = op_name("broadcast", name)
 
     def broadcast_arrays(*arrays):
-        return Handle.gather([nezha.broadcast_async(a, root_rank, name="%s.%d" % (engine_name, i),
-                                                    process_set=process_set)
-                              for i, a in enumerate(arrays)]).wait()
+        return Handle.gather(started_together_by_waiter(
+            [functools.partial(nezha.broadcast_async, a, root_rank, name="%s.%d" % (engine_name, i),
+                               process_set=process_set)
+             for i, a in enumerate(arrays)])).wait()
 
     outs = host_call(broadcast_arrays, tensors, [t.dtype for t in tensors], "NezhaBroadcast")
     return _with_shapes(outs, [t.shape for t in tensors])

@@ -10,9 +10,9 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from nezha.basics import size
-from nezha.handle import synchronize
 from nezha.ops import Sum
 from nezha.torch import mpi_ops
+from nezha.torch.autograd_ops import _waited
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -57,7 +57,7 @@ class _SyncBatchNormFn(torch.autograd.Function):
         m2 = ((x - _expand(mean, x)) ** 2).sum(dims)
         local = torch.cat([torch.tensor([float(count)], dtype=torch.float64, device=x.device),
                            mean.to(torch.float64), m2.to(torch.float64)]).reshape(1, -1)
-        gathered = synchronize(mpi_ops.allgather_async(local.cpu()))
+        gathered = _waited(mpi_ops.allgather_async, local.cpu())
         counts, means, m2s = (gathered[:, 0:1], gathered[:, 1:1 + channels],
                               gathered[:, 1 + channels:])
         total = counts.sum()
@@ -93,7 +93,7 @@ class _SyncBatchNormFn(torch.autograd.Function):
         local_sum_dy = dy.sum(dims)
         local_sum_dy_xhat = (dy * xh).sum(dims)
         sums = torch.cat([local_sum_dy, local_sum_dy_xhat]).to(torch.float64).cpu()
-        sums = synchronize(mpi_ops.allreduce_async(sums, op=Sum)).to(dy.device, acc)
+        sums = _waited(mpi_ops.allreduce_async, sums, op=Sum).to(dy.device, acc)
         channels = xhat.shape[1]
         mean_dy, mean_dy_xhat = sums[:channels] / ctx.total, sums[channels:] / ctx.total
         scale = invstd if weight is None else invstd * weight.detach().to(acc)
