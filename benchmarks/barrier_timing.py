@@ -35,6 +35,7 @@ def main() -> None:
         rank = nezha.rank()
         step = lambda: nezha.allreduce(x, op=nezha.Sum, name="x", out=x)  # noqa: E731
         barrier = nezha.barrier
+        finish = nezha.shutdown
     else:
         import torch
         import torch.distributed as dist
@@ -46,6 +47,12 @@ def main() -> None:
         t = torch.from_numpy(x)
         step = lambda: dist.all_reduce(t)  # noqa: E731
         barrier = dist.barrier
+
+        def finish():
+            # Every rank leaves together: a rank exiting while a peer is still in its last
+            # allreduce resets that peer's gloo connection, which then fails instead of printing.
+            dist.barrier()
+            dist.destroy_process_group()
     step()
     times_ms = []
     for _ in range(args.iters):
@@ -56,6 +63,7 @@ def main() -> None:
     if rank == 0:
         print(f"{args.impl} {args.size}: " + " ".join(f"{t:.0f}" for t in times_ms) +
               f" ms; median {statistics.median(times_ms):.0f} ms", flush=True)
+    finish()
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ ShareBalancer::ShareBalancer(const std::vector<multirail::RailShare>& plan, size
   }
 }
 
-size_t ShareBalancer::take_size(size_t left, size_t want, size_t min) const {
+size_t ShareBalancer::half_of_own(size_t left, size_t min) const {
   if (left < 2 * min) return left;
-  return std::min(left, std::max(round_up(want), min));
+  return std::min(left, std::max(round_up(left / 2), min));
 }
 
 double ShareBalancer::rate(size_t part, size_t finished, std::chrono::steady_clock::time_point at) const {
@@ -43,7 +43,7 @@ ShareBalancer::Range ShareBalancer::claim(size_t part, std::chrono::steady_clock
   const size_t min = min_claim_[part];
   if (own.begin < own.end) {
     const size_t left = own.end - own.begin;
-    r = {own.begin, take_size(left, left / 2, min)};
+    r = {own.begin, half_of_own(left, min)};
     own.begin += r.count;
   } else {
     // The share with the most time left at its planned rate (the lowest part on ties, so the choice

@@ -81,8 +81,9 @@ class ShareBalancer {
   struct Pool {
     size_t begin, end;  // elements not taken yet from one share: [begin, end)
   };
-  // What a rail with minimum `min` takes of `left` elements when it would like `want` of them.
-  size_t take_size(size_t left, size_t want, size_t min) const;
+  // What a rail with minimum `min` takes from the front of its own share when `left` elements are
+  // left there: half (aligned, at least min), or all of them once fewer than 2 x min are left.
+  size_t half_of_own(size_t left, size_t min) const;
   size_t round_up(size_t n) const { return (n + align_ - 1) / align_ * align_; }
 
   mutable std::mutex mu_;
