@@ -14,8 +14,8 @@ import tensorflow as tf
 
 import nezha
 from nezha.handle import Handle
-from nezha.ops import started_together_by_waiter
 from nezha.horovod_api import Average, Sum
+from nezha.ops import started_together_by_waiter
 from nezha.process_sets import global_process_set, process_set_id
 from nezha.tensorflow._host import check_dtype, grad_name, host_call, op_name
 

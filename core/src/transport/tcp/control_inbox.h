@@ -30,7 +30,6 @@ class ControlInbox {
   void drop_partial();
   // As new: for a fresh connection.
   void reset();
-  uint64_t received() const { return received_; }
 
  private:
   std::string buf_;   // bytes [0, used_) received and not yet a whole message
