@@ -310,7 +310,16 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("segment_bytes", &EngineConfig::segment_bytes)
       .def_readwrite("socket_buffer_bytes", &EngineConfig::socket_buffer_bytes);
 
+  py::class_<engine::CompletionQueue, std::shared_ptr<engine::CompletionQueue>>(
+      m, "CompletionQueue", "Tokens of finished operations (OpHandle.notify), in completion order.")
+      .def(py::init<>())
+      .def("pop", &engine::CompletionQueue::pop, py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+           "Waits up to timeout_s for a token; returns every token queued (empty on timeout or close).")
+      .def("close", &engine::CompletionQueue::close, "Wakes pop() for good.");
+
   py::class_<OpHandle, std::shared_ptr<OpHandle>>(m, "OpHandle")
+      .def("notify", &OpHandle::notify, py::arg("queue"), py::arg("token"),
+           "Pushes token into queue when the operation finishes (at once if it has).")
       .def("poll", &OpHandle::poll, "True once the operation finished (successfully or not).")
       .def("wait", [](const OpHandle& h, double timeout_s) {
              py::gil_scoped_release release;
@@ -400,6 +409,8 @@ PYBIND11_MODULE(_core, m) {
            "order); returns its id.")
       .def("remove_process_set", &Engine::remove_process_set, py::arg("id"),
            "Forgets a process set; False if there was none. Refused while its tensors are in flight.")
+      .def("pair_process_set", &Engine::pair_process_set, py::arg("a"), py::arg("b"),
+           "The id of the pair set of ranks a and b: known to every rank without registering it.")
       .def("process_set_ranks", &Engine::process_set_ranks, py::arg("id"))
       .def("process_set_ids", &Engine::process_set_ids)
       .def("rail_stats", [](const Engine& e) {

@@ -157,6 +157,8 @@ class Engine {
   // be removed (InvalidArgument naming them).
   int32_t add_process_set(std::vector<int> ranks);
   bool remove_process_set(int32_t id);
+  // The pair set of ranks a and b (process_sets.h): registered nowhere, known everywhere.
+  int32_t pair_process_set(int a, int b) const { return process_sets_->pair_id(a, b); }
   // The members of set `id`, in rank order; InvalidArgument if no such set.
   std::vector<int> process_set_ranks(int32_t id) const;
   std::vector<int32_t> process_set_ids() const { return process_sets_->ids(); }

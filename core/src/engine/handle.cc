@@ -25,8 +25,20 @@ void OpHandle::complete(std::string error) {
     if (done_) return;
     done_ = true;
     error_ = std::move(error);
+    if (queue_) queue_->push(token_);
+    queue_.reset();
   }
   cv_.notify_all();
+}
+
+void OpHandle::notify(std::shared_ptr<CompletionQueue> queue, uint64_t token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_) {
+    queue->push(token);
+    return;
+  }
+  queue_ = std::move(queue);
+  token_ = token;
 }
 
 }  // namespace nezha::engine

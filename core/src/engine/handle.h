@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/completion_queue.h"
+
 namespace nezha::engine {
 
 // std::allocator whose value-less construct() leaves bytes uninitialised, so resize() does not
@@ -51,6 +53,9 @@ class OpHandle {
   OpResult& result() { return result_; }  // read after done; written before complete()
 
   void complete(std::string error = {});
+  // Pushes `token` into `queue` when the operation finishes (at once if it has); one queue per
+  // handle, a later call replaces it.
+  void notify(std::shared_ptr<CompletionQueue> queue, uint64_t token);
 
  private:
   mutable std::mutex mu_;
@@ -58,6 +63,8 @@ class OpHandle {
   bool done_ = false;
   std::string error_;
   OpResult result_;
+  std::shared_ptr<CompletionQueue> queue_;
+  uint64_t token_ = 0;
 };
 
 }  // namespace nezha::engine

@@ -14,6 +14,8 @@ std::string members_str(const std::vector<int>& ranks) {
 }
 
 ProcessSetTable::ProcessSetTable(int job_size) : job_size_(job_size) {
+  // Pair ids are kFirstPairId + a * size + b: they must stay below 2^31.
+  if (job_size > 32767) throw InvalidArgument("jobs of more than 32767 ranks are not supported");
   std::vector<int> all(static_cast<size_t>(job_size));
   for (int r = 0; r < job_size; ++r) all[static_cast<size_t>(r)] = r;
   sets_[0] = std::make_shared<const std::vector<int>>(std::move(all));
@@ -37,12 +39,31 @@ int32_t ProcessSetTable::add(std::vector<int> ranks) {
 
 bool ProcessSetTable::remove(int32_t id) {
   if (id == 0) throw InvalidArgument("the global process set (id 0) cannot be removed");
+  if (id >= kFirstPairId) throw InvalidArgument("a pair set (id " + std::to_string(id) + ") cannot be removed");
   std::lock_guard<std::mutex> lock(mu_);
   return sets_.erase(id) > 0;
 }
 
+int32_t ProcessSetTable::pair_id(int a, int b) const {
+  for (int r : {a, b})
+    if (r < 0 || r >= job_size_)
+      throw InvalidArgument("pair set: rank " + std::to_string(r) + " is not a rank of the job (size " +
+                            std::to_string(job_size_) + ")");
+  if (a == b) throw InvalidArgument("pair set: rank " + std::to_string(a) + " cannot pair with itself");
+  if (a > b) std::swap(a, b);
+  return kFirstPairId + a * job_size_ + b;
+}
+
 std::shared_ptr<const std::vector<int>> ProcessSetTable::members(int32_t id) const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (id >= kFirstPairId) {
+    const int64_t offset = int64_t{id} - kFirstPairId;
+    const int a = static_cast<int>(offset / job_size_), b = static_cast<int>(offset % job_size_);
+    if (a >= b || b >= job_size_) return nullptr;  // not an id pair_id() gives
+    auto& members = pairs_[id];
+    if (!members) members = std::make_shared<const std::vector<int>>(std::vector<int>{a, b});
+    return members;
+  }
   auto it = sets_.find(id);
   return it == sets_.end() ? nullptr : it->second;
 }

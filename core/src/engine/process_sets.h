@@ -7,6 +7,11 @@
 // (transport::GroupRail). Ranks outside a set still see its responses in the ordered stream: they
 // step their per-rail operation counters past them, so every rank's counters agree.
 //
+// Pair sets: any two ranks a < b form the set pair_id(a, b) without registering it, so that a
+// point-to-point transfer between two ranks (torch.distributed's send/recv) needs no collective
+// call of the others: every rank, rank 0 (which negotiates it) and the ranks that skip it alike,
+// derives its members from the id alone.
+//
 // Threads: any (the engine loop, rail workers, callers); a mutex guards the table.
 #pragma once
 
@@ -26,12 +31,19 @@ class ProcessSetTable {
   // Registers `ranks` (distinct, in [0, job size), sorted here) under the next id and returns it.
   // Throws InvalidArgument for an empty list, a rank out of range or listed twice.
   int32_t add(std::vector<int> ranks);
-  // Forgets a set; false if it did not exist. Set 0 cannot be removed (InvalidArgument).
+  // Forgets a set; false if it did not exist. Set 0 and pair sets cannot be removed
+  // (InvalidArgument).
   bool remove(int32_t id);
 
-  // The members of set `id` in rank order (set 0: every rank); null if no such set.
+  // The id of the pair set of ranks a and b (either order; distinct ranks of the job), at or above
+  // kFirstPairId. InvalidArgument for a rank out of range or a == b.
+  int32_t pair_id(int a, int b) const;
+  static constexpr int32_t kFirstPairId = int32_t{1} << 30;
+
+  // The members of set `id` in rank order (set 0: every rank; a pair set: its two ranks); null if
+  // no such set.
   std::shared_ptr<const std::vector<int>> members(int32_t id) const;
-  // The ids of the sets, ascending (0 first).
+  // The ids of the registered sets, ascending (0 first); pair sets are not listed.
   std::vector<int32_t> ids() const;
 
  private:
@@ -39,6 +51,8 @@ class ProcessSetTable {
   mutable std::mutex mu_;
   int32_t next_id_ = 1;
   std::unordered_map<int32_t, std::shared_ptr<const std::vector<int>>> sets_;
+  // Pair sets asked for so far; the members travel as shared pointers like a registered set's.
+  mutable std::unordered_map<int32_t, std::shared_ptr<const std::vector<int>>> pairs_;
 };
 
 // "ranks 0, 2" for messages.

@@ -48,6 +48,22 @@ TEST(ProcessSetTable, RefusesBadSets) {
   EXPECT_THROW(t.remove(0), InvalidArgument);
 }
 
+TEST(ProcessSetTable, PairSetsAreKnownWithoutRegistrationAndNeverListedOrRemoved) {
+  ProcessSetTable t(5);
+  const int32_t p = t.pair_id(3, 1);
+  EXPECT_EQ(p, t.pair_id(1, 3));
+  EXPECT_GE(p, ProcessSetTable::kFirstPairId);
+  EXPECT_EQ(*t.members(p), (std::vector<int>{1, 3}));
+  EXPECT_NE(t.pair_id(0, 4), t.pair_id(1, 4));
+  EXPECT_EQ(*t.members(t.pair_id(4, 0)), (std::vector<int>{0, 4}));
+  EXPECT_EQ(t.members(ProcessSetTable::kFirstPairId + 2 * 5 + 1), nullptr);  // (2, 1): not a pair id
+  EXPECT_EQ(t.ids(), (std::vector<int32_t>{0}));
+  EXPECT_THROW(t.remove(p), InvalidArgument);
+  EXPECT_THROW(t.pair_id(2, 2), InvalidArgument);
+  EXPECT_THROW(t.pair_id(0, 5), InvalidArgument);
+  EXPECT_EQ(t.add({0, 1}), 1);  // registered ids go on from 1
+}
+
 // --- the coordinator ----------------------------------------------------------------------------
 
 const Clock::time_point t0 = Clock::time_point{} + std::chrono::hours(1);
@@ -273,6 +289,42 @@ TEST_P(ProcessSetEngine, BroadcastAllgatherAlltoallReducescatterInASet) {
 
 INSTANTIATE_TEST_SUITE_P(Rails, ProcessSetEngine, ::testing::Values(1, 2),
                          [](const auto& info) { return std::to_string(info.param) + "rails"; });
+
+// Point-to-point transfers as broadcasts in pair sets (what torch.distributed's send/recv become):
+// a ring of transfers, each between two ranks only, in flight at once beside a global allreduce;
+// large enough to be striped over two rails.
+TEST_P(ProcessSetEngine, PairSetsCarryARingOfTransfersWithoutTheOtherRanks) {
+  Cluster c(4, testing::loopback_rails(GetParam()), [](EngineConfig& cfg) { cfg.control_inline_bytes = 0; });
+  for (size_t count : {size_t{33}, size_t{1} << 19}) {
+    std::vector<std::vector<float>> sent(4, std::vector<float>(count)), got(4, std::vector<float>(count, -1)),
+        echo(4, std::vector<float>(count, -1));
+    std::vector<std::shared_ptr<OpHandle>> sends(4), recvs(4);
+    for (int r = 0; r < 4; ++r) {
+      for (size_t i = 0; i < count; ++i) sent[r][i] = value(r, 7, i);
+      const int next = (r + 1) % 4, prev = (r + 3) % 4;
+      Request s = make_request(OpType::kBroadcast, "p2p." + std::to_string(r) + "." + std::to_string(next),
+                               DataType::kFloat32, {static_cast<int64_t>(count)});
+      s.root = r;
+      s.process_set = c[r].pair_process_set(r, next);
+      Request v = make_request(OpType::kBroadcast, "p2p." + std::to_string(prev) + "." + std::to_string(r),
+                               DataType::kFloat32, {static_cast<int64_t>(count)});
+      v.root = prev;
+      v.process_set = c[r].pair_process_set(prev, r);
+      // Odd ranks post their receive first: the order of a rank's submissions does not matter.
+      if (r % 2) recvs[r] = submit(c[r], v, got[r].data(), got[r].data());
+      sends[r] = submit(c[r], s, sent[r].data(), echo[r].data());
+      if (r % 2 == 0) recvs[r] = submit(c[r], v, got[r].data(), got[r].data());
+    }
+    SetOp global = start_allreduce(c, 0, {0, 1, 2, 3}, "beside" + std::to_string(count), 1000, 5);
+    for (int r = 0; r < 4; ++r) {
+      expect_ok(sends[r], "send", kWaitS);
+      expect_ok(recvs[r], "recv", kWaitS);
+      EXPECT_EQ(got[r], sent[(r + 3) % 4]) << "rank " << r << " count " << count;
+      EXPECT_EQ(echo[r], sent[r]) << "rank " << r;  // the root's own output is its input
+    }
+    check_allreduce(global, {0, 1, 2, 3}, "global beside the ring");
+  }
+}
 
 TEST(ProcessSetEngineErrors, OutsidersAndUnknownSetsAreRefusedAtSubmission) {
   Cluster c(3);
