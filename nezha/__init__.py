@@ -12,7 +12,7 @@ from .handle import Handle, poll, synchronize
 from .objects import allgather_object, broadcast_object
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgather_async,
-                  allreduce, allreduce_async, alltoall, alltoall_async, barrier, broadcast,
+                  allreduce, allreduce_async, alltoall, alltoall_async, barrier, barrier_async, broadcast,
                   broadcast_async, grouped_allgather, grouped_allgather_async,
                   grouped_allreduce, grouped_allreduce_async, grouped_reducescatter,
                   grouped_reducescatter_async, join, reducescatter, reducescatter_async)
@@ -28,7 +28,7 @@ __all__ = [
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "grouped_reducescatter",
-    "grouped_reducescatter_async", "barrier", "join", "poll", "synchronize",
+    "grouped_reducescatter_async", "barrier", "barrier_async", "join", "poll", "synchronize",
     "broadcast_object", "allgather_object",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
 ]

@@ -52,33 +52,52 @@ def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None
     with _state.lock:
         if _state.engine is not None:
             return
-        info = environ.detect()
-        config = _core.EngineConfig()
-        if timeout_s is not None:
-            config.timeout_s = float(timeout_s)
-        config.rank, config.size = info.rank, info.size
-        config.local_rank, config.local_size = info.local_rank, info.local_size
-        config.cross_rank, config.cross_size = info.cross_rank, info.cross_size
-        config.secret = info.secret
-        specs = rails_mod.resolve_rails(rails or info.rails, info.rendezvous_addr)
-        config.rails = [_core.RailConfig(s.name, s.local_addr, s.kind, dict(s.options))
-                        for s in specs] + _automatic_rails(specs, info)
-        # The launcher's host entry (placement): a host-local rail (shm) joins only ranks with the
-        # same entry (and boot id and network namespace, which the rail checks itself).
-        config.host_id = (os.environ.get("NEZHA_HOST_ID") or os.environ.get("HOROVOD_HOSTNAME")
-                          or socket.gethostname())
-        if any(s.kind not in rails_mod.NETWORK_KINDS for s in specs):
-            # A rail without an IPv4 address of its own (shm, ofi:shm, agg) still needs the control
-            # channel's path; an ofi rail over an IP provider opens it on its own address.
-            config.control_addr = rails_mod.route_source_address(info.rendezvous_addr)
-        engine = _core.Engine(config)
-        if info.size == 1:
-            engine.connect_and_start([engine.listen_addresses()])
-        else:
-            _meet_peers(engine, info, config.connect_timeout_s)
-        _state.engine, _state.info = engine, info
-        _state.generation += 1
-        _core.attach_engine(engine)  # for native callers: nezha.jax's XLA FFI handlers
+        _start(environ.detect(), rails, timeout_s, store=None, host_id=None)
+
+
+def init_with_store(info: environ.WorldInfo, store: Any, host_id: str,
+                    rails: Optional[str] = None, timeout_s: Optional[float] = None) -> bool:
+    """Joins the job described by ``info`` through ``store`` (set/get/wait/add with timeouts, as
+    nezha.rendezvous' StoreClient has), another framework's store: how torch.distributed's
+    ``init_process_group("nezha")`` starts the engine. ``host_id`` places this rank for host-local
+    rails. Returns False (and does nothing) when nezha is initialized already."""
+    with _state.lock:
+        if _state.engine is not None:
+            return False
+        _start(info, rails, timeout_s, store=store, host_id=host_id)
+        return True
+
+
+def _start(info: environ.WorldInfo, rails: Optional[str], timeout_s: Optional[float],
+           store: Any, host_id: Optional[str]) -> None:
+    config = _core.EngineConfig()
+    if timeout_s is not None:
+        config.timeout_s = float(timeout_s)
+    config.rank, config.size = info.rank, info.size
+    config.local_rank, config.local_size = info.local_rank, info.local_size
+    config.cross_rank, config.cross_size = info.cross_rank, info.cross_size
+    config.secret = info.secret
+    specs = rails_mod.resolve_rails(rails or info.rails, info.rendezvous_addr)
+    config.rails = [_core.RailConfig(s.name, s.local_addr, s.kind, dict(s.options))
+                    for s in specs] + _automatic_rails(specs, info)
+    # The launcher's host entry (placement): a host-local rail (shm) joins only ranks with the
+    # same entry (and boot id and network namespace, which the rail checks itself).
+    config.host_id = host_id or (os.environ.get("NEZHA_HOST_ID") or os.environ.get("HOROVOD_HOSTNAME")
+                                 or socket.gethostname())
+    if any(s.kind not in rails_mod.NETWORK_KINDS for s in specs):
+        # A rail without an IPv4 address of its own (shm, ofi:shm, agg) still needs the control
+        # channel's path; an ofi rail over an IP provider opens it on its own address.
+        config.control_addr = rails_mod.route_source_address(info.rendezvous_addr)
+    engine = _core.Engine(config)
+    if info.size == 1:
+        engine.connect_and_start([engine.listen_addresses()])
+    elif store is not None:
+        _exchange_addresses(engine, info, store, config.connect_timeout_s)
+    else:
+        _meet_peers(engine, info, config.connect_timeout_s)
+    _state.engine, _state.info = engine, info
+    _state.generation += 1
+    _core.attach_engine(engine)  # for native callers: nezha.jax's XLA FFI handlers
 
 
 def _automatic_rails(specs: List[rails_mod.RailSpec], info: environ.WorldInfo) -> List[Any]:
@@ -103,19 +122,27 @@ def _meet_peers(engine: Any, info: environ.WorldInfo, timeout_s: float) -> None:
     until every rank has read the addresses it needs."""
     rv = bootstrap.join(info, timeout_s)
     try:
-        client = rv.client
-        # Each init() of a job is a new generation so re-initialising never reads stale addresses.
-        generation = client.add(f"nezha/generation/{info.rank}", 1)
-        prefix = f"nezha/{generation}"
-        client.set(f"{prefix}/addrs/{info.rank}", encode_addresses(engine.listen_addresses()))
-        addrs = [decode_addresses(client.get(f"{prefix}/addrs/{r}", timeout_s=timeout_s), r)
-                 for r in range(info.size)]
-        engine.connect_and_start(addrs)
-        client.set(f"{prefix}/connected/{info.rank}", b"")
+        prefix = _exchange_addresses(engine, info, rv.client, timeout_s)
         if rv.server is not None:
-            client.wait([f"{prefix}/connected/{r}" for r in range(info.size)], timeout_s=timeout_s)
+            rv.client.wait([f"{prefix}/connected/{r}" for r in range(info.size)],
+                           timeout_s=timeout_s)
     finally:
         rv.close()
+
+
+def _exchange_addresses(engine: Any, info: environ.WorldInfo, client: Any,
+                        timeout_s: float) -> str:
+    """Publishes this rank's listen addresses in ``client``'s store, connects to everyone's and
+    returns the generation's key prefix."""
+    # Each init() of a job is a new generation so re-initialising never reads stale addresses.
+    generation = client.add(f"nezha/generation/{info.rank}", 1)
+    prefix = f"nezha/{generation}"
+    client.set(f"{prefix}/addrs/{info.rank}", encode_addresses(engine.listen_addresses()))
+    addrs = [decode_addresses(client.get(f"{prefix}/addrs/{r}", timeout_s=timeout_s), r)
+             for r in range(info.size)]
+    engine.connect_and_start(addrs)
+    client.set(f"{prefix}/connected/{info.rank}", b"")
+    return prefix
 
 
 def encode_addresses(addresses: List[bytes]) -> bytes:

@@ -151,7 +151,7 @@ def _build(env, source, rank, size, local_rank, local_size, cross, addr, port,
     cross_rank, cross_size = _cross(env, source, rank, size, local_size, cross)
     return WorldInfo(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
                      cross_rank=cross_rank, cross_size=cross_size, rendezvous_addr=addr,
-                     rendezvous_port=port, secret=_secret(env),
+                     rendezvous_port=port, secret=secret_from(env),
                      rails=env.get("NEZHA_RAILS") or None,
                      source=source, host_store=host_store)
 
@@ -203,7 +203,8 @@ def _slurm_tasks_per_node(env) -> List[int]:
     raise ValueError("slurm: neither SLURM_TASKS_PER_NODE nor SLURM_NTASKS_PER_NODE is set")
 
 
-def _secret(env) -> bytes:
+def secret_from(env: Mapping[str, str]) -> bytes:
+    """NEZHA_SECRET (hex) as bytes; empty when unset. ValueError for anything but hex."""
     value = env.get("NEZHA_SECRET", "")
     try:
         return bytes.fromhex(value)

@@ -35,6 +35,11 @@ class Handle:
         self._error: Optional[BaseException] = None
         self._done = False
 
+    def parts(self) -> List[Any]:
+        """The engine's handles of the operation, one per tensor (what a completion queue
+        watches: ``OpHandle.notify``); empty once the operation has been waited for."""
+        return list(self._parts)
+
     def poll(self) -> bool:
         """True once every part of the operation has finished (successfully or not)."""
         return self._done or all(p.poll() for p in self._parts)

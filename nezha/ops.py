@@ -326,12 +326,18 @@ def grouped_reducescatter(tensors: Sequence[Any], op: ReduceOp = Average,
 
 # --- synchronisation --------------------------------------------------------------------------
 
+def barrier_async(name: Optional[str] = None, process_set: Any = global_process_set) -> Handle:
+    """Starts a barrier; ``wait()`` returns once every rank (of the process set, if given) has
+    started it."""
+    set_id = process_set_id(process_set)
+    name = _auto_name("barrier", name, set_id)
+    h = _submit(OpType.barrier, name, process_set=set_id)
+    return Handle([h], lambda: None, [name])
+
+
 def barrier(timeout_s: Optional[float] = None, process_set: Any = global_process_set) -> None:
     """Returns once every rank (of the process set, if given) has called barrier()."""
-    set_id = process_set_id(process_set)
-    name = _auto_name("barrier", None, set_id)
-    h = _engine().submit(OpType.barrier, name, process_set=set_id, lead=True)
-    Handle([h], lambda: None, [name]).wait(timeout_s)
+    started_by_waiter(barrier_async, None, process_set).wait(timeout_s)
 
 
 def join(timeout_s: Optional[float] = None) -> int:

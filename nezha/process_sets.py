@@ -130,6 +130,34 @@ def remove_process_set(process_set: Any) -> bool:
     return bool(removed)
 
 
+def forget_process_set(process_set: ProcessSet) -> None:
+    """Unregisters a set on this rank only, with no agreement among the ranks: for frameworks
+    whose groups are destroyed by their members alone (torch.distributed). Ids are never reused,
+    so ranks that still hold the set stay consistent; a set with operations in flight here is
+    left registered (they finish with it)."""
+    if not process_set._registered():
+        return
+    try:
+        basics._engine().remove_process_set(process_set.process_set_id)
+    except ValueError:  # operations of the set still in flight on this rank
+        return
+    if process_set in _registered:
+        _registered.remove(process_set)
+    process_set.process_set_id = None
+
+
+def pair_set(a: int, b: int) -> ProcessSet:
+    """Ranks ``a`` and ``b`` as a process set that needs no registration: the engine derives a pair
+    set's members from its id on every rank, so two ranks alone can run a collective (a broadcast
+    from one to the other is a point-to-point transfer) without the others calling anything.
+    ValueError for a rank out of range or a == b."""
+    set_id = int(basics._engine().pair_process_set(int(a), int(b)))
+    pair = ProcessSet([a, b])
+    pair.process_set_id = set_id
+    pair._generation = basics._state.generation
+    return pair
+
+
 def _live_sets() -> List[ProcessSet]:
     _registered[:] = [s for s in _registered if s._registered()]
     return list(_registered)
