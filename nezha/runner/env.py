@@ -22,6 +22,8 @@ class JobSettings:
     secret_hex: str = dataclasses.field(repr=False)
     rails: Optional[str] = None
     timeline: Optional[str] = None
+    # MASTER_ADDR, MASTER_PORT, ... of the torch.distributed store nezharun serves (torch_store.py)
+    torch_store: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def rank_environment(placement: Placement, job: JobSettings) -> Dict[str, str]:
@@ -46,6 +48,12 @@ def rank_environment(placement: Placement, job: JobSettings) -> Dict[str, str]:
     for what in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
         env["HOROVOD_" + what] = env["NEZHA_" + what]
     env["HOROVOD_HOSTNAME"] = placement.host
+    # torch.distributed's names (torchrun's), so init_process_group's env:// works as under
+    # torchrun; GROUP_RANK is torchrun's index of the host.
+    env.update({"RANK": env["NEZHA_RANK"], "WORLD_SIZE": env["NEZHA_SIZE"],
+                "LOCAL_RANK": env["NEZHA_LOCAL_RANK"], "LOCAL_WORLD_SIZE": env["NEZHA_LOCAL_SIZE"],
+                "GROUP_RANK": env["NEZHA_CROSS_RANK"], "GROUP_WORLD_SIZE": env["NEZHA_CROSS_SIZE"],
+                **job.torch_store})
     if job.rails:
         env["NEZHA_RAILS"] = job.rails
     if job.timeline:

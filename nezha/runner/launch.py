@@ -32,6 +32,7 @@ from nezha.runner.env import JobSettings
 from nezha.runner.hosts import (HostSlots, Placement, is_local_host, parse_host_list,
                                 parse_hostfile, place_ranks)
 from nezha.runner.processes import OutputSink, Supervisor
+from nezha.runner.torch_store import LazyTorchStore
 
 log = logging.getLogger("nezha.runner")
 
@@ -102,23 +103,26 @@ def main(argv: Optional[List[str]] = None) -> int:
             rails = rails_with_aggregator(args.rails, aggregator)
         secret = secrets.token_bytes(32)
         server = StoreServer(rendezvous_addr, 0, secret)
+        torch_store = LazyTorchStore(rendezvous_addr)
     except (ValueError, OSError) as exc:
         print(f"nezharun: {exc}", file=sys.stderr)
         return 2
     daemon = (Aggregator(aggregator, args.launcher, secret.hex(), os.environ)
               if aggregator else contextlib.nullcontext())
     try:
-        with server, daemon:
-            return _run(args, placements, rendezvous_addr, server, secret, rails, command)
+        with server, daemon, torch_store:
+            return _run(args, placements, rendezvous_addr, server, secret, rails, command,
+                        torch_store)
     except RuntimeError as exc:  # the aggregator did not start
         print(f"nezharun: {exc}", file=sys.stderr)
         return 1
 
 
-def _run(args, placements, rendezvous_addr, server, secret, rails, command) -> int:
+def _run(args, placements, rendezvous_addr, server, secret, rails, command, torch_store) -> int:
     job = JobSettings(size=len(placements), rendezvous_addr=rendezvous_addr,
                       rendezvous_port=server.port, secret_hex=secret.hex(), rails=rails,
-                      timeline=os.path.abspath(args.timeline) if args.timeline else None)
+                      timeline=os.path.abspath(args.timeline) if args.timeline else None,
+                      torch_store=torch_store.environment())
     commands = [build_rank_command(p, job, command, args.launcher, os.environ, os.getcwd())
                 for p in placements]
     for c in commands:
