@@ -31,5 +31,8 @@ from nezha.torch.functions import (
 from nezha.torch.optimizer import DistributedOptimizer
 from nezha.torch.sync_batch_norm import SyncBatchNorm
 from nezha.torch import elastic
+from nezha.torch import backend as _backend
+
+_backend.register()  # torch.distributed's backend "nezha"
 
 __all__ = [name for name in dir() if not name.startswith("_")]

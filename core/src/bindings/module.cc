@@ -315,6 +315,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<>())
       .def("pop", &engine::CompletionQueue::pop, py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
            "Waits up to timeout_s for a token; returns every token queued (empty on timeout or close).")
+      .def("push", &engine::CompletionQueue::push, py::arg("token"),
+           "Queues a token as a finished operation would (e.g. to wake pop() for new work).")
       .def("close", &engine::CompletionQueue::close, "Wakes pop() for good.");
 
   py::class_<OpHandle, std::shared_ptr<OpHandle>>(m, "OpHandle")
