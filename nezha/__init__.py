@@ -18,13 +18,14 @@ from .ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather, allgathe
                   grouped_reducescatter_async, join, reducescatter, reducescatter_async)
 
 DataType = _core.DataType
+Device = _core.Device
 
 __version__ = "0.1.0"
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "rail_stats", "NezhaError", "NotInitializedError", "Handle",
-    "ReduceOp", "DataType", "Sum", "Average", "Min", "Max", "Product",
+    "ReduceOp", "DataType", "Device", "Sum", "Average", "Min", "Max", "Product",
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "grouped_reducescatter",

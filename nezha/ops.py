@@ -3,7 +3,10 @@
 Every collective is identified across ranks by its ``name``. Without a name, one is generated from
 a per-process counter per operation type (and process set), so ranks must then call unnamed
 collectives in the same order (as with Horovod). Each takes ``process_set=`` (process_sets.py): the
-collective then runs among that set's ranks only.
+collective then runs among that set's ranks only. The ``*_async`` forms also take ``device=``
+(``Device.cpu`` or ``Device.gpu``): where an adapter's tensor lives, as Horovod tells CPU from GPU.
+The ranks must agree (else ``NezhaError`` on every rank), and a GPU's float16 is scaled in half
+precision, as Horovod's GPU kernels scale it (a CPU's in float32).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from .process_sets import global_process_set, process_set_id
 
 ReduceOp = _core.ReduceOp
 OpType = _core.OpType
+Device = _core.Device
 Sum, Average, Min, Max, Product = (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Min, ReduceOp.Max,
                                    ReduceOp.Product)
 
@@ -105,7 +109,8 @@ def _engine_output(h: Any, like: np.ndarray) -> np.ndarray:
 
 def allreduce_async(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    out: Any = None, process_set: Any = global_process_set) -> Handle:
+                    out: Any = None, process_set: Any = global_process_set,
+                    device: Device = Device.cpu) -> Handle:
     """Starts an allreduce; ``wait()`` returns the reduced array (``out`` if given; ``out`` may
     be ``tensor`` itself for an in-place reduction)."""
     op = _check_op(op)
@@ -114,7 +119,8 @@ def allreduce_async(tensor: Any, op: ReduceOp = Average, name: Optional[str] = N
     arr, dtype = as_array(tensor)
     result = _output_like(arr, out, "out")
     h = _submit(OpType.allreduce, name, arr, result, dtype, op,
-                float(prescale_factor), float(postscale_factor), process_set=set_id)
+                float(prescale_factor), float(postscale_factor), process_set=set_id,
+                device=device)
     return Handle([h], lambda: present(result, dtype), [name])
 
 
@@ -131,7 +137,8 @@ def grouped_allreduce_async(tensors: Sequence[Any], op: ReduceOp = Average,
                             name: Optional[str] = None, prescale_factor: float = 1.0,
                             postscale_factor: float = 1.0,
                             outs: Optional[Sequence[Any]] = None,
-                            process_set: Any = global_process_set) -> Handle:
+                            process_set: Any = global_process_set,
+                            device: Device = Device.cpu) -> Handle:
     """Starts an allreduce of several tensors negotiated as one unit; ``wait()`` returns a list."""
     op = _check_op(op)
     set_id = process_set_id(process_set)
@@ -150,7 +157,7 @@ def grouped_allreduce_async(tensors: Sequence[Any], op: ReduceOp = Average,
         names.append(f"{group}.{i}")
     handles = _submit_group(OpType.allreduce, group, names, arrays, results, dtypes, op,
                             float(prescale_factor), float(postscale_factor),
-                            process_set=set_id)
+                            process_set=set_id, device=device)
     presented = [present(r, d) for r, d in zip(results, dtypes)]
     return Handle(handles, lambda: presented, names)
 
@@ -167,13 +174,14 @@ def grouped_allreduce(tensors: Sequence[Any], op: ReduceOp = Average, name: Opti
 # --- allgather, broadcast, alltoall, reducescatter --------------------------------------------
 
 def allgather_async(tensor: Any, name: Optional[str] = None,
-                    process_set: Any = global_process_set) -> Handle:
+                    process_set: Any = global_process_set,
+                    device: Device = Device.cpu) -> Handle:
     """Starts an allgather; ``wait()`` returns the ranks' tensors concatenated along dim 0."""
     set_id = process_set_id(process_set)
     name = _auto_name("allgather", name, set_id)
     arr, dtype = as_array(tensor)
     src = arr.reshape(1) if arr.ndim == 0 else arr
-    h = _submit(OpType.allgather, name, src, None, dtype, process_set=set_id)
+    h = _submit(OpType.allgather, name, src, None, dtype, process_set=set_id, device=device)
     return Handle([h], lambda: present(_engine_output(h, src), dtype), [name])
 
 
@@ -184,7 +192,8 @@ def allgather(tensor: Any, name: Optional[str] = None,
 
 
 def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None,
-                    out: Any = None, process_set: Any = global_process_set) -> Handle:
+                    out: Any = None, process_set: Any = global_process_set,
+                    device: Device = Device.cpu) -> Handle:
     """Starts a broadcast from ``root_rank`` (a rank of the job, in the process set if one is
     given); ``wait()`` returns the root's tensor."""
     set_id = process_set_id(process_set)
@@ -197,7 +206,7 @@ def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None,
     arr, dtype = as_array(tensor)
     result = _output_like(arr, out, "out")
     h = _submit(OpType.broadcast, name, arr, result, dtype, Sum, 1.0, 1.0,
-                int(root_rank), process_set=set_id)
+                int(root_rank), process_set=set_id, device=device)
     return Handle([h], lambda: present(result, dtype), [name])
 
 
@@ -208,7 +217,8 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, out: Any 
 
 
 def alltoall_async(tensor: Any, splits: Optional[Sequence[int]] = None,
-                   name: Optional[str] = None, process_set: Any = global_process_set) -> Handle:
+                   name: Optional[str] = None, process_set: Any = global_process_set,
+                   device: Device = Device.cpu) -> Handle:
     """Starts an alltoall; ``wait()`` returns ``(output, received_splits)``. In a process set,
     ``splits`` has one entry per member, in rank order."""
     set_id = process_set_id(process_set)
@@ -229,7 +239,7 @@ def alltoall_async(tensor: Any, splits: Optional[Sequence[int]] = None,
     if any(s < 0 for s in splits) or sum(splits) != rows:
         raise ValueError(f"splits {splits} must be non-negative and sum to dim 0 ({rows})")
     h = _submit(OpType.alltoall, name, arr, None, dtype, Sum, 1.0, 1.0, -1, splits,
-                process_set=set_id)
+                process_set=set_id, device=device)
     return Handle([h], lambda: (present(_engine_output(h, arr), dtype),
                                 np.asarray(h.received_splits, np.int64)),
                   [name])
@@ -245,7 +255,8 @@ def alltoall(tensor: Any, splits: Optional[Sequence[int]] = None,
 
 def reducescatter_async(tensor: Any, op: ReduceOp = Average, name: Optional[str] = None,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                        process_set: Any = global_process_set) -> Handle:
+                        process_set: Any = global_process_set,
+                        device: Device = Device.cpu) -> Handle:
     """Starts a reducescatter; ``wait()`` returns this rank's block of the reduction."""
     op = _check_op(op)
     set_id = process_set_id(process_set)
@@ -253,7 +264,8 @@ def reducescatter_async(tensor: Any, op: ReduceOp = Average, name: Optional[str]
     arr, dtype = as_array(tensor)
     src = arr.reshape(1) if arr.ndim == 0 else arr
     h = _submit(OpType.reducescatter, name, src, None, dtype, op,
-                float(prescale_factor), float(postscale_factor), process_set=set_id)
+                float(prescale_factor), float(postscale_factor), process_set=set_id,
+                device=device)
     return Handle([h], lambda: present(_engine_output(h, src), dtype), [name])
 
 
@@ -279,14 +291,15 @@ def _group_members(tensors: Sequence[Any], group: str):
 
 
 def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None,
-                            process_set: Any = global_process_set) -> Handle:
+                            process_set: Any = global_process_set,
+                            device: Device = Device.cpu) -> Handle:
     """Starts an allgather of several tensors negotiated as one unit (fused into one operation on
     the rails where they fit the fusion threshold); ``wait()`` returns a list."""
     set_id = process_set_id(process_set)
     group = _auto_name("grouped_allgather", name, set_id)
     srcs, dtypes, names = _group_members(list(tensors), group)
     handles = _submit_group(OpType.allgather, group, names, srcs, [None] * len(srcs),
-                            dtypes, process_set=set_id)
+                            dtypes, process_set=set_id, device=device)
     return Handle(handles, lambda: [present(_engine_output(h, s), d)
                                     for h, s, d in zip(handles, srcs, dtypes)], names)
 
@@ -300,7 +313,8 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
 def grouped_reducescatter_async(tensors: Sequence[Any], op: ReduceOp = Average,
                                 name: Optional[str] = None, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0,
-                                process_set: Any = global_process_set) -> Handle:
+                                process_set: Any = global_process_set,
+                                device: Device = Device.cpu) -> Handle:
     """Starts a reducescatter of several tensors negotiated as one unit (fused into one operation
     on the rails where they fit the fusion threshold); ``wait()`` returns a list of this rank's
     blocks."""
@@ -310,7 +324,7 @@ def grouped_reducescatter_async(tensors: Sequence[Any], op: ReduceOp = Average,
     srcs, dtypes, names = _group_members(list(tensors), group)
     handles = _submit_group(OpType.reducescatter, group, names, srcs, [None] * len(srcs),
                             dtypes, op, float(prescale_factor), float(postscale_factor),
-                            process_set=set_id)
+                            process_set=set_id, device=device)
     return Handle(handles, lambda: [present(_engine_output(h, s), d)
                                     for h, s, d in zip(handles, srcs, dtypes)], names)
 

@@ -41,6 +41,21 @@ def test_keras_fit_on_backend(backend, tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax"])
+def test_keras_learning_rate_callbacks_follow_horovod(backend):
+    """Issue 39's case (3 ranks, 6 steps per epoch, warmup over 2 epochs): every batch's rate is
+    Horovod's, the last warmup batch runs at initial_lr; momentum correction is applied where the
+    step runs eagerly and refused with a warning where Keras compiles it (tf_workers/w_keras_lr.py)."""
+    _needs(backend)
+    output = run_workers("w_keras_lr.py", num_ranks=3, timeout_s=280, args=(backend,),
+                         workers_dir=TF_WORKERS)
+    assert_every_rank_passed(output, 3, {
+        "warmup rate per batch", "schedule callback",
+        "momentum correction where the step runs eagerly",
+        "momentum correction refused where the step is compiled"})
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_keras_optimizer_of_a_process_set_on_backend(backend):
     """DistributedOptimizer(process_set=...) on the torch and JAX backends (the TensorFlow backend's

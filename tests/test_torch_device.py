@@ -17,4 +17,5 @@ CHECKS = ["allreduce on %s", "other ops on %s", "stream order on %s", "Distribut
 ])
 def test_ops_and_training_on_device(device):
     output = run_workers("w_device.py", num_ranks=2, timeout_s=150, args=(device,))
-    assert_every_rank_passed(output, 2, {c % device for c in CHECKS})
+    extra = {"Horovod's CUDA semantics on cuda"} if device == "cuda" else set()
+    assert_every_rank_passed(output, 2, {c % device for c in CHECKS} | extra)

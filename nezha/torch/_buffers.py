@@ -49,6 +49,27 @@ def check_supported(tensor, what):
                                      "tensor.to_dense()" % what)
 
 
+class MixedDevicesError(RuntimeError, ValueError):
+    """A group of tensors on different devices. A RuntimeError, as Horovod raises for it, and a
+    ValueError, as for any other bad argument."""
+
+
+def engine_device(tensor):
+    """Horovod's CPU/GPU distinction for `tensor` (nezha.Device): anything but the CPU is a GPU.
+    The ranks must agree, and a GPU's float16 is scaled in half precision (nezha.ops)."""
+    return nezha.Device.cpu if tensor.device.type == "cpu" else nezha.Device.gpu
+
+
+def group_device(tensors, what):
+    """The one device of a group's tensors; raises MixedDevicesError when they differ, before
+    anything is submitted (Horovod: "Tensors in list must be on same device")."""
+    if len({engine_device(t) for t in tensors}) > 1:
+        raise MixedDevicesError("%s: tensors in one group must be on the same kind of device "
+                                "(CPU or GPU); got %s"
+                                % (what, ", ".join(sorted({str(t.device) for t in tensors}))))
+    return engine_device(tensors[0]) if tensors else nezha.Device.cpu
+
+
 def engine_array(host):
     """A C-contiguous CPU tensor as a numpy view the engine reads/writes in place (shared memory).
 

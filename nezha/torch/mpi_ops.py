@@ -54,6 +54,7 @@ def _reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor,
     what = "grouped_allreduce" if grouped else "allreduce"
     for t in tensors:
         _buffers.check_supported(t, what)
+    device = _buffers.group_device(tensors, what)
     if _buffers.needs_widening(tensors):
         return _widened_reduce_async(tensors, targets, name, op, prescale_factor,
                                      postscale_factor, grouped, process_set)
@@ -64,11 +65,12 @@ def _reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor,
     if grouped:
         engine_handle = nezha.grouped_allreduce_async(
             ins, op=op, name=_op_name(what, name), prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, outs=outs, process_set=process_set)
+            postscale_factor=postscale_factor, outs=outs, process_set=process_set, device=device)
     else:
         engine_handle = nezha.allreduce_async(
             ins[0], op=op, name=_op_name(what, name), prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, out=outs[0], process_set=process_set)
+            postscale_factor=postscale_factor, out=outs[0], process_set=process_set,
+            device=device)
 
     def finish(_):
         results = _deliver(hosts_out, tensors, targets)
@@ -170,7 +172,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     (host_in,) = _buffers.stage_in([source])
     engine_handle = nezha.allgather_async(_buffers.engine_array(host_in),
                                           name=_op_name("allgather", name),
-                                          process_set=process_set)
+                                          process_set=process_set,
+                                          device=_buffers.engine_device(tensor))
 
     def finish(result):
         return _buffers.to_device_of(_buffers.tensor_from_engine(result, tensor.dtype), tensor)
@@ -185,10 +188,11 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     tensors = list(tensors)
     for t in tensors:  # all checked before any is submitted, so a refusal leaves nothing in flight
         _buffers.check_supported(t, "grouped_allgather")
+    device = _buffers.group_device(tensors, "grouped_allgather")
     hosts = _buffers.stage_in([t.reshape(1) if t.dim() == 0 else t for t in tensors])
     engine_handle = nezha.grouped_allgather_async([_buffers.engine_array(h) for h in hosts],
                                                   name=_op_name("allgather", name),
-                                                  process_set=process_set)
+                                                  process_set=process_set, device=device)
 
     def finish(results):
         return [_buffers.to_device_of(_buffers.tensor_from_engine(r, t.dtype), t)
@@ -204,7 +208,8 @@ def _broadcast_async(tensor, target, root_rank, name, process_set):
     (host_out,) = _outputs_for([tensor], [host_in], targets)
     engine_handle = nezha.broadcast_async(
         _buffers.engine_array(host_in), root_rank, name=_op_name("broadcast", name),
-        out=_buffers.engine_array(host_out), process_set=process_set)
+        out=_buffers.engine_array(host_out), process_set=process_set,
+        device=_buffers.engine_device(tensor))
 
     def finish(_):
         return _deliver([host_out], [tensor], targets)[0]
@@ -236,10 +241,21 @@ def _splits_list(splits):
     return [int(s) for s in splits]
 
 
+def received_splits_like(received, splits):
+    """The rows received from each rank as an int32 tensor where Horovod returns it: on the
+    device of `splits` when that is a tensor (a GPU's splits give GPU received_splits), else on
+    the CPU."""
+    received = torch.from_numpy(np.asarray(received).astype(np.int32, copy=False))
+    if isinstance(splits, torch.Tensor) and splits.device.type != "cpu":
+        return received.to(splits.device)
+    return received
+
+
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts sending `splits[r]` rows of dim 0 to rank r (equal parts by default).
 
-    The handle's result is `(output, received_splits)`, received_splits an int32 CPU tensor.
+    The handle's result is `(output, received_splits)`, received_splits an int32 tensor on the
+    device of `splits` (the CPU when splits is not a tensor), as in Horovod.
     """
     process_set_id(process_set)
     _buffers.check_supported(tensor, "alltoall")
@@ -247,13 +263,13 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     engine_handle = nezha.alltoall_async(_buffers.engine_array(host_in),
                                          splits=_splits_list(splits),
                                          name=_op_name("alltoall", name),
-                                         process_set=process_set)
+                                         process_set=process_set,
+                                         device=_buffers.engine_device(tensor))
 
     def finish(result):
         output, received = result
         output = _buffers.to_device_of(_buffers.tensor_from_engine(output, tensor.dtype), tensor)
-        received = torch.from_numpy(np.asarray(received).astype(np.int32, copy=False))
-        return output, received
+        return output, received_splits_like(received, splits)
 
     return engine_handle.then(finish)
 
@@ -282,7 +298,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     engine_handle = nezha.reducescatter_async(
         _buffers.engine_array(host_in), op=op, name=_op_name("reducescatter", name),
         prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        process_set=process_set)
+        process_set=process_set, device=_buffers.engine_device(tensor))
 
     def finish(result):
         return _buffers.to_device_of(_buffers.tensor_from_engine(result, tensor.dtype), tensor)
@@ -299,12 +315,13 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     tensors = list(tensors)
     for t in tensors:
         check_scatterable(t, "grouped_reducescatter")
+    device = _buffers.group_device(tensors, "grouped_reducescatter")
     sources = _buffers.widen_bfloat16(tensors) if _buffers.needs_widening(tensors) else tensors
     hosts = _buffers.stage_in(sources)
     engine_handle = nezha.grouped_reducescatter_async(
         [_buffers.engine_array(h) for h in hosts], op=op, name=_op_name("reducescatter", name),
         prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        process_set=process_set)
+        process_set=process_set, device=device)
 
     def finish(results):
         return [_buffers.to_device_of(_buffers.tensor_from_engine(r, s.dtype), t).to(t.dtype)

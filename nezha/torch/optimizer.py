@@ -54,6 +54,8 @@ class _DistributedOptimizerMixin:
                     p.register_post_accumulate_grad_hook(self._reducer.ready))
 
     backward_passes_per_step = _reducer_attribute("backward_passes_per_step")
+    # Horovod's map of parameter -> the name its gradient is reduced under (scripts read it).
+    _parameter_names = property(lambda self: self._reducer.names)
     op = _reducer_attribute("op")
     gradient_predivide_factor = _reducer_attribute("gradient_predivide_factor")
 

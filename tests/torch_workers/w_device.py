@@ -136,6 +136,37 @@ def check_training(rank, size, device, steps=3):
     report("DistributedOptimizer on %s" % device.type)
 
 
+def check_horovod_cuda_semantics(rank, size, device):
+    """Issue 39 with real CUDA tensors: float16 scaled in half precision (the reference is torch's
+    CUDA half multiply, as in Horovod's test_torch.py), a CPU tensor on some ranks against CUDA
+    tensors on others raises on every rank, alltoall's received splits on the splits' device."""
+    torch.manual_seed(1234)
+    x = torch.FloatTensor(17, 17).random_(-100, 100).to(device).half()
+    factor = 0.6180339887
+    f = torch.tensor(factor, dtype=torch.float64).float().to(device).half()
+    for got, expected, what in (
+            (hvd.allreduce(x, op=hvd.Sum, prescale_factor=factor, name="device.pre"),
+             (f * x) * size, "prescale"),
+            (hvd.allreduce(x, op=hvd.Sum, postscale_factor=factor, name="device.post"),
+             (x * size) * f, "postscale")):
+        expect_on(got, device, what)
+        if not torch.equal(got.view(torch.int16).cpu(), expected.view(torch.int16).cpu()):
+            fail("float16 %s on %s:\n got      %s\n expected %s" % (what, device, got, expected))
+    mixed = torch.ones(17, device=device) if rank % 2 == 0 else torch.ones(17)
+    try:
+        hvd.allreduce(mixed, name="device.cpu_gpu")
+        fail("a CPU tensor against CUDA tensors was reduced")
+    except RuntimeError as exc:
+        if "device (CPU/GPU)" not in str(exc):
+            fail("CPU/GPU mismatch: %s" % exc)
+    splits = torch.tensor([rank + 1] * size, dtype=torch.int32, device=device)
+    _, received = hvd.alltoall(torch.full((size * (rank + 1),), float(rank)), splits)
+    expect_on(received, device, "received_splits")
+    if received.tolist() != [r + 1 for r in range(size)]:
+        fail("received_splits %s" % received)
+    report("Horovod's CUDA semantics on %s" % device.type)
+
+
 def main():
     device = torch.device(sys.argv[1])
     hvd.init()
@@ -148,6 +179,8 @@ def main():
     check_ops(rank, size, device)
     check_stream_order(rank, size, device)
     check_training(rank, size, device)
+    if device.type == "cuda":
+        check_horovod_cuda_semantics(rank, size, device)
     hvd.shutdown()
 
 

@@ -48,6 +48,14 @@ if RANK == 1:
 else:
     expect_error(lambda: nezha.allreduce(np.ones(3, np.float32), name="kind"), "kind", "operation")
 
+# Horovod's CPU/GPU check: one rank's tensor on a GPU, the other ranks' on the CPU.
+device = nezha.Device.gpu if RANK == 1 else nezha.Device.cpu
+expect_error(lambda: nezha.allreduce_async(np.ones(3, np.float32), name="dev",
+                                           device=device).wait(5),
+             "'dev'", "device (CPU/GPU)", "GPU on rank 1", "CPU on rank")
+expect_error(lambda: nezha.alltoall_async(np.ones(SIZE, np.float32), name="dev_a2a",
+                                          device=device).wait(5), "dev_a2a", "device")
+
 # A grouped allreduce of 2 tensors on rank 0 and 3 elsewhere: the member only the larger groups
 # have fails too (else those ranks wait for it forever), within the same 5 s.
 expect_error(lambda: nezha.grouped_allreduce([np.ones(2, np.float32)] * (2 if RANK == 0 else 3),

@@ -172,6 +172,10 @@ PYBIND11_MODULE(_core, m) {
       .value("broadcast", OpType::kBroadcast).value("alltoall", OpType::kAlltoall)
       .value("reducescatter", OpType::kReducescatter).value("barrier", OpType::kBarrier)
       .value("join", OpType::kJoin);
+  py::enum_<engine::Device>(m, "Device",
+                            "Where a tensor lives, as Horovod tells CPU from GPU: the ranks must "
+                            "agree, and a GPU's float16 is scaled in half precision.")
+      .value("cpu", engine::Device::kCpu).value("gpu", engine::Device::kGpu);
 
   m.def("dtype_size", &dtype_size, "Bytes per element of a DataType.");
   m.def("knobs", [] {
@@ -359,7 +363,7 @@ PYBIND11_MODULE(_core, m) {
       .def("submit", [](Engine& e, OpType type, const std::string& name, std::optional<py::buffer> input,
                         std::optional<py::buffer> output, std::optional<DataType> dtype, ReduceOp op,
                         double prescale, double postscale, int root, std::vector<int64_t> splits,
-                        int32_t process_set, bool lead) {
+                        int32_t process_set, bool lead, engine::Device device) {
              bindings::release_deferred();  // views the engine let go of on its threads meanwhile
              std::vector<TensorEntry> one;
              one.push_back(make_entry(type, name, input, output, dtype));
@@ -370,20 +374,24 @@ PYBIND11_MODULE(_core, m) {
              req.root = root;
              req.splits = std::move(splits);
              req.process_set = process_set;
+             req.device = device;
              return submit_entries(e, std::move(one), lead).at(0);
            }, py::arg("type"), py::arg("name"), py::arg("input") = py::none(),
            py::arg("output") = py::none(), py::arg("dtype") = py::none(),
            py::arg("op") = ReduceOp::kSum, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
            py::arg("root") = -1, py::arg("splits") = std::vector<int64_t>{},
            py::arg("process_set") = 0, py::arg("lead") = false,
+           py::arg("device") = engine::Device::kCpu,
            "Submits one tensor; returns an OpHandle. The operation keeps its buffers alive until "
            "the engine is done with them, whether or not the handle is kept. lead: the caller is "
-           "about to wait for it, and runs the engine's loop meanwhile (NEZHA_LEAD_US).")
+           "about to wait for it, and runs the engine's loop meanwhile (NEZHA_LEAD_US). device: "
+           "where the caller's tensor lives (the ranks must agree; see Device).")
       .def("submit_group", [](Engine& e, OpType type, const std::string& group,
                               const std::vector<std::string>& names, const std::vector<py::buffer>& inputs,
                               const std::vector<std::optional<py::buffer>>& outputs,
                               const std::vector<std::optional<DataType>>& dtypes, ReduceOp op,
-                              double prescale, double postscale, int32_t process_set, bool lead) {
+                              double prescale, double postscale, int32_t process_set, bool lead,
+                              engine::Device device) {
              bindings::release_deferred();
              const size_t n = names.size();
              if (inputs.size() != n || outputs.size() != n || dtypes.size() != n)
@@ -398,12 +406,13 @@ PYBIND11_MODULE(_core, m) {
                req.group = group;
                req.group_size = static_cast<int32_t>(n);
                req.process_set = process_set;
+               req.device = device;
              }
              return submit_entries(e, std::move(entries), lead);
            }, py::arg("type"), py::arg("group"), py::arg("names"), py::arg("inputs"),
            py::arg("outputs"), py::arg("dtypes"), py::arg("op") = ReduceOp::kSum,
            py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("process_set") = 0,
-           py::arg("lead") = false,
+           py::arg("lead") = false, py::arg("device") = engine::Device::kCpu,
            "Submits a group's members as one unit: every member is queued or, if any is invalid, none "
            "is. Returns one OpHandle per member. lead: as submit's.")
       .def("add_process_set", &Engine::add_process_set, py::arg("ranks"),

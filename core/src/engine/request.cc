@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "collectives/half_convert.h"
 #include "common/error.h"
 
 namespace nezha::engine {
@@ -20,11 +21,35 @@ const char* op_type_name(OpType t) {
   return "unknown";
 }
 
+const char* device_name(Device d) {
+  switch (d) {
+    case Device::kCpu: return "CPU";
+    case Device::kGpu: return "GPU";
+  }
+  return "unknown";
+}
+
+double half_precision_factor(double factor) {
+  const float f = static_cast<float>(factor);
+  uint16_t half = 0;
+  float back = 0;
+  collectives::float16_portable_converters().narrow(&f, &half, 1);
+  collectives::float16_portable_converters().widen(&half, &back, 1);
+  return back;
+}
+
+void scale_as_on_gpu(Response& r, int size) {
+  if (r.dtype != DataType::kFloat16) return;
+  r.postscale = half_precision_factor(effective_postscale(r, size));
+  r.prescale = half_precision_factor(r.prescale);
+  if (r.op == ReduceOp::kAverage) r.op = ReduceOp::kSum;
+}
+
 bool Request::same_metadata(const Request& o) const {
   return type == o.type && name == o.name && dtype == o.dtype && shape == o.shape && op == o.op &&
          prescale == o.prescale && postscale == o.postscale && root == o.root &&
          splits == o.splits && group == o.group && group_size == o.group_size &&
-         process_set == o.process_set;
+         process_set == o.process_set && device == o.device;
 }
 
 void Request::check_scaling() const {

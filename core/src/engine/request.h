@@ -23,6 +23,14 @@ enum class OpType : uint8_t {
 };
 const char* op_type_name(OpType t);
 
+// Where a rank's tensor lives, in Horovod's terms (CPU or GPU; which GPU does not matter). Every
+// rank must submit a tensor from the same kind of device (else each raises, as in Horovod), and a
+// GPU's float16 is scaled as Horovod's GPU kernels scale it (scale_as_on_gpu). Numeric values are
+// part of the wire protocol.
+enum class Device : uint8_t { kCpu = 0, kGpu = 1 };
+constexpr int kNumDevices = 2;
+const char* device_name(Device d);
+
 // The name a join() travels under: ranks that joined appear with this entry in flight.
 constexpr const char* kJoinTensorName = "__nezha_join__";
 
@@ -43,6 +51,7 @@ struct Request {
   // The process set it runs in (process_sets.h): 0 is every rank of the job. The engine qualifies
   // the name of a tensor of another set (process_set_name()), so sets never match each other's.
   int32_t process_set = 0;
+  Device device = Device::kCpu;
   // Response cache: >= 0 means "the same metadata I sent last time under this name"; only the name
   // and this id travel, and the coordinator skips validation (see coordinator.h).
   int32_t cache_id = -1;
@@ -104,6 +113,16 @@ inline std::string process_set_name(const std::string& name, int32_t set) {
 inline double effective_postscale(const Response& r, int size) {
   return r.op == ReduceOp::kAverage ? r.postscale / size : r.postscale;
 }
+
+// Makes a reduction of GPU tensors (`size` ranks) scale as Horovod's GPU kernels do. They scale
+// float16 in half precision: the factor rounded to float, then to half, and each product rounded
+// to half. scale() multiplies float16 in float32 and rounds once; the product of two halves is
+// exact in float32, so handing it the half-rounded factor gives the half multiply's bits. Average
+// becomes Sum with 1/size folded into the postscale first (postscale / size, then rounded), as
+// Horovod folds it. Other dtypes are scaled on a GPU as on a CPU: the response is unchanged.
+void scale_as_on_gpu(Response& r, int size);
+// `factor` rounded to float, then to float16 (round to nearest even, as __float2half).
+double half_precision_factor(double factor);
 
 // Fusion's one exception, shared by Coordinator::fuse and CacheRounds::fuse (every rank must agree):
 // an operation of at least `unfused_bytes` (NEZHA_UNFUSED_BYTES; 0: none) runs alone (an allreduce

@@ -26,6 +26,7 @@ Request full_request() {
   r.group = "bucket-1";
   r.group_size = 5;
   r.process_set = 3;
+  r.device = Device::kGpu;
   r.cache_id = -1;
   r.inline_input = std::string("\x01\0\x02\xff", 4);
   return r;
@@ -67,6 +68,7 @@ void expect_same(const Request& a, const Request& b) {
   EXPECT_EQ(a.group, b.group);
   EXPECT_EQ(a.group_size, b.group_size);
   EXPECT_EQ(a.process_set, b.process_set);
+  EXPECT_EQ(a.device, b.device);
   EXPECT_EQ(a.cache_id, b.cache_id);
   EXPECT_EQ(a.inline_input, b.inline_input);
 }
@@ -199,6 +201,23 @@ TEST(MessageCodecTest, EveryOpTypeDtypeAndReduceOpRoundTrips) {
         rs.responses.push_back(p);
         expect_same(decode_response_list(encode(rs)).responses.at(0), p);
       }
+}
+
+TEST(MessageCodecTest, AnUnknownDeviceIsProtocolError) {
+  RequestList cpu, gpu;
+  cpu.requests.push_back(full_request());
+  cpu.requests.back().device = Device::kCpu;
+  gpu.requests.push_back(full_request());
+  const std::string a = encode(cpu), b = encode(gpu);
+  ASSERT_EQ(a.size(), b.size());
+  size_t at = a.size();
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) { ASSERT_EQ(at, a.size()) << "more than one byte differs"; at = i; }
+  ASSERT_LT(at, a.size());
+  EXPECT_EQ(decode_request_list(a).requests.at(0).device, Device::kCpu);
+  std::string bad = a;
+  bad[at] = static_cast<char>(kNumDevices);
+  EXPECT_THROW(decode_request_list(bad), ProtocolError);
 }
 
 TEST(MessageCodecTest, RequestAndResponseListsAreNotInterchangeable) {

@@ -196,6 +196,7 @@ std::optional<std::string> Coordinator::validate(const std::string& name, const 
     return "tensor '" + name + "': " + op_type_name(first->type) + " cannot run while " +
            ranks_str(joined_ranks) + " joined; only allreduce can";
   if (auto e = check_field(name, "dtype", by, [](const Request& r) { return std::string(dtype_name(r.dtype)); })) return e;
+  if (auto e = check_field(name, "device (CPU/GPU)", by, [](const Request& r) { return std::string(device_name(r.device)); })) return e;
   if (auto e = check_field(name, "group", by, [](const Request& r) { return r.group + "/" + std::to_string(r.group_size); })) return e;
   switch (first->type) {
     case OpType::kAllreduce:
@@ -266,6 +267,7 @@ Response Coordinator::build(const std::string& name, Pending& p) {
   resp.root = first->root;
   resp.process_set = first->process_set;
   const int n = p.members ? static_cast<int>(p.members->size()) : opt_.size;
+  if (first->device == Device::kGpu && is_reduction(first->type)) scale_as_on_gpu(resp, n);
   switch (first->type) {
     case OpType::kAllreduce:
     case OpType::kBroadcast:

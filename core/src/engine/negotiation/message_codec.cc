@@ -111,6 +111,7 @@ void put_request(Writer& w, const Request& r) {
   w.put_string(r.group);
   w.put<int32_t>(r.group_size);
   w.put<int32_t>(r.process_set);
+  w.put<uint8_t>(static_cast<uint8_t>(r.device));
 }
 
 Request get_request(Reader& rd) {
@@ -130,6 +131,7 @@ Request get_request(Reader& rd) {
   r.group = rd.get_string();
   r.group_size = rd.get<int32_t>();
   r.process_set = rd.get<int32_t>();
+  r.device = checked_enum<Device>(rd.get<uint8_t>(), kNumDevices, "device");
   return r;
 }
 

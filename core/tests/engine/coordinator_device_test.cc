@@ -1,0 +1,121 @@
+// Horovod's CPU/GPU rules in negotiation: the ranks must agree on where a tensor lives, and a GPU's
+// float16 reduction is scaled by factors rounded as Horovod's GPU kernels round them.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/negotiation/coordinator.h"
+
+namespace nezha::engine {
+namespace {
+
+const Clock::time_point t0 = Clock::time_point{} + std::chrono::hours(1);
+
+Request allreduce(const std::string& name, std::vector<int64_t> shape = {4},
+                  DataType dtype = DataType::kFloat32, ReduceOp op = ReduceOp::kSum) {
+  Request r;
+  r.type = OpType::kAllreduce;
+  r.name = name;
+  r.shape = std::move(shape);
+  r.dtype = dtype;
+  r.op = op;
+  return r;
+}
+
+Request allgather(const std::string& name, std::vector<int64_t> shape) {
+  Request r = allreduce(name, std::move(shape));
+  r.type = OpType::kAllgather;
+  return r;
+}
+
+CoordinatorOptions options(int size) {
+  CoordinatorOptions o;
+  o.size = size;
+  o.cycle_time_s = 0.005;
+  o.stall_check_s = 60;
+  return o;
+}
+
+void submit_all(Coordinator& c, int size, const std::vector<Request>& reqs, Clock::time_point now) {
+  for (int r = 0; r < size; ++r) c.submit(r, reqs, now);
+}
+
+// The error every rank gets when rank r submits by_rank[r].
+std::string mismatch_error(const std::vector<Request>& by_rank) {
+  Coordinator c(options(static_cast<int>(by_rank.size())));
+  for (int r = 0; r < static_cast<int>(by_rank.size()); ++r) c.submit(r, {by_rank[r]}, t0);
+  auto out = c.take_ready(t0);
+  if (out.size() != 1) return "expected exactly one response, got " + std::to_string(out.size());
+  EXPECT_EQ(out[0].kind, Response::Kind::kError);
+  return out[0].error;
+}
+
+TEST(CoordinatorDeviceTest, MismatchedDeviceNamesTensorFieldAndRanks) {
+  Request gpu = allreduce("d"), cpu = allreduce("d");
+  gpu.device = Device::kGpu;
+  std::string e = mismatch_error({gpu, cpu, gpu});
+  EXPECT_NE(e.find("'d'"), std::string::npos) << e;
+  EXPECT_NE(e.find("device (CPU/GPU)"), std::string::npos) << e;
+  EXPECT_NE(e.find("GPU on ranks 0,2; CPU on rank 1"), std::string::npos) << e;
+  // Every operation, as in Horovod, not only reductions.
+  Request g = allgather("g", {2}), c = allgather("g", {3});
+  c.device = Device::kGpu;
+  e = mismatch_error({g, c});
+  EXPECT_NE(e.find("CPU on rank 0; GPU on rank 1"), std::string::npos) << e;
+}
+
+// One response for a tensor every rank submitted alike.
+Response response_for(Request r, int size) {
+  Coordinator c(options(size));
+  submit_all(c, size, {r}, t0);
+  auto out = c.take_ready(t0);
+  EXPECT_EQ(out.size(), 1u);
+  EXPECT_EQ(out.at(0).kind, Response::Kind::kExecute) << out.at(0).error;
+  return out.at(0);
+}
+
+TEST(CoordinatorDeviceTest, GpuFloat16ReductionsScaleByHalfPrecisionFactors) {
+  // Horovod's GPU kernels round the factor to float, then to half (__float2half((float)f)), and
+  // fold Average's 1/size into the postscale first. half(0.1) = 1638/16384, half(1/3) = 1365/4096.
+  Request r = allreduce("h", {4}, DataType::kFloat16, ReduceOp::kAverage);
+  r.prescale = 0.1;
+  r.device = Device::kGpu;
+  Response gpu = response_for(r, 3);
+  EXPECT_EQ(gpu.op, ReduceOp::kSum);
+  EXPECT_EQ(gpu.prescale, 1638.0 / 16384);
+  EXPECT_EQ(gpu.postscale, 1365.0 / 4096);
+  EXPECT_EQ(effective_postscale(gpu, 3), 1365.0 / 4096);
+
+  r.type = OpType::kReducescatter;
+  r.op = ReduceOp::kSum;
+  r.prescale = 1;
+  r.postscale = 0.7;
+  Response rs = response_for(r, 2);
+  EXPECT_EQ(rs.prescale, 1.0);
+  EXPECT_EQ(rs.postscale, 1434.0 / 2048);  // half(0.7)
+
+  // Float first, then half: 1 + 2^-11 + 2^-40 rounds to float 1 + 2^-11, a tie that half rounds
+  // to even (1.0); rounded straight to half it would be 1 + 2^-10.
+  r.prescale = 1 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);
+  EXPECT_EQ(response_for(r, 2).prescale, 1.0);
+}
+
+TEST(CoordinatorDeviceTest, CpuFloat16AndGpuFloat32KeepTheirFactors) {
+  Request r = allreduce("h", {4}, DataType::kFloat16, ReduceOp::kAverage);
+  r.prescale = 0.1;
+  Response cpu = response_for(r, 3);
+  EXPECT_EQ(cpu.op, ReduceOp::kAverage);
+  EXPECT_EQ(cpu.prescale, 0.1);
+  EXPECT_EQ(cpu.postscale, 1.0);
+  r.dtype = DataType::kFloat32;
+  r.device = Device::kGpu;
+  Response f32 = response_for(r, 3);
+  EXPECT_EQ(f32.op, ReduceOp::kAverage);
+  EXPECT_EQ(f32.prescale, 0.1);
+}
+
+}  // namespace
+}  // namespace nezha::engine
