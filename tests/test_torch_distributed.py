@@ -146,3 +146,32 @@ def test_a_dead_rank_is_named_on_every_other_rank():
     results = launch_direct(3, "../torch_workers/w_dist_failures.py", "dead", str(free_port()),
                             "2", env={"NEZHA_TIMEOUT_S": "10"}, timeout=90)
     assert_victim_named(results, victim=2, survivors=[0, 1], within_s=15)
+
+
+@pytest.mark.timeout(120)
+def test_a_script_that_never_imports_nezha_gets_the_backend_under_nezharun(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text(
+        "import os, sys, torch, torch.distributed as dist\n"
+        "dist.init_process_group('nezha')\n"
+        "t = torch.ones(2) * (dist.get_rank() + 1); dist.all_reduce(t)\n"
+        "print('PASS[%d] plain script %s user site %s' % (dist.get_rank(), t.tolist(),\n"
+        "      os.environ.get('USER_SITE_RAN')), flush=True)\n"
+        "dist.destroy_process_group()\n")
+    # A sitecustomize of the user's own, which nezharun's must not hide.
+    user_site = tmp_path / "site"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
+    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", "2", sys.executable, str(script)]
+    env = {**os.environ, "PYTHONPATH": str(user_site)}
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout
+    for rank in range(2):
+        assert "PASS[%d] plain script [3.0, 3.0] user site yes" % rank in proc.stdout, proc.stdout
+    # A job that never imports torch does not import it for the backend's sake.
+    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", "1", sys.executable, "-c",
+           "import sys, json; import numpy; print('TORCH', 'torch' in sys.modules)"]
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=100)
+    assert "TORCH False" in proc.stdout, proc.stdout
