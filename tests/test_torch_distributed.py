@@ -175,3 +175,11 @@ def test_a_script_that_never_imports_nezha_gets_the_backend_under_nezharun(tmp_p
     proc = subprocess.run(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=100)
     assert "TORCH False" in proc.stdout, proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_lightning_ddp_strategy_matches_one_process():
+    pytest.importorskip("lightning")
+    output = run_workers("w_dist_lightning.py", num_ranks=2, timeout_s=150)
+    assert_every_rank_passed(output, 2, {
+        "Lightning DDPStrategy(process_group_backend='nezha') matches one process"})
