@@ -355,7 +355,10 @@ def check_errors():
                        "all_gather_into_tensor sizes"),
                       (lambda: dist.all_to_all_single(torch.empty(4), torch.empty(N + 1)),
                        "uneven all_to_all without splits"),
-                      (lambda: dist.recv(torch.empty(1)), "recv from any source")):
+                      (lambda: dist.recv(torch.empty(1)), "recv from any source"),
+                      # (ranks outside the group return before torch asks the backend)
+                      (lambda: dist.new_group([0, 1], use_local_synchronization=True)
+                       if RANK < 2 else dist.recv(torch.empty(1)), "use_local_synchronization")):
         try:
             bad()
         except (ValueError, TypeError, NotImplementedError, RuntimeError) as exc:

@@ -94,6 +94,11 @@ class ProcessGroupNezha(Collectives, PointToPoint, dist.ProcessGroup):
         if self is not self._default:
             raise RuntimeError("new_group is the default group's")
         ranks = [int(r) for r in ranks]
+        if group_name is not None and not str(group_name).isdigit():
+            # torch names a group by its count unless use_local_synchronization=True (a hash):
+            # then the ranks outside never get here, and a set is registered by every rank.
+            raise NotImplementedError("the nezha backend registers every group on every rank: "
+                                      "new_group(use_local_synchronization=True) is not supported")
         if ranks != sorted(ranks):
             raise NotImplementedError("the nezha backend orders a group's ranks as the job's: "
                                       "new_group(sort_ranks=False) with unsorted ranks is not "

@@ -1,0 +1,110 @@
+"""PyTorch's own distributed test suite against a backend: the ``_DistTestBase`` tests of
+``torch/testing/_internal/distributed/distributed_test.py`` (shipped in the torch wheel), run the
+way PyTorch's ``test/distributed/test_distributed_spawn.py`` runs them for gloo: one spawned
+process per rank, ``init_process_group`` through a file:// store, every test in a fresh group.
+
+    python benchmarks/torch_distributed_suite.py --backend nezha --world-size 3 --json out.json
+    python benchmarks/torch_distributed_suite.py --backend gloo  --world-size 3 --json gloo.json
+
+For "nezha" the suite's feature sets are told that the backend does DDP and sub-groups (the suite
+skips those tests for any backend outside its lists of gloo/nccl/ucc); nothing else of the suite
+is changed. Prints the counts (passed, failed, skipped, errors) and, with --json, each test's
+outcome and message. Counts for both backends are in benchmarks/RESULTS.md.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import unittest
+
+# The spawned ranks re-import this module as __mp_main__: what they need is set up at import.
+os.environ.setdefault("BACKEND", "nezha")
+os.environ.setdefault("WORLD_SIZE", "3")
+os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="nezha-dist-suite-"))
+os.environ.setdefault("NEZHA_TIMEOUT_S", "30")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+if os.environ["BACKEND"] == "nezha":
+    import nezha.torch  # noqa: E402,F401  (registers the backend)
+    from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
+    for feature in ("ddp", "subgroup"):
+        DistTestCases.backend_feature[feature].add("nezha")
+
+from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
+    DistributedTest, TestDistBackend)
+
+
+class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+
+class _Recorder(unittest.TextTestResult):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.outcomes = {}
+        self._started = {}
+
+    def startTest(self, test):
+        self._started[test.id()] = time.monotonic()
+        super().startTest(test)
+
+    def _record(self, test, outcome, message=""):
+        name = test.id().rsplit(".", 1)[-1]
+        self.outcomes[name] = {"outcome": outcome, "message": str(message)[-1500:],
+                               "seconds": round(time.monotonic() - self._started.get(test.id(),
+                                                                                     0), 1)}
+
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self._record(test, "passed")
+
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self._record(test, "failed", self._exc_info_to_string(err, test))
+
+    def addError(self, test, err):
+        super().addError(test, err)
+        self._record(test, "error", self._exc_info_to_string(err, test))
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        self._record(test, "skipped", reason)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default=os.environ["BACKEND"])
+    parser.add_argument("--world-size", type=int, default=int(os.environ["WORLD_SIZE"]))
+    parser.add_argument("-k", dest="pattern", action="append", default=[],
+                        help="only tests whose name contains this (repeatable)")
+    parser.add_argument("--json", help="write each test's outcome here")
+    args = parser.parse_args()
+    if args.backend != os.environ["BACKEND"] or str(args.world_size) != os.environ["WORLD_SIZE"]:
+        # The spawned ranks read the environment: re-run with it set.
+        env = {**os.environ, "BACKEND": args.backend, "WORLD_SIZE": str(args.world_size)}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    loader = unittest.TestLoader()
+    if args.pattern:
+        loader.testNamePatterns = ["*%s*" % p for p in args.pattern]
+    suite = loader.loadTestsFromTestCase(TestDistBackendWithSpawn)
+    runner = unittest.TextTestRunner(resultclass=_Recorder, verbosity=1, stream=sys.stderr)
+    started = time.monotonic()
+    result = runner.run(suite)
+    counts = {k: sum(1 for o in result.outcomes.values() if o["outcome"] == k)
+              for k in ("passed", "failed", "error", "skipped")}
+    print(json.dumps({"backend": args.backend, "world_size": args.world_size,
+                      "seconds": round(time.monotonic() - started), **counts}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"backend": args.backend, "world_size": args.world_size,
+                       "counts": counts, "tests": result.outcomes}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
