@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """The baseline of examples/pytorch_synthetic_benchmark.py: the same models, batch, seeds, learning
-rate and step loop, with torch DistributedDataParallel over Gloo instead of nezha.torch.
+rate and step loop, with torch DistributedDataParallel over Gloo (or, with --backend nezha, over
+the torch.distributed backend "nezha") instead of nezha.torch.
 
     nezharun -np 4 ... python benchmarks/ddp_synthetic_benchmark.py --model mlp46m --batch-size 16 \\
         --master-addr 10.50.0.1 --master-port 29510 --gloo-ifname rail0,rail1
+    nezharun -np 4 --rails R0,R1 ... python benchmarks/ddp_synthetic_benchmark.py --model mlp46m \\
+        --batch-size 16 --backend nezha            # DDP on every rail nezharun gives
 
 Rank and world size come from NEZHA_RANK/NEZHA_SIZE (set by nezharun; RANK/WORLD_SIZE otherwise),
 so nezharun launches it exactly like the nezha.torch example; nezha itself is not initialised.
@@ -45,6 +48,8 @@ def parse_args(argv=None):
     parser.add_argument("--num-iters", type=int, default=10, help="number of benchmark iterations")
     parser.add_argument("--num-threads", type=int, default=0,
                         help="torch threads per rank (0: torch's default)")
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "nezha"),
+                        help="torch.distributed backend; nezha: env:// as nezharun provides it")
     parser.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR"),
                         help="address of rank 0's TCPStore (default $MASTER_ADDR)")
     parser.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT", "29500")),
@@ -57,7 +62,7 @@ def parse_args(argv=None):
                         help="no process group, no allreduce: every rank steps on its own")
     parser.add_argument("--json", default=None, help="rank 0 writes the results to this JSON file")
     args = parser.parse_args(argv)
-    if not args.compute_only and not args.master_addr:
+    if not args.compute_only and args.backend == "gloo" and not args.master_addr:
         parser.error("--master-addr (or MASTER_ADDR) is needed unless --compute-only")
     return args
 
@@ -76,7 +81,10 @@ def main(argv=None):
     if args.gloo_ifname:
         os.environ["GLOO_SOCKET_IFNAME"] = args.gloo_ifname  # read by Gloo at init
     distributed = not args.compute_only and world > 1
-    if distributed:
+    if distributed and args.backend == "nezha":
+        import nezha.torch  # noqa: F401  (registers the backend)
+        dist.init_process_group("nezha", timeout=datetime.timedelta(seconds=args.timeout_s))
+    elif distributed:
         dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
                                 rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=args.timeout_s))
@@ -107,7 +115,8 @@ def main(argv=None):
         if rank == 0:
             print(message, flush=True)
 
-    mode = "compute only" if not distributed else f"DDP/Gloo on {os.environ.get('GLOO_SOCKET_IFNAME', 'default NIC')}"
+    mode = ("compute only" if not distributed else "DDP/nezha" if args.backend == "nezha"
+            else f"DDP/Gloo on {os.environ.get('GLOO_SOCKET_IFNAME', 'default NIC')}")
     log("Model: %s (%.1fM parameters), %s" % (args.model, params / 1e6, mode))
     log("Batch size: %d" % args.batch_size)
     log("Number of CPUs: %d" % world)
@@ -130,6 +139,7 @@ def main(argv=None):
                        "img_sec_conf_total": world * conf,
                        "step_s": total_s / (args.num_iters * args.num_batches_per_iter),
                        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+                       "backend": args.backend if distributed else None,
                        "compute_only": not distributed,
                        "losses": [float(v) for v in losses]}, f, indent=2)
     if distributed:

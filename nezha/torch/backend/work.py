@@ -48,6 +48,7 @@ class NezhaWork(dist.Work):
         self._handle: Optional[Handle] = None
         self._finish: Optional[Callable[[Any], List[torch.Tensor]]] = None
         self._members: List["NezhaWork"] = []
+        self._parts: List[Any] = []  # the engine's handles, which a waiter watches itself
         self._settled = False
         # Set between start_coalescing and end_coalescing: the operation is not submitted yet,
         # and a wait() returns at once, as a coalesced operation's work does in torch's own
@@ -60,6 +61,7 @@ class NezhaWork(dist.Work):
         ``members``: works this one carries (coalesced operations), failed with it if it fails
         (its finish completes them when it succeeds)."""
         self._handle, self._finish, self._members = handle, finish, list(members)
+        self._parts = handle.parts()
         self.coalescing = False
         completer().track(self, handle)
         return self
@@ -76,10 +78,22 @@ class NezhaWork(dist.Work):
             return True
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
         deadline = time.monotonic() + limit if limit > 0 else None
-        while not self._done.wait(_WAIT_SLICE_S):
+
+        def waited_out():
             if deadline is not None and time.monotonic() >= deadline:
                 raise NezhaBackendError(f"{self._what}: not finished within {limit:g} s (wait's "
                                         "timeout; the operation goes on)")
+
+        # The waiter watches the engine's handles itself and completes the work on its own
+        # thread as soon as they finish (a synchronous call then costs no hand-over to the
+        # completer's threads); whichever of the two gets there first completes it.
+        for part in self._parts:
+            while not self._done.is_set() and not part.wait(_WAIT_SLICE_S):
+                waited_out()
+        if self._parts and not self._done.is_set():
+            self._complete()
+        while not self._done.wait(_WAIT_SLICE_S):
+            waited_out()
         if self._error is not None:
             raise self._error
         return True
@@ -109,9 +123,19 @@ class NezhaWork(dist.Work):
 
     # --- completion (the completer's thread) ------------------------------------------------------
 
+    def _take_handle(self) -> bool:
+        """True for the one caller that gets to complete the work: its waiter or the completer,
+        on success, failure or timeout."""
+        with _settling:
+            taken = self._handle is not None
+            self._handle = None
+            return taken
+
     def _complete(self) -> None:
         handle, finish = self._handle, self._finish
-        self._handle = self._finish = None
+        if not self._take_handle():
+            return
+        self._finish = None
         try:
             outputs = finish(handle.wait(0))
         except Exception as exc:  # the engine's failure, or delivering the result failed
@@ -120,15 +144,15 @@ class NezhaWork(dist.Work):
             self._settle(outputs, None)
 
     def _fail(self, why: str) -> None:
-        self._handle = self._finish = None
-        self._settle([], NezhaBackendError(f"{self._what}: {why}"))
+        if self._take_handle():
+            self._settle([], NezhaBackendError(f"{self._what}: {why}"))
 
     def _expire(self) -> None:
-        self._handle = self._finish = None
-        self._settle([], NezhaBackendError(
-            f"{self._what}: timed out after {self._timeout_s:g} s (the process group's or the "
-            "operation's timeout); a rank that never submitted it, or a peer much slower than the "
-            "others, holds it up"))
+        if self._take_handle():
+            self._settle([], NezhaBackendError(
+                f"{self._what}: timed out after {self._timeout_s:g} s (the process group's or "
+                "the operation's timeout); a rank that never submitted it, or a peer much slower "
+                "than the others, holds it up"))
 
     def _settle(self, outputs: List[torch.Tensor], error: Optional[BaseException]) -> None:
         with _settling:  # the first settle wins (a timeout and the operation's end may race)
