@@ -28,6 +28,7 @@ python3 -c "import nezha.jax as nj; print('ffi', nj.ffi_available())"
 
 echo "== tests ($(date +%T))"
 timeout 420 python3 -m pytest -q -p no:cacheprovider -rs tests/test_torch_device.py tests/test_jax.py \
+  tests/test_torch_gpu_semantics.py "tests/test_torch_distributed.py::test_ddp_on_cuda_tensors_matches_one_process" \
   2>&1 | tee "$OUT/pytest.txt" | tail -25
 
 echo "== jitted allreduce on the GPU: FFI handler vs io_callback ($(date +%T))"

@@ -126,6 +126,14 @@ TRAINING = {"DDP matches one process", "DDP gradient_as_bucket_view matches one 
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device")
+def test_ddp_on_cuda_tensors_matches_one_process():
+    output = run_workers("w_dist_train.py", num_ranks=2, timeout_s=240, args=["cuda"])
+    assert_every_rank_passed(output, 2, {c for c in TRAINING if c.startswith("DDP ") and
+                                         "hook" not in c} | {"DDP matches one process"})
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_ddp_and_fsdp2_match_one_process(ranks):
     output = run_workers("w_dist_train.py", num_ranks=ranks, timeout_s=240)
