@@ -132,10 +132,12 @@ class Collectives:
 
     def allgather_coalesced(self, outputs: List[List[torch.Tensor]],
                             inputs: List[torch.Tensor], opts=c10d.AllgatherOptions()):
-        if len(outputs) != len(inputs) or any(len(o) != self.size() for o in outputs):
-            raise ValueError(f"allgather_coalesced: expected a list of {self.size()} outputs per "
-                             "input")
-        return self._allgather("allgather_coalesced", [list(o) for o in outputs], inputs, opts)
+        # outputs[r][i]: rank r's tensor i
+        if len(outputs) != self.size() or any(len(o) != len(inputs) for o in outputs):
+            raise ValueError(f"allgather_coalesced: expected {self.size()} lists (one per rank) "
+                             f"of {len(inputs)} outputs")
+        per_input = [[outputs[r][i] for r in range(self.size())] for i in range(len(inputs))]
+        return self._allgather("allgather_coalesced", per_input, inputs, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts=c10d.AllgatherOptions()):

@@ -69,6 +69,8 @@ def deliver(source: torch.Tensor, target: torch.Tensor) -> None:
     """Writes `source` (bytes, or a result of target's dtype or its real view) into `target`,
     unless it is target's own memory already."""
     target = target.detach()
+    if target.numel() == 0 and source.numel() == 0:  # (an empty source's strides may be 0)
+        return
     if source.dtype == torch.uint8 and target.dtype != torch.uint8:
         source = source.view(target.dtype)
     elif target.is_complex() and not source.is_complex():
