@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -50,6 +51,12 @@ class OpHandle {
   std::string error() const;
   OpResult& result() { return result_; }  // read after done; written before complete()
 
+  // Runs `fn` once the handle is done: at once on this thread when it already is, else on the
+  // thread that completes it, after waiters are woken. For callers that cannot block a thread on
+  // wait_for (TensorFlow's async kernels): `fn` runs on the engine's threads, sometimes under its
+  // locks, so it must only hand the completion on (no blocking, no call into the engine).
+  void on_done(std::function<void()> fn);
+
   void complete(std::string error = {});
 
  private:
@@ -58,6 +65,7 @@ class OpHandle {
   bool done_ = false;
   std::string error_;
   OpResult result_;
+  std::vector<std::function<void()>> on_done_;
 };
 
 }  // namespace nezha::engine
