@@ -135,6 +135,10 @@ TensorEntry make_entry(OpType type, const std::string& name, const std::optional
 
 }  // namespace
 
+namespace nezha::bindings {
+void bind_tf_engine(py::module_& m);  // bindings/tf_engine.cc
+}
+
 #ifdef NEZHA_WITH_JAX_FFI
 namespace nezha::bindings {
 void bind_jax_ffi(py::module_& m);       // bindings/jax_ffi.cc
@@ -186,6 +190,7 @@ PYBIND11_MODULE(_core, m) {
         py::call_guard<py::gil_scoped_release>(),
         "Makes `engine` (None: no engine) the one native callers submit to; detaching waits for "
         "submissions in progress.");
+  bindings::bind_tf_engine(m);
 #ifdef NEZHA_WITH_JAX_FFI
   bindings::bind_jax_ffi(m);
   bindings::bind_jax_ffi_cuda(m);
