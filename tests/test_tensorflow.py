@@ -49,7 +49,7 @@ def test_graph_collectives_in_any_order_complete():
     expected = {"collectives in any order complete",
                 "function without control dependencies completes",
                 "tf.function with 24 allreduces", "independent collectives complete",
-                "mismatch in a graph raises"}
+                "mismatch in a graph raises", "broadcast gradient in a session"}
     output = run_workers("w_tf_graph_order.py", num_ranks=3, timeout_s=150, workers_dir=TF_WORKERS)
     assert_every_rank_passed(output, 3, expected)
 

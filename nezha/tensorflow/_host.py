@@ -13,6 +13,7 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
+from nezha import NezhaError
 from nezha.tensorflow import _ops
 
 SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
@@ -22,6 +23,14 @@ SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16,
 # graph (a traced name is then reused by every run of that graph, as Horovod names graph ops).
 _eager_names = itertools.count()
 _graph_names = itertools.count()
+
+
+class CollectiveError(NezhaError, tf.errors.FailedPreconditionError):
+    """A collective that failed eagerly: nezha's NezhaError, and also the
+    tf.errors.FailedPreconditionError the same call raises inside a graph (as Horovod's ops do)."""
+
+    def __init__(self, message):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
 
 
 def check_dtype(tensor, what):
@@ -47,13 +56,18 @@ def grad_name(name, suffix="grad"):
 
 def host_call(fn, tensors, out_dtypes, what, graph_op=None):
     """Runs `fn(*numpy arrays) -> list of numpy arrays` on `tensors` and returns TF tensors of
-    `out_dtypes`: directly when eager (a NezhaError propagates as itself); in a graph as
+    `out_dtypes`: directly when eager (an engine error raised as a CollectiveError); in a graph as
     `graph_op(op library, tensors) -> list of tensors` (an error reaches the caller as a
     tf.errors exception carrying the engine's message), or, without the library, as one stateful
     numpy_function running `fn`."""
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if tf.executing_eagerly():
-        results = fn(*[np.asarray(t.numpy()) for t in tensors])
+        try:
+            results = fn(*[np.asarray(t.numpy()) for t in tensors])
+        except NezhaError as exc:
+            if type(exc) is not NezhaError:  # e.g. NotInitializedError keeps its own type
+                raise
+            raise CollectiveError(str(exc)) from exc
         return [tf.convert_to_tensor(r, dtype=d) for r, d in zip(results, out_dtypes)]
     lib = _ops.library()
     if lib is not None and graph_op is not None:

@@ -61,36 +61,16 @@ def grouped_allreduce_raw(tensors, name, op, prescale_factor, postscale_factor,
         check_dtype(t, "allreduce")
     engine_name = op_name("allreduce", name)
 
+    # One group of every tensor, whatever their dtypes (the engine fuses members of one dtype):
+    # member names never depend on a dtype, so ranks that disagree on one get a mismatch error.
     def reduce_arrays(*arrays):
-        # One grouped submission per dtype, all submitted before any is waited for.
-        by_dtype = {}
-        for i, a in enumerate(arrays):
-            by_dtype.setdefault(a.dtype.str, []).append(i)
-        groups = sorted(by_dtype.items())
-        handles = started_together_by_waiter(
-            [functools.partial(nezha.grouped_allreduce_async, [arrays[i] for i in idx], op=op,
-                               name="%s.%s" % (engine_name, key), prescale_factor=prescale_factor,
-                               postscale_factor=postscale_factor, process_set=process_set)
-             for key, idx in groups])
-        results = [None] * len(arrays)
-        for (_, idx), handle in zip(groups, handles):
-            for i, r in zip(idx, handle.wait()):
-                results[i] = r
-        return results
+        return nezha.grouped_allreduce(arrays, op=op, name=engine_name,
+                                       prescale_factor=prescale_factor,
+                                       postscale_factor=postscale_factor, process_set=process_set)
 
-    def reduce_in_graph(lib, xs):  # one op per dtype, as eagerly one submission per dtype
-        by_dtype = {}
-        for i, x in enumerate(xs):
-            by_dtype.setdefault(x.dtype.name, []).append(i)
-        results = [None] * len(xs)
-        for key, idx in sorted(by_dtype.items()):
-            outs = lib.nezha_allreduce([xs[i] for i in idx], scales(prescale_factor,
-                                                                     postscale_factor),
-                                       tensor_name="%s.%s" % (engine_name, key),
-                                       reduce_op=int(op), process_set=set_id)
-            for i, out in zip(idx, outs):
-                results[i] = out
-        return results
+    def reduce_in_graph(lib, xs):
+        return lib.nezha_allreduce(xs, scales(prescale_factor, postscale_factor),
+                                   tensor_name=engine_name, reduce_op=int(op), process_set=set_id)
 
     def forward(xs):
         outs = host_call(reduce_arrays, xs, [x.dtype for x in xs], "NezhaAllreduce",
@@ -202,7 +182,9 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
     def backward(dys):
         reduced = allreduce_raw(dys[0], grad_name(name), Average, 1.0, 1.0, process_set)
-        return [reduced if nezha.rank() == root_rank else tf.zeros_like(reduced)]
+        # Times 0 rather than zeros_like, which drops its input when the shape is known: a session
+        # would then prune this rank's allreduce while the root waits for it (Horovod does so too).
+        return [reduced if nezha.rank() == root_rank else reduced * tf.cast(0, reduced.dtype)]
 
     return _differentiable([tensor], forward, backward)[0]
 

@@ -140,18 +140,32 @@ with session(graph) as sess:
                      "independent allreduce %d" % k)
 report("independent collectives complete")
 
-# A collective whose shapes differ across ranks fails on every rank with a TensorFlow error that
-# names the tensor and the shapes, and the job goes on.
+# A collective whose shapes or dtypes differ across ranks fails on every rank with a TensorFlow
+# error that names the tensor and what differs, and the job goes on.
 graph = tf.Graph()
 with graph.as_default():
-    bad = hvd.allreduce(tf.ones([3 + me]), name="graph.mismatch")
+    bad_shape = hvd.allreduce(tf.ones([3 + me]), name="graph.mismatch")
+    bad_dtype = hvd.allreduce(tf.ones([3], tf.float32 if me == 0 else tf.int32), name="graph.types")
     good = hvd.allreduce(tf.ones([2]), op=hvd.Sum, name="graph.after")
 with session(graph) as sess:
-    try:
-        sess.run(bad)
-        fail("a shape mismatch in a graph did not raise")
-    except tf.errors.FailedPreconditionError as exc:
-        if "graph.mismatch" not in str(exc) or "shape" not in str(exc).lower():
-            fail("the mismatch error does not name the tensor and shapes: %s" % exc)
-    assert_close(sess.run(good), np.full([2], n, np.float32), "a collective after the error")
+    for bad, words in ((bad_shape, ("graph.mismatch", "shape")), (bad_dtype, ("graph.types", "type"))):
+        try:
+            sess.run(bad)
+            fail("a %s mismatch in a graph did not raise" % words[1])
+        except tf.errors.FailedPreconditionError as exc:
+            if any(w not in str(exc).lower() for w in words):
+                fail("the mismatch error does not name %s: %s" % (words, exc))
+    assert_close(sess.run(good), np.full([2], n, np.float32), "a collective after the errors")
 report("mismatch in a graph raises")
+
+# Horovod's broadcast gradient in a session: averaged on the root, zero elsewhere. The other ranks'
+# allreduce of the gradient must run although their result is multiplied away.
+graph = tf.Graph()
+with graph.as_default():
+    x = tf.constant(value(me, 0, 2).astype(np.float32))
+    grads = [tf.gradients(hvd.broadcast(x, root_rank=root), x)[0] for root in range(n)]
+with session(graph) as sess:
+    for root, got in enumerate(sess.run(grads)):
+        assert_close(got, np.full([2, 2], 1.0 if me == root else 0.0, np.float32),
+                     "broadcast gradient, root %d" % root)
+report("broadcast gradient in a session")
