@@ -40,6 +40,9 @@ DataType dtype_from_buffer(const py::buffer_info& info) {
       case 'h':
         if (info.itemsize == 2) return DataType::kInt16;
         break;
+      case 'H':
+        if (info.itemsize == 2) return DataType::kUInt16;
+        break;
       case '?': return DataType::kBool;
       case 'e': return DataType::kFloat16;
       case 'f': return DataType::kFloat32;
@@ -53,7 +56,7 @@ DataType dtype_from_buffer(const py::buffer_info& info) {
   }
   throw InvalidArgument("unsupported dtype (buffer format '" + info.format + "', itemsize " +
                         std::to_string(info.itemsize) +
-                        "); supported: uint8, int8, int16, int32, int64, float16, bfloat16, float32, "
+                        "); supported: uint8, int8, int16, uint16, int32, int64, float16, bfloat16, float32, "
                         "float64, bool");
 }
 
@@ -162,7 +165,7 @@ PYBIND11_MODULE(_core, m) {
 
   py::enum_<DataType>(m, "DataType")
       .value("uint8", DataType::kUInt8).value("int8", DataType::kInt8)
-      .value("int16", DataType::kInt16)
+      .value("int16", DataType::kInt16).value("uint16", DataType::kUInt16)
       .value("int32", DataType::kInt32).value("int64", DataType::kInt64)
       .value("float16", DataType::kFloat16).value("bfloat16", DataType::kBFloat16)
       .value("float32", DataType::kFloat32).value("float64", DataType::kFloat64)

@@ -50,6 +50,7 @@ bool to_nezha_dtype(TF_DataType t, DataType* out) {
     case TF_UINT8: *out = DataType::kUInt8; return true;
     case TF_INT8: *out = DataType::kInt8; return true;
     case TF_INT16: *out = DataType::kInt16; return true;
+    case TF_UINT16: *out = DataType::kUInt16; return true;
     case TF_INT32: *out = DataType::kInt32; return true;
     case TF_INT64: *out = DataType::kInt64; return true;
     case TF_HALF: *out = DataType::kFloat16; return true;
@@ -60,7 +61,8 @@ bool to_nezha_dtype(TF_DataType t, DataType* out) {
     default: return false;
   }
 }
-constexpr const char* kTypes = "{uint8, int8, int16, int32, int64, half, bfloat16, float, double, bool}";
+constexpr const char* kTypes =
+    "{uint8, int8, int16, uint16, int32, int64, half, bfloat16, float, double, bool}";
 
 // One kernel instance's attributes (one per graph node).
 struct Kernel {
