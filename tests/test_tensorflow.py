@@ -22,6 +22,18 @@ def test_tensorflow_ops_and_gradients():
     assert_every_rank_passed(output, 2, EXPECTED)
 
 
+@pytest.mark.timeout(200)
+def test_horovod_api_beyond_the_collectives():
+    """rank_op and its siblings read when a session runs, broadcast_global_variables,
+    IndexedSlices in (grouped) allreduce, PartialDistributedGradientTape, and refused arguments
+    raising TensorFlow's InvalidArgumentError eagerly."""
+    expected = {"layout ops", "broadcast_global_variables", "IndexedSlices",
+                "PartialDistributedGradientTape", "argument errors"}
+    output = run_workers("w_tf_horovod_api.py", num_ranks=2, timeout_s=180,
+                         workers_dir=TF_WORKERS)
+    assert_every_rank_passed(output, 2, expected)
+
+
 def test_nezha_imports_without_tensorflow_or_keras():
     import subprocess
     import sys

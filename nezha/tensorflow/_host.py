@@ -16,8 +16,8 @@ import tensorflow as tf
 from nezha import NezhaError
 from nezha.tensorflow import _ops
 
-SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
-                    tf.float32, tf.float64, tf.bool)
+SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.uint16, tf.int32, tf.int64, tf.float16,
+                    tf.bfloat16, tf.float32, tf.float64, tf.bool)
 
 # Unnamed collectives get names from these counters, in call order eagerly and in trace order in a
 # graph (a traced name is then reused by every run of that graph, as Horovod names graph ops).
@@ -31,6 +31,15 @@ class CollectiveError(NezhaError, tf.errors.FailedPreconditionError):
 
     def __init__(self, message):
         tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+
+class CollectiveArgumentError(ValueError, tf.errors.InvalidArgumentError):
+    """A collective whose arguments were refused eagerly (e.g. alltoall splits that do not add up):
+    the ValueError nezha raises, and the tf.errors.InvalidArgumentError the same call raises inside
+    a graph (as Horovod's ops do)."""
+
+    def __init__(self, message):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
 
 
 def check_dtype(tensor, what):
@@ -64,10 +73,12 @@ def host_call(fn, tensors, out_dtypes, what, graph_op=None):
     if tf.executing_eagerly():
         try:
             results = fn(*[np.asarray(t.numpy()) for t in tensors])
-        except NezhaError as exc:
-            if type(exc) is not NezhaError:  # e.g. NotInitializedError keeps its own type
-                raise
-            raise CollectiveError(str(exc)) from exc
+        except (NezhaError, ValueError) as exc:  # subclasses (NotInitializedError) keep theirs
+            if type(exc) is NezhaError:
+                raise CollectiveError(str(exc)) from exc
+            if type(exc) is ValueError:
+                raise CollectiveArgumentError(str(exc)) from exc
+            raise
         return [tf.convert_to_tensor(r, dtype=d) for r, d in zip(results, out_dtypes)]
     lib = _ops.library()
     if lib is not None and graph_op is not None:

@@ -6,6 +6,7 @@ for, so the engine fuses them); IndexedSlices are allgathered as Horovod does un
 `sparse_as_dense`. `num_groups`/`groups` are accepted: the engine fuses a step's gradients
 whatever their grouping.
 """
+import keras
 import tensorflow as tf
 
 from nezha.gradients import scale_factors
@@ -32,9 +33,8 @@ def allreduce_gradients(grads, compression=Compression.none, sparse_as_dense=Fal
         if g is None:
             continue
         if isinstance(g, tf.IndexedSlices):
-            if not sparse_as_dense:
-                out[i] = functions.allreduce(g, op=op, prescale_factor=prescale,
-                                             postscale_factor=postscale, process_set=process_set)
+            if not sparse_as_dense:  # allgathered: the predivide split (product 1) is moot
+                out[i] = functions.allreduce(g, op=op, process_set=process_set)
                 continue
             out[i] = tf.convert_to_tensor(g)
         dense.append(i)
@@ -82,6 +82,27 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     tape._nezha_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                                gradient_predivide_factor=gradient_predivide_factor,
                                process_set=process_set)
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
+    """DistributedGradientTape whose `local_layers` (Keras layers) keep their gradients local."""
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("every local layer must be a keras.layers.Layer")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            tape.register_local_source(var)
     return tape
 
 

@@ -9,8 +9,8 @@ import nezha.tensorflow as hvd
 
 hvd.init()
 n, me = hvd.size(), hvd.rank()
-DTYPES = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
-          tf.float64]
+DTYPES = [tf.uint8, tf.int8, tf.int16, tf.uint16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
+          tf.float32, tf.float64]
 
 
 def values(rank, rows=3, dtype=np.float64):
