@@ -25,10 +25,10 @@ def test_tensorflow_ops_and_gradients():
 @pytest.mark.timeout(200)
 def test_horovod_api_beyond_the_collectives():
     """rank_op and its siblings read when a session runs, broadcast_global_variables,
-    IndexedSlices in (grouped) allreduce, PartialDistributedGradientTape, and refused arguments
-    raising TensorFlow's InvalidArgumentError eagerly."""
+    IndexedSlices in (grouped) allreduce, PartialDistributedGradientTape, refused arguments
+    raising TensorFlow's InvalidArgumentError eagerly, and elastic.TensorFlowState."""
     expected = {"layout ops", "broadcast_global_variables", "IndexedSlices",
-                "PartialDistributedGradientTape", "argument errors"}
+                "PartialDistributedGradientTape", "argument errors", "elastic state"}
     output = run_workers("w_tf_horovod_api.py", num_ranks=2, timeout_s=180,
                          workers_dir=TF_WORKERS)
     assert_every_rank_passed(output, 2, expected)

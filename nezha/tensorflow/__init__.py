@@ -30,5 +30,6 @@ from nezha.tensorflow.gradient_tape import (
 from nezha.tensorflow.mpi_ops import (
     allgather, alltoall, broadcast, grouped_allgather, join)
 from nezha.tensorflow.sync_batch_norm import SyncBatchNormalization
+from nezha.tensorflow import elastic
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,7 +1,7 @@
 """Horovod's TensorFlow API pieces beyond the collectives, on every rank (tests/test_tensorflow.py):
 the *_op ops read when a graph runs, broadcast_global_variables, IndexedSlices in allreduce and
-grouped_allreduce, PartialDistributedGradientTape, and the TensorFlow error types of refused
-arguments, each against values computed here."""
+grouped_allreduce, PartialDistributedGradientTape, the TensorFlow error types of refused
+arguments and elastic.TensorFlowState, each against values computed here."""
 from common import assert_close, fail, report
 
 import keras
@@ -107,3 +107,28 @@ for call in (lambda: hvd.alltoall(tf.ones([n + 1])),
     expect_raises(tf.errors.InvalidArgumentError, call, "eager alltoall with bad splits")
     expect_raises(ValueError, call, "eager alltoall with bad splits")
 report("argument errors")
+
+# --- elastic.TensorFlowState: rank 0's variables and values on sync(), back to a commit ---------
+variables = [tf.Variable(np.full([2, 2], me + 1.0)), tf.Variable(np.full([2], me + 1.0))]
+state = hvd.elastic.TensorFlowState(variables, batch=20 + me, epoch=10 + me)
+state.sync()
+for var in variables:
+    assert_close(var.numpy(), np.ones(var.shape), "variable after sync")
+if (state.batch, state.epoch) != (20, 10):
+    fail("values after sync: %s" % ((state.batch, state.epoch),))
+for commit in (False, True):  # restore() returns to what sync() gave, then to the commit
+    for var in variables:
+        var.assign(np.full(var.shape, 7.0))
+    state.batch = 21
+    if commit:
+        state.commit()
+        for var in variables:
+            var.assign(np.full(var.shape, 8.0))
+        state.batch = 22
+    state.restore()
+    for var in variables:
+        assert_close(var.numpy(), np.full(var.shape, 7.0 if commit else 1.0),
+                     "variable after restore (commit %s)" % commit)
+    if state.batch != (21 if commit else 20):
+        fail("batch after restore (commit %s): %s" % (commit, state.batch))
+report("elastic state")
