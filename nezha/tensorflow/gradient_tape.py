@@ -58,12 +58,28 @@ def _tape_gradient(self, target, sources, output_gradients=None,
     reduced = allreduce_gradients([flat_grads[i] for i in shared], **opts)
     for i, g in zip(shared, reduced):
         flat_grads[i] = g
+    if self._nezha_scale_local and local and reduces_gradients_over(opts["process_set"]):
+        # Horovod divides local gradients by the set's size too (its pull 3695), so a step moves
+        # local and reduced variables alike.
+        size = float(opts["process_set"].size())
+        for i, (v, g) in enumerate(zip(flat_sources, flat_grads)):
+            if id(v) in local and g is not None:
+                flat_grads[i] = (tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
+                                 if isinstance(g, tf.IndexedSlices) else g / size)
     return tf.nest.pack_sequence_as(sources, flat_grads)
 
 
 def _register_local_source(self, source):
     """Keeps `source`'s gradient local (not reduced), as Horovod's tape does."""
     self._nezha_local_sources.append(source)
+
+
+def _local_and_global_gradients(self, target, sources, output_gradients=None):
+    """Horovod's split of gradient(): ([(local source, gradient)], [(other source, gradient)])."""
+    grads = self.gradient(target, sources, output_gradients)
+    local = {id(v) for v in self._nezha_local_sources}
+    pairs = list(zip(sources, grads))
+    return ([p for p in pairs if id(p[0]) in local], [p for p in pairs if id(p[0]) not in local])
 
 
 def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
@@ -75,10 +91,12 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     member_of(process_set)  # registered (this rank may be outside it)
     resolve_op(op, None)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
-               {"gradient": _tape_gradient, "register_local_source": _register_local_source})
+               {"gradient": _tape_gradient, "register_local_source": _register_local_source,
+                "get_local_and_global_gradients": _local_and_global_gradients})
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._nezha_local_sources = []
+    tape._nezha_scale_local = scale_local_gradients
     tape._nezha_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                                gradient_predivide_factor=gradient_predivide_factor,
                                process_set=process_set)

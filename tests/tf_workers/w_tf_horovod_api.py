@@ -88,14 +88,23 @@ def loss_fn():
 with tf.GradientTape() as plain:
     loss = loss_fn()
 own = plain.gradient(loss, model.trainable_weights)
-with tf.GradientTape() as tape:
-    loss = loss_fn()
-tape = hvd.PartialDistributedGradientTape(tape, local_layers=model.layers[0])
-got = tape.gradient(loss, model.trainable_weights)
 local = {id(var) for var in model.layers[0].trainable_weights}
-for var, g, mine in zip(model.trainable_weights, got, own):
-    want = mine.numpy() if id(var) in local else nezha.allreduce(mine.numpy(), name="ref." + var.path)
-    assert_close(g.numpy(), want, "partial tape gradient of %s" % var.path, rtol=1e-5, atol=1e-5)
+for scale in (True, False):  # Horovod divides local gradients by the size unless told not to
+    with tf.GradientTape(persistent=True) as tape:
+        loss = loss_fn()
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=model.layers[0],
+                                              scale_local_gradients=scale)
+    got = tape.gradient(loss, model.trainable_weights)
+    local_pairs, global_pairs = tape.get_local_and_global_gradients(loss, model.trainable_weights)
+    if [id(v) for v, _ in local_pairs] != [id(v) for v in model.layers[0].trainable_weights]:
+        fail("get_local_and_global_gradients split the sources wrongly")
+    split = dict((id(v), g) for v, g in local_pairs + global_pairs)
+    for var, g, mine in zip(model.trainable_weights, got, own):
+        want = (mine.numpy() / (n if scale else 1) if id(var) in local
+                else nezha.allreduce(mine.numpy(), name="ref.%s.%s" % (scale, var.path)))
+        for what, value in (("gradient", g), ("split", split[id(var)])):
+            assert_close(value.numpy(), want, "partial tape %s of %s (scale %s)"
+                         % (what, var.path, scale), rtol=1e-5, atol=1e-5)
 expect_raises(ValueError, lambda: hvd.PartialDistributedGradientTape(tf.GradientTape(),
                                                                       local_layers=[object()]),
               "a local layer that is no Keras layer")
