@@ -1,7 +1,9 @@
 """What nezha.tensorflow's graph path costs per step: 100 small gradients reduced inside
-tf.function by one grouped host call (DistributedGradientTape), by 100 separate host calls (one
-hvd.allreduce each), against the engine alone on the same numpy arrays and the step without any
-reduction. Run: nezharun -np 2 python benchmarks/tf_graph_overhead.py [--tensors 100 --steps 200]
+tf.function by one grouped op (DistributedGradientTape), by 100 separate ops (one hvd.allreduce
+each, run in program order by tf.function's automatic control dependencies), the same 100
+allreduces in a tf.compat.v1 session (no such order: they run together), against the engine alone
+on the same numpy arrays and the step without any reduction.
+Run: nezharun -np 2 python benchmarks/tf_graph_overhead.py [--tensors 100 --steps 200]
 """
 import argparse
 import os
@@ -30,8 +32,14 @@ def main():
     parser.add_argument("--tensors", type=int, default=100)
     parser.add_argument("--elements", type=int, default=256)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--host-calls", action="store_true",
+                        help="run graphs as the numpy_function fallback does (for comparison; "
+                             "skips the session, which can deadlock that way)")
     args = parser.parse_args()
     hvd.init()
+    if args.host_calls:
+        from nezha.tensorflow import _ops
+        _ops._state.update(loaded=True, lib=None, why_missing="--host-calls", warned=True)
     variables = [tf.Variable(tf.random.normal([args.elements])) for _ in range(args.tensors)]
 
     def loss():
@@ -55,16 +63,26 @@ def main():
             value = loss()
         return [hvd.allreduce(g) for g in tape.gradient(value, variables)]
 
+    graph = tf.Graph()
+    with graph.as_default():
+        inputs = [tf.constant(np.random.rand(args.elements).astype(np.float32))
+                  for _ in range(args.tensors)]
+        session_fetches = [hvd.allreduce(x) for x in inputs]
+    session = tf.compat.v1.Session(graph=graph)
+
     arrays = [np.random.rand(args.elements).astype(np.float32) for _ in range(args.tensors)]
     results = {
         "tf.function step, no reduction": timed(local_step, args.steps),
         "engine alone: nezha.grouped_allreduce (numpy)": timed(
             lambda: nezha.grouped_allreduce(arrays, name="bench.numpy"), args.steps),
-        "tf.function step + DistributedGradientTape (1 grouped host call)": timed(
+        "tf.function step + DistributedGradientTape (1 grouped op)": timed(
             grouped_step, args.steps),
-        "tf.function step + %d hvd.allreduce (one host call each)" % args.tensors: timed(
+        "tf.function step + %d hvd.allreduce (one op each)" % args.tensors: timed(
             separate_step, args.steps),
     }
+    if not args.host_calls:
+        results["tf.compat.v1 session: %d hvd.allreduce (one op each)" % args.tensors] = timed(
+            lambda: session.run(session_fetches), args.steps)
     if hvd.rank() == 0:
         print("%d ranks, %d tensors x %d float32, mean of %d steps (us per step):"
               % (hvd.size(), args.tensors, args.elements, args.steps))

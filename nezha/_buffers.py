@@ -55,6 +55,7 @@ def numpy_dtype_for(dtype: DataType) -> np.dtype:
     """The numpy dtype that stores one element of `dtype` (uint16 storage for bfloat16)."""
     return np.dtype({
         DataType.uint8: np.uint8, DataType.int8: np.int8, DataType.int16: np.int16,
+        DataType.uint16: np.uint16,
         DataType.int32: np.int32,
         DataType.int64: np.int64, DataType.float16: np.float16, DataType.bfloat16: np.uint16,
         DataType.float32: np.float32, DataType.float64: np.float64, DataType.bool: np.bool_,

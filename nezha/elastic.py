@@ -117,7 +117,8 @@ class ObjectState:
         """The set of ranks never changes under nezharun: nothing to do."""
 
     def sync(self) -> None:
-        """Every rank takes rank 0's values; samplers merge what every rank has processed."""
+        """Every rank takes rank 0's values, which become the point restore() returns to;
+        samplers merge what every rank has processed."""
         samplers = {name: getattr(self, name) for name in self._names
                     if isinstance(getattr(self, name), ElasticSampler)}
         others = [name for name in self._names if name not in samplers]
@@ -126,6 +127,7 @@ class ObjectState:
             name="elastic.state")
         for name, value in values.items():
             self._put_back(name, value)
+            self._saved[name] = value  # the synced values are what restore() returns to (Horovod's)
         for name, sampler in samplers.items():
             sampler.sync(name)
 

@@ -22,11 +22,14 @@ from nezha.process_sets import (
     ProcessSet, add_process_set, global_process_set, remove_process_set)
 from nezha.tensorflow.compression import Compression
 from nezha.tensorflow.functions import (
-    allgather_object, allreduce, broadcast_, broadcast_object, broadcast_object_fn,
-    broadcast_variables, grouped_allreduce, grouped_reducescatter, reducescatter)
-from nezha.tensorflow.gradient_tape import DistributedGradientTape, DistributedOptimizer
+    allgather_object, allreduce, broadcast_, broadcast_global_variables, broadcast_object,
+    broadcast_object_fn, broadcast_variables, grouped_allreduce, grouped_reducescatter,
+    local_rank_op, local_size_op, rank_op, reducescatter, size_op)
+from nezha.tensorflow.gradient_tape import (
+    DistributedGradientTape, DistributedOptimizer, PartialDistributedGradientTape)
 from nezha.tensorflow.mpi_ops import (
     allgather, alltoall, broadcast, grouped_allgather, join)
 from nezha.tensorflow.sync_batch_norm import SyncBatchNormalization
+from nezha.tensorflow import elastic
 
 __all__ = [name for name in dir() if not name.startswith("_")]

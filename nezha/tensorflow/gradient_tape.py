@@ -6,6 +6,7 @@ for, so the engine fuses them); IndexedSlices are allgathered as Horovod does un
 `sparse_as_dense`. `num_groups`/`groups` are accepted: the engine fuses a step's gradients
 whatever their grouping.
 """
+import keras
 import tensorflow as tf
 
 from nezha.gradients import scale_factors
@@ -32,9 +33,8 @@ def allreduce_gradients(grads, compression=Compression.none, sparse_as_dense=Fal
         if g is None:
             continue
         if isinstance(g, tf.IndexedSlices):
-            if not sparse_as_dense:
-                out[i] = functions.allreduce(g, op=op, prescale_factor=prescale,
-                                             postscale_factor=postscale, process_set=process_set)
+            if not sparse_as_dense:  # allgathered: the predivide split (product 1) is moot
+                out[i] = functions.allreduce(g, op=op, process_set=process_set)
                 continue
             out[i] = tf.convert_to_tensor(g)
         dense.append(i)
@@ -58,12 +58,28 @@ def _tape_gradient(self, target, sources, output_gradients=None,
     reduced = allreduce_gradients([flat_grads[i] for i in shared], **opts)
     for i, g in zip(shared, reduced):
         flat_grads[i] = g
+    if self._nezha_scale_local and local and reduces_gradients_over(opts["process_set"]):
+        # Horovod divides local gradients by the set's size too (its pull 3695), so a step moves
+        # local and reduced variables alike.
+        size = float(opts["process_set"].size())
+        for i, (v, g) in enumerate(zip(flat_sources, flat_grads)):
+            if id(v) in local and g is not None:
+                flat_grads[i] = (tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
+                                 if isinstance(g, tf.IndexedSlices) else g / size)
     return tf.nest.pack_sequence_as(sources, flat_grads)
 
 
 def _register_local_source(self, source):
     """Keeps `source`'s gradient local (not reduced), as Horovod's tape does."""
     self._nezha_local_sources.append(source)
+
+
+def _local_and_global_gradients(self, target, sources, output_gradients=None):
+    """Horovod's split of gradient(): ([(local source, gradient)], [(other source, gradient)])."""
+    grads = self.gradient(target, sources, output_gradients)
+    local = {id(v) for v in self._nezha_local_sources}
+    pairs = list(zip(sources, grads))
+    return ([p for p in pairs if id(p[0]) in local], [p for p in pairs if id(p[0]) not in local])
 
 
 def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
@@ -75,13 +91,36 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     member_of(process_set)  # registered (this rank may be outside it)
     resolve_op(op, None)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,),
-               {"gradient": _tape_gradient, "register_local_source": _register_local_source})
+               {"gradient": _tape_gradient, "register_local_source": _register_local_source,
+                "get_local_and_global_gradients": _local_and_global_gradients})
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._nezha_local_sources = []
+    tape._nezha_scale_local = scale_local_gradients
     tape._nezha_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                                gradient_predivide_factor=gradient_predivide_factor,
                                process_set=process_set)
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
+    """DistributedGradientTape whose `local_layers` (Keras layers) keep their gradients local."""
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("every local layer must be a keras.layers.Layer")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            tape.register_local_source(var)
     return tape
 
 

@@ -17,7 +17,7 @@ from nezha.handle import Handle
 from nezha.horovod_api import Average, Sum
 from nezha.ops import started_together_by_waiter
 from nezha.process_sets import global_process_set, process_set_id
-from nezha.tensorflow._host import check_dtype, grad_name, host_call, op_name
+from nezha.tensorflow._host import check_dtype, grad_name, host_call, op_name, scales
 
 
 def _differentiable(tensors, forward, backward):
@@ -53,7 +53,7 @@ def grouped_allreduce_raw(tensors, name, op, prescale_factor, postscale_factor,
                           process_set=global_process_set):
     """One host call reducing every tensor (mixed dtypes allowed) over the process set's ranks;
     differentiable."""
-    process_set_id(process_set)
+    set_id = process_set_id(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -61,25 +61,20 @@ def grouped_allreduce_raw(tensors, name, op, prescale_factor, postscale_factor,
         check_dtype(t, "allreduce")
     engine_name = op_name("allreduce", name)
 
+    # One group of every tensor, whatever their dtypes (the engine fuses members of one dtype):
+    # member names never depend on a dtype, so ranks that disagree on one get a mismatch error.
     def reduce_arrays(*arrays):
-        # One grouped submission per dtype, all submitted before any is waited for.
-        by_dtype = {}
-        for i, a in enumerate(arrays):
-            by_dtype.setdefault(a.dtype.str, []).append(i)
-        groups = sorted(by_dtype.items())
-        handles = started_together_by_waiter(
-            [functools.partial(nezha.grouped_allreduce_async, [arrays[i] for i in idx], op=op,
-                               name="%s.%s" % (engine_name, key), prescale_factor=prescale_factor,
-                               postscale_factor=postscale_factor, process_set=process_set)
-             for key, idx in groups])
-        results = [None] * len(arrays)
-        for (_, idx), handle in zip(groups, handles):
-            for i, r in zip(idx, handle.wait()):
-                results[i] = r
-        return results
+        return nezha.grouped_allreduce(arrays, op=op, name=engine_name,
+                                       prescale_factor=prescale_factor,
+                                       postscale_factor=postscale_factor, process_set=process_set)
+
+    def reduce_in_graph(lib, xs):
+        return lib.nezha_allreduce(xs, scales(prescale_factor, postscale_factor),
+                                   tensor_name=engine_name, reduce_op=int(op), process_set=set_id)
 
     def forward(xs):
-        outs = host_call(reduce_arrays, xs, [x.dtype for x in xs], "NezhaAllreduce")
+        outs = host_call(reduce_arrays, xs, [x.dtype for x in xs], "NezhaAllreduce",
+                         reduce_in_graph)
         return _with_shapes(outs, [x.shape for x in xs])
 
     def backward(dys):
@@ -106,7 +101,7 @@ def _row_counts(tensors, name, process_set):
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set):
     """Concatenates every rank's tensors along dim 0 (dim 0 may differ per rank); one host call."""
-    process_set_id(process_set)
+    set_id = process_set_id(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -118,7 +113,9 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
         return nezha.grouped_allgather(arrays, name=engine_name, process_set=process_set)
 
     def forward(xs):
-        outs = host_call(gather_arrays, xs, [x.dtype for x in xs], "NezhaAllgather")
+        outs = host_call(gather_arrays, xs, [x.dtype for x in xs], "NezhaAllgather",
+                         lambda lib, ts: lib.nezha_allgather(ts, tensor_name=engine_name,
+                                                             process_set=set_id))
         return _with_shapes(outs, [_rows_shape(x) for x in xs])
 
     def backward(dys):
@@ -152,9 +149,11 @@ def _check_root(root_rank):
 
 def grouped_broadcast_raw(tensors, root_rank, name, process_set=global_process_set):
     """Broadcasts several tensors from root_rank in one host call (not differentiable)."""
-    process_set_id(process_set)
+    set_id = process_set_id(process_set)
     root_rank = _check_root(root_rank)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
     for t in tensors:
         check_dtype(t, "broadcast")
     engine_name = op_name("broadcast", name)
@@ -165,7 +164,9 @@ def grouped_broadcast_raw(tensors, root_rank, name, process_set=global_process_s
                                process_set=process_set)
              for i, a in enumerate(arrays)])).wait()
 
-    outs = host_call(broadcast_arrays, tensors, [t.dtype for t in tensors], "NezhaBroadcast")
+    outs = host_call(broadcast_arrays, tensors, [t.dtype for t in tensors], "NezhaBroadcast",
+                     lambda lib, ts: lib.nezha_broadcast(ts, tensor_name=engine_name,
+                                                         root_rank=root_rank, process_set=set_id))
     return _with_shapes(outs, [t.shape for t in tensors])
 
 
@@ -181,7 +182,9 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
     def backward(dys):
         reduced = allreduce_raw(dys[0], grad_name(name), Average, 1.0, 1.0, process_set)
-        return [reduced if nezha.rank() == root_rank else tf.zeros_like(reduced)]
+        # Times 0 rather than zeros_like, which drops its input when the shape is known: a session
+        # would then prune this rank's allreduce while the root waits for it (Horovod does so too).
+        return [reduced if nezha.rank() == root_rank else reduced * tf.cast(0, reduced.dtype)]
 
     return _differentiable([tensor], forward, backward)[0]
 
@@ -192,7 +195,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
     """Horovod's alltoall: `splits[r]` rows of dim 0 go to rank r (equal parts by default).
     Returns the received rows, and the rows received from each rank when `splits` is given."""
-    process_set_id(process_set)
+    set_id = process_set_id(process_set)
     tensor = tf.convert_to_tensor(tensor)
     check_dtype(tensor, "alltoall")
     if tensor.shape.rank == 0:
@@ -210,7 +213,10 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
     def forward(xs):
         out, got = host_call(exchange, [xs[0], splits_t], [xs[0].dtype, tf.int32],
-                             "NezhaAlltoall")
+                             "NezhaAlltoall",
+                             lambda lib, ts: lib.nezha_alltoall(
+                                 ts[0], ts[1], tensor_name=engine_name, process_set=set_id,
+                                 set_size=process_set.size()))
         got.set_shape([process_set.size()])
         received.append(got)
         return _with_shapes([out], [_rows_shape(xs[0])])
@@ -227,8 +233,10 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
 def grouped_reducescatter_raw(tensors, name, op, prescale_factor, postscale_factor,
                               process_set=global_process_set):
-    process_set_id(process_set)
+    set_id = process_set_id(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
     for t in tensors:
         check_dtype(t, "reducescatter")
         if t.shape.rank == 0:
@@ -245,7 +253,10 @@ def grouped_reducescatter_raw(tensors, name, op, prescale_factor, postscale_fact
                                            process_set=process_set)
 
     def forward(xs):
-        outs = host_call(scatter_arrays, xs, [x.dtype for x in xs], "NezhaReducescatter")
+        outs = host_call(scatter_arrays, xs, [x.dtype for x in xs], "NezhaReducescatter",
+                         lambda lib, ts: lib.nezha_reducescatter(
+                             ts, scales(prescale_factor, postscale_factor),
+                             tensor_name=engine_name, reduce_op=int(op), process_set=set_id))
         return _with_shapes(outs, [_rows_shape(x) for x in xs])
 
     def backward(dys):
@@ -262,4 +273,4 @@ def join():
     """Horovod's join: this rank is out of data; returns the rank that joined last (an int32
     tensor)."""
     return host_call(lambda: [np.asarray(nezha.join(), np.int32)], [], [tf.int32],
-                     "NezhaJoin")[0]
+                     "NezhaJoin", lambda lib, _: [lib.nezha_join()])[0]

@@ -14,6 +14,7 @@ bool to_nezha_dtype(ffi::DataType t, DataType* out) {
     case ffi::DataType::PRED: *out = DataType::kBool; return true;
     case ffi::DataType::S8: *out = DataType::kInt8; return true;
     case ffi::DataType::S16: *out = DataType::kInt16; return true;
+    case ffi::DataType::U16: *out = DataType::kUInt16; return true;
     case ffi::DataType::S32: *out = DataType::kInt32; return true;
     case ffi::DataType::S64: *out = DataType::kInt64; return true;
     case ffi::DataType::U8: *out = DataType::kUInt8; return true;
@@ -49,7 +50,7 @@ std::string make_entries(const CallAttrs& call, ffi::RemainingArgs& args, ffi::R
     e.req.type = type;
     e.req.name = n == 1 && type != OpType::kAllreduce ? call.name : call.name + "." + std::to_string(i);
     if (!to_nezha_dtype(in->element_type(), &e.req.dtype))
-      return "'" + e.req.name + "': unsupported dtype (supported: bool, int8/16/32/64, uint8, "
+      return "'" + e.req.name + "': unsupported dtype (supported: bool, int8/16/32/64, uint8/16, "
              "float16, bfloat16, float32, float64)";
     auto dims = in->dimensions();
     e.req.shape.assign(dims.begin(), dims.end());

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/knobs.h"
 #include "common/logging.h"
+#include "engine/completion_queue.h"
 #include "engine/engine.h"
 #include "engine/negotiation/message_codec.h"
 #include "transport/frame.h"
@@ -40,6 +41,9 @@ DataType dtype_from_buffer(const py::buffer_info& info) {
       case 'h':
         if (info.itemsize == 2) return DataType::kInt16;
         break;
+      case 'H':
+        if (info.itemsize == 2) return DataType::kUInt16;
+        break;
       case '?': return DataType::kBool;
       case 'e': return DataType::kFloat16;
       case 'f': return DataType::kFloat32;
@@ -53,7 +57,7 @@ DataType dtype_from_buffer(const py::buffer_info& info) {
   }
   throw InvalidArgument("unsupported dtype (buffer format '" + info.format + "', itemsize " +
                         std::to_string(info.itemsize) +
-                        "); supported: uint8, int8, int16, int32, int64, float16, bfloat16, float32, "
+                        "); supported: uint8, int8, int16, uint16, int32, int64, float16, bfloat16, float32, "
                         "float64, bool");
 }
 
@@ -135,6 +139,10 @@ TensorEntry make_entry(OpType type, const std::string& name, const std::optional
 
 }  // namespace
 
+namespace nezha::bindings {
+void bind_tf_engine(py::module_& m);  // bindings/tf_engine.cc
+}
+
 #ifdef NEZHA_WITH_JAX_FFI
 namespace nezha::bindings {
 void bind_jax_ffi(py::module_& m);       // bindings/jax_ffi.cc
@@ -158,7 +166,7 @@ PYBIND11_MODULE(_core, m) {
 
   py::enum_<DataType>(m, "DataType")
       .value("uint8", DataType::kUInt8).value("int8", DataType::kInt8)
-      .value("int16", DataType::kInt16)
+      .value("int16", DataType::kInt16).value("uint16", DataType::kUInt16)
       .value("int32", DataType::kInt32).value("int64", DataType::kInt64)
       .value("float16", DataType::kFloat16).value("bfloat16", DataType::kBFloat16)
       .value("float32", DataType::kFloat32).value("float64", DataType::kFloat64)
@@ -190,6 +198,7 @@ PYBIND11_MODULE(_core, m) {
         py::call_guard<py::gil_scoped_release>(),
         "Makes `engine` (None: no engine) the one native callers submit to; detaching waits for "
         "submissions in progress.");
+  bindings::bind_tf_engine(m);
 #ifdef NEZHA_WITH_JAX_FFI
   bindings::bind_jax_ffi(m);
   bindings::bind_jax_ffi_cuda(m);
@@ -324,7 +333,9 @@ PYBIND11_MODULE(_core, m) {
       .def("close", &engine::CompletionQueue::close, "Wakes pop() for good.");
 
   py::class_<OpHandle, std::shared_ptr<OpHandle>>(m, "OpHandle")
-      .def("notify", &OpHandle::notify, py::arg("queue"), py::arg("token"),
+      .def("notify", [](OpHandle& h, std::shared_ptr<engine::CompletionQueue> queue, uint64_t token) {
+             h.on_done([queue = std::move(queue), token] { queue->push(token); });
+           }, py::arg("queue"), py::arg("token"),
            "Pushes token into queue when the operation finishes (at once if it has).")
       .def("poll", &OpHandle::poll, "True once the operation finished (successfully or not).")
       .def("wait", [](const OpHandle& h, double timeout_s) {

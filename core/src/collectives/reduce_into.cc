@@ -21,6 +21,8 @@ void reduce_typed(void* dst, const void* src, size_t count, DataType dtype) {
       return ops::apply_n<Op>(static_cast<int8_t*>(dst), static_cast<const int8_t*>(src), count);
     case DataType::kInt16:
       return ops::apply_n<Op>(static_cast<int16_t*>(dst), static_cast<const int16_t*>(src), count);
+    case DataType::kUInt16:
+      return ops::apply_n<Op>(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count);
     case DataType::kInt32:
       return ops::apply_n<Op>(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), count);
     case DataType::kInt64:

@@ -68,6 +68,7 @@ void scale(void* buf, size_t count, DataType dtype, double factor) {
     case DataType::kUInt8: return scale_integer(static_cast<uint8_t*>(buf), count, factor);
     case DataType::kInt8: return scale_integer(static_cast<int8_t*>(buf), count, factor);
     case DataType::kInt16: return scale_integer(static_cast<int16_t*>(buf), count, factor);
+    case DataType::kUInt16: return scale_integer(static_cast<uint16_t*>(buf), count, factor);
     case DataType::kInt32: return scale_integer(static_cast<int32_t*>(buf), count, factor);
     case DataType::kInt64: return scale_integer(static_cast<int64_t*>(buf), count, factor);
     case DataType::kFloat32: return scale_floating(static_cast<float*>(buf), count, factor);

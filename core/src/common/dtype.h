@@ -20,8 +20,9 @@ enum class DataType : uint8_t {
   kFloat64 = 7,
   kBool = 8,
   kInt16 = 9,  // appended: the values above are on the wire
+  kUInt16 = 10,
 };
-constexpr int kNumDataTypes = 10;
+constexpr int kNumDataTypes = 11;
 
 enum class ReduceOp : uint8_t {
   kSum = 0,

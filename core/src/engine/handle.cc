@@ -19,26 +19,28 @@ std::string OpHandle::error() const {
   return error_;
 }
 
+void OpHandle::on_done(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) {
+      on_done_.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();
+}
+
 void OpHandle::complete(std::string error) {
+  std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
     done_ = true;
     error_ = std::move(error);
-    if (queue_) queue_->push(token_);
-    queue_.reset();
+    callbacks.swap(on_done_);
   }
   cv_.notify_all();
-}
-
-void OpHandle::notify(std::shared_ptr<CompletionQueue> queue, uint64_t token) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (done_) {
-    queue->push(token);
-    return;
-  }
-  queue_ = std::move(queue);
-  token_ = token;
+  for (auto& fn : callbacks) fn();
 }
 
 }  // namespace nezha::engine

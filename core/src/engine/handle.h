@@ -4,12 +4,11 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include "engine/completion_queue.h"
 
 namespace nezha::engine {
 
@@ -52,10 +51,14 @@ class OpHandle {
   std::string error() const;
   OpResult& result() { return result_; }  // read after done; written before complete()
 
+  // Runs `fn` once the handle is done: at once on this thread when it already is, else on the
+  // thread that completes it, after waiters are woken. For callers that cannot block a thread on
+  // wait_for (TensorFlow's async kernels; a CompletionQueue that one thread waits on for many
+  // operations): `fn` runs on the engine's threads, sometimes under its locks, so it must only
+  // hand the completion on (no blocking, no call into the engine).
+  void on_done(std::function<void()> fn);
+
   void complete(std::string error = {});
-  // Pushes `token` into `queue` when the operation finishes (at once if it has); one queue per
-  // handle, a later call replaces it.
-  void notify(std::shared_ptr<CompletionQueue> queue, uint64_t token);
 
  private:
   mutable std::mutex mu_;
@@ -63,8 +66,7 @@ class OpHandle {
   bool done_ = false;
   std::string error_;
   OpResult result_;
-  std::shared_ptr<CompletionQueue> queue_;
-  uint64_t token_ = 0;
+  std::vector<std::function<void()>> on_done_;
 };
 
 }  // namespace nezha::engine

@@ -49,6 +49,7 @@ const Case kCases[] = {
     {DataType::kInt64, ReduceOp::kMax},       {DataType::kInt8, ReduceOp::kMin},
     {DataType::kUInt8, ReduceOp::kSum},       {DataType::kFloat16, ReduceOp::kSum},
     {DataType::kInt16, ReduceOp::kSum},       {DataType::kInt16, ReduceOp::kMin},
+    {DataType::kUInt16, ReduceOp::kSum},      {DataType::kUInt16, ReduceOp::kMax},
     {DataType::kBFloat16, ReduceOp::kAverage}, {DataType::kFloat64, ReduceOp::kSum},
     {DataType::kBool, ReduceOp::kMax},        {DataType::kBool, ReduceOp::kProduct},
 };

@@ -87,6 +87,7 @@ TEST(ReduceInto, IntegerTypesWrapLikeTwosComplement) {
   check_integer_type<uint8_t>(DataType::kUInt8);
   check_integer_type<int8_t>(DataType::kInt8);
   check_integer_type<int16_t>(DataType::kInt16);
+  check_integer_type<uint16_t>(DataType::kUInt16);
   check_integer_type<int32_t>(DataType::kInt32);
   check_integer_type<int64_t>(DataType::kInt64);
 }

@@ -17,6 +17,7 @@ inline void store_value(DataType dtype, void* buf, size_t i, double v) {
     case DataType::kUInt8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v); break;
     case DataType::kInt8: static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(v); break;
     case DataType::kInt16: static_cast<int16_t*>(buf)[i] = static_cast<int16_t>(v); break;
+    case DataType::kUInt16: static_cast<uint16_t*>(buf)[i] = static_cast<uint16_t>(v); break;
     case DataType::kInt32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); break;
     case DataType::kInt64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); break;
     case DataType::kFloat16:
@@ -36,6 +37,7 @@ inline double load_value(DataType dtype, const void* buf, size_t i) {
     case DataType::kUInt8: return static_cast<const uint8_t*>(buf)[i];
     case DataType::kInt8: return static_cast<const int8_t*>(buf)[i];
     case DataType::kInt16: return static_cast<const int16_t*>(buf)[i];
+    case DataType::kUInt16: return static_cast<const uint16_t*>(buf)[i];
     case DataType::kInt32: return static_cast<const int32_t*>(buf)[i];
     case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
     case DataType::kFloat16: return collectives::half_to_float(static_cast<const uint16_t*>(buf)[i]);
@@ -53,7 +55,7 @@ inline double load_value(DataType dtype, const void* buf, size_t i) {
 inline double input_value(DataType dtype, int rank, size_t i) {
   const long long v = static_cast<long long>((rank * 5 + i * 3 + (i / 7)) % 7) - 3;
   if (dtype == DataType::kBool) return (rank + i) % 3 == 0;
-  if (dtype == DataType::kUInt8) return static_cast<double>(v + 3);
+  if (dtype == DataType::kUInt8 || dtype == DataType::kUInt16) return static_cast<double>(v + 3);
   return static_cast<double>(v);
 }
 

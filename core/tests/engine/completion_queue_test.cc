@@ -1,6 +1,6 @@
-// OpHandle::notify and CompletionQueue: tokens arrive in completion order whatever the order of
-// submission, an operation done before it is watched is announced at once, and close() wakes a
-// waiting consumer.
+// CompletionQueue fed by OpHandle::on_done (what the bindings' OpHandle.notify does): tokens arrive
+// in completion order whatever the order of submission, an operation done before it is watched is
+// announced at once, and close() wakes a waiting consumer.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,12 +13,16 @@
 namespace nezha::engine {
 namespace {
 
+void notify(OpHandle& h, const std::shared_ptr<CompletionQueue>& q, uint64_t token) {
+  h.on_done([q, token] { q->push(token); });
+}
+
 TEST(CompletionQueue, TokensArriveInCompletionOrder) {
   auto q = std::make_shared<CompletionQueue>();
   OpHandle first, second, third;
-  first.notify(q, 1);
-  second.notify(q, 2);
-  third.notify(q, 3);
+  notify(first, q, 1);
+  notify(second, q, 2);
+  notify(third, q, 3);
   EXPECT_TRUE(q->pop(0.01).empty());
   third.complete();
   first.complete("failed");
@@ -37,7 +41,7 @@ TEST(CompletionQueue, AnOperationDoneBeforeItIsWatchedIsAnnouncedAtOnce) {
   auto q = std::make_shared<CompletionQueue>();
   OpHandle done;
   done.complete();
-  done.notify(q, 7);
+  notify(done, q, 7);
   EXPECT_EQ(q->pop(0), (std::vector<uint64_t>{7}));
 }
 

@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "engine/negotiation/coordinator.h"
+#include "engine/negotiation/message_codec.h"
 
 namespace nezha::engine {
 namespace {
@@ -340,6 +341,31 @@ TEST(ControlInlineCoordinator, ReducedTensorsMergeOnlyWithinTheFusionThreshold) 
     for (const auto& r : out) all += r.inline_result;
     EXPECT_EQ(values_of<float>(all), (std::vector<float>{2, 4, 6})) << threshold;
   }
+}
+
+TEST(ControlInlineCoordinator, MergedResultsStayWithinAControlMessagesStringLimit) {
+  // 100 allreduces of 1 KB each, submitted together: merged into one result they would be 100 KB,
+  // past what one string of a control message may carry (the engine stopped on encoding it).
+  Coordinator c(options(2));
+  const std::vector<float> kb(256, 1.0f);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<Request> reqs;
+    for (int i = 0; i < 100; ++i)
+      reqs.push_back(allreduce_with<float>("t" + std::to_string(i), kb, DataType::kFloat32));
+    c.submit(rank, std::move(reqs), t0);
+  }
+  std::vector<Response> out = c.take_ready(t0);
+  size_t tensors = 0;
+  for (const auto& r : out) {
+    EXPECT_LE(r.inline_result.size(), kMaxControlString);
+    EXPECT_EQ(r.inline_result.size(), r.names.size() * kb.size() * sizeof(float));
+    ResponseList list;
+    list.responses = {r};
+    EXPECT_NO_THROW(encode(list));
+    tensors += r.names.size();
+  }
+  EXPECT_EQ(tensors, 100u);
+  EXPECT_GE(out.size(), 2u);
 }
 
 TEST(ControlInlineCoordinator, ReducedTensorsMergeWhileOthersWaitToFuse) {

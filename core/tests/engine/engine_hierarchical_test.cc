@@ -70,6 +70,7 @@ std::vector<uint8_t> expected(DataType dtype, ReduceOp op, int size, size_t coun
       case DataType::kUInt8: out[i] = static_cast<uint8_t>(w); break;
       case DataType::kInt8: reinterpret_cast<int8_t*>(out.data())[i] = static_cast<int8_t>(w); break;
       case DataType::kInt16: reinterpret_cast<int16_t*>(out.data())[i] = static_cast<int16_t>(w); break;
+      case DataType::kUInt16: reinterpret_cast<uint16_t*>(out.data())[i] = static_cast<uint16_t>(w); break;
       default: nezha::testing::store_value(dtype, out.data(), i, v);
     }
   }

@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "engine/negotiation/control_inline.h"
 #include "engine/negotiation/fusion.h"
+#include "engine/negotiation/message_codec.h"
 
 namespace nezha::engine {
 namespace {
@@ -351,8 +352,11 @@ std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
 }
 
 bool Coordinator::merged_inline(std::vector<Response>& out, const Response& r) const {
+  // A merged result travels as one string of a control message, which the codec caps: many small
+  // tensors submitted together (a TensorFlow graph's separate allreduces) must not outgrow it.
+  const size_t limit = std::min(opt_.fusion_threshold, kMaxControlString);
   if (out.empty() || !inline_fuses_with(out.back(), r) ||
-      out.back().inline_result.size() + r.inline_result.size() > opt_.fusion_threshold)
+      out.back().inline_result.size() + r.inline_result.size() > limit)
     return false;
   append_inline_fused(out.back(), r);
   return true;
