@@ -9,8 +9,9 @@ negotiated, fused, striped over every rail, failed over when a rail is lost.
 The default group is the engine's job. ``new_group(ranks)`` (and so DeviceMesh's sub-groups) is
 delegated by torch to the default group on every rank, so its ranks become a nezha process set
 registered collectively, with its id agreed on every rank; groups of the same ranks share one set,
-and the sets go with the default group (which also shuts the engine down if it started it). Collectives are named by each group's call count:
-every rank calls a group's collectives in the same order, as torch requires.
+and the sets go with the default group (which also shuts the engine down if it started it).
+Collectives are named by each group's call count: every rank calls a group's collectives in the
+same order, as torch requires.
 """
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ import torch.distributed as dist
 import nezha
 from nezha import basics, process_sets
 from nezha.handle import Handle
+from nezha.torch.backend.bootstrap import start_engine
 from nezha.torch.backend.collectives import Collectives
+from nezha.torch.backend.completion import stop_completing
 from nezha.torch.backend.launch_env import fill_torch_env
 from nezha.torch.backend.p2p import PointToPoint
-from nezha.torch.backend.completion import stop_completing
 from nezha.torch.backend.work import NezhaBackendError, NezhaWork
 
 BACKEND_NAME = "nezha"
@@ -223,8 +225,6 @@ def create_process_group(store: dist.Store, rank: int, size: int,
                          timeout: timedelta) -> ProcessGroupNezha:
     """torch.distributed's creator for the default group (and for groups torch creates without
     delegating to ``new_group``)."""
-    from nezha.torch.backend.bootstrap import start_engine
-
     default = dist.GroupMember.WORLD if dist.is_initialized() else None
     if isinstance(default, ProcessGroupNezha) and default._current():
         # A group torch made through the helper rather than new_group: the whole job only.
