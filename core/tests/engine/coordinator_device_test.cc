@@ -8,28 +8,14 @@
 #include <vector>
 
 #include "engine/negotiation/coordinator.h"
+#include "coordinator_requests.h"
 
 namespace nezha::engine {
 namespace {
 
-const Clock::time_point t0 = Clock::time_point{} + std::chrono::hours(1);
-
-Request allreduce(const std::string& name, std::vector<int64_t> shape = {4},
-                  DataType dtype = DataType::kFloat32, ReduceOp op = ReduceOp::kSum) {
-  Request r;
-  r.type = OpType::kAllreduce;
-  r.name = name;
-  r.shape = std::move(shape);
-  r.dtype = dtype;
-  r.op = op;
-  return r;
-}
-
-Request allgather(const std::string& name, std::vector<int64_t> shape) {
-  Request r = allreduce(name, std::move(shape));
-  r.type = OpType::kAllgather;
-  return r;
-}
+using testing::allgather;
+using testing::allreduce;
+using testing::t0;
 
 CoordinatorOptions options(int size) {
   CoordinatorOptions o;

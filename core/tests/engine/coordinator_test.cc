@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "coordinator_requests.h"
 
 namespace nezha::engine {
 namespace {
@@ -18,24 +19,9 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-const Clock::time_point t0 = Clock::time_point{} + std::chrono::hours(1);
-
-Request allreduce(const std::string& name, std::vector<int64_t> shape = {4},
-                  DataType dtype = DataType::kFloat32, ReduceOp op = ReduceOp::kSum) {
-  Request r;
-  r.type = OpType::kAllreduce;
-  r.name = name;
-  r.shape = std::move(shape);
-  r.dtype = dtype;
-  r.op = op;
-  return r;
-}
-
-Request allgather(const std::string& name, std::vector<int64_t> shape) {
-  Request r = allreduce(name, std::move(shape));
-  r.type = OpType::kAllgather;
-  return r;
-}
+using testing::allgather;
+using testing::allreduce;
+using testing::t0;
 
 Request broadcast(const std::string& name, int root) {
   Request r = allreduce(name);
