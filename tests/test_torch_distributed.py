@@ -191,3 +191,24 @@ def test_lightning_ddp_strategy_matches_one_process():
     output = run_workers("w_dist_lightning.py", num_ranks=2, timeout_s=150)
     assert_every_rank_passed(output, 2, {
         "Lightning DDPStrategy(process_group_backend='nezha') matches one process"})
+
+
+@pytest.mark.timeout(120)
+def test_a_scripts_own_tcp_rendezvous_is_left_alone_under_nezharun(tmp_path):
+    """nezharun's store is for env:// only: a script that names its own tcp:// address (Gloo's
+    DDP baseline does) still gets rank 0 serving it there."""
+    script = tmp_path / "own_tcp.py"
+    script.write_text(
+        "import os, sys, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:%s' % sys.argv[1],\n"
+        "                        rank=int(os.environ['RANK']), world_size=2)\n"
+        "t = torch.ones(2); dist.all_reduce(t)\n"
+        "print('PASS[%d] own tcp %s' % (dist.get_rank(), t.tolist()), flush=True)\n"
+        "dist.destroy_process_group()\n")
+    cmd = [sys.executable, "-m", "nezha.runner.launch", "-np", "2", sys.executable, str(script),
+           str(free_port())]
+    proc = subprocess.run(cmd, cwd=REPO, env=clean_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout
+    for rank in range(2):
+        assert "PASS[%d] own tcp [2.0, 2.0]" % rank in proc.stdout, proc.stdout

@@ -4,7 +4,7 @@ that never imports nezha.
 
 It imports nothing heavy: an import hook waits for ``torch.distributed`` to be imported, then
 registers the backend name with a creator that imports ``nezha.torch`` only when a process group
-is made. Jobs that never use torch pay one dictionary lookup per import. The ``sitecustomize``
+is made, and lets ``env://`` reach the store nezharun serves (nezha/runner/torch_store.py). Jobs that never use torch pay one dictionary lookup per import. The ``sitecustomize``
 this module shadows, if any, still runs.
 """
 import importlib.abc
@@ -22,7 +22,11 @@ def _create(*args, **kwargs):
 
 
 def _register(distributed):
-    if distributed.is_available() and "NEZHA" not in distributed.Backend._plugins:
+    if not distributed.is_available():
+        return
+    from nezha.runner.torch_store import client_mode_for_nezharun_store
+    client_mode_for_nezharun_store()
+    if "NEZHA" not in distributed.Backend._plugins:
         distributed.Backend.register_backend("nezha", _create, devices=["cpu", "cuda"])
 
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 import nezha
 from nezha import basics, process_sets
 from nezha.handle import Handle
+from nezha.runner.torch_store import client_mode_for_nezharun_store
 from nezha.torch.backend.bootstrap import start_engine
 from nezha.torch.backend.collectives import Collectives
 from nezha.torch.backend.completion import stop_completing
@@ -244,6 +245,7 @@ def register() -> None:
     """Registers the backend "nezha" for CPU and CUDA tensors, and fills in torch's env://
     variables under an MPI or Slurm launch (launch_env.py). Idempotent."""
     fill_torch_env()
+    client_mode_for_nezharun_store()
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND_NAME, create_process_group,
                                       devices=["cpu", "cuda"])
