@@ -218,7 +218,7 @@ def cross_size() -> int:
 
 
 def rail_stats() -> List[Dict[str, Any]]:
-    """Per rail: name, local_addr, kind (also under its old key protocol), state
+    """Per rail: name, local_addr, kind, state
     ('up'/'down'/'probing'), bytes_sent, bytes_received, the cost model's alpha_us and
     beta_gbps, and share (of bytes scheduled)."""
     return _engine().rail_stats()

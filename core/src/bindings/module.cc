@@ -412,7 +412,7 @@ PYBIND11_MODULE(_core, m) {
         py::list out;
         for (const auto& s : e.rail_stats()) {
           py::dict d;
-          d["name"] = s.name; d["local_addr"] = s.local_addr; d["kind"] = s.protocol; d["protocol"] = s.protocol;
+          d["name"] = s.name; d["local_addr"] = s.local_addr; d["kind"] = s.kind;
           d["state"] = s.state; d["bytes_sent"] = s.bytes_sent; d["bytes_received"] = s.bytes_received;
           d["lane_bytes_sent"] = s.lane_bytes_sent;
           d["alpha_us"] = s.alpha_us; d["beta_gbps"] = s.beta_gbps; d["share"] = s.share;
