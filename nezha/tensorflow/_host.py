@@ -8,7 +8,7 @@ function run in program order (TensorFlow's automatic control dependencies), so 
 reaches the engine in the same order and no two calls of a step hold two inter-op threads.
 
 Why not an AsyncOpKernel: it binds to the exact TensorFlow build; this path works with any
-TensorFlow 2 wheel. Its cost is one Python call per call site per step (see benchmarks/RESULTS.md).
+TensorFlow 2 wheel. Its cost is one Python call per call site per step.
 """
 import itertools
 
