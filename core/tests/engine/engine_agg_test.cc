@@ -37,10 +37,10 @@ std::vector<RailConfig> tcp_and_agg(const aggd::AggDaemon& d) {
   return rails;
 }
 
-const RailStat& stat_of(const std::vector<RailStat>& stats, const std::string& protocol) {
+const RailStat& stat_of(const std::vector<RailStat>& stats, const std::string& kind) {
   for (const auto& s : stats)
-    if (s.protocol == protocol) return s;
-  throw std::runtime_error("no rail of kind " + protocol);
+    if (s.kind == kind) return s;
+  throw std::runtime_error("no rail of kind " + kind);
 }
 
 void tweak(EngineConfig& c) {
