@@ -1,6 +1,8 @@
 # make demo  - set up .venv, build, run a 4-rank allreduce benchmark on this machine
-# make test  - set up if needed, run the C++ unit tests and the whole pytest suite, then the
-#              sanitizer tiers (test-asan, test-tsan, test-py-asan; `make test SANITIZERS=` skips them)
+# make test  - set up if needed, build the docs site, run the C++ unit tests and the whole pytest
+#              suite, then the sanitizer tiers (test-asan, test-tsan, test-py-asan;
+#              `make test SANITIZERS=` skips them)
+# make docs  - build the docs site (docs/, mkdocs.yml) into build/site; any warning fails it
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +10,7 @@ PIP := $(PY) -m pip
 CORE_SOURCES := $(shell find core -name '*.cc' -o -name '*.h') CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: all setup system-deps demo test test-cpp test-py test-sanitizers test-asan test-tsan \
+.PHONY: all setup system-deps demo docs test test-cpp test-py test-sanitizers test-asan test-tsan \
 	test-py-asan clean
 
 all: setup
@@ -34,6 +36,12 @@ build/cpp/.built: $(CORE_SOURCES) | system-deps $(VENV)/.deps-stamp
 	PATH=$(abspath $(VENV))/bin:$$PATH cmake -S . -B build/cpp -G Ninja -DNEZHA_BUILD_PYTHON=OFF -DNEZHA_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
 	PATH=$(abspath $(VENV))/bin:$$PATH cmake --build build/cpp
 	@touch $@
+
+# The knob page is written from the core's own table first; --strict turns every warning (a broken
+# link or anchor, a page missing from nav) into a failure.
+docs: setup
+	$(PY) scripts/gen_knob_docs.py docs/knobs.md
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 test-cpp: build/cpp/.built
 	cd build/cpp && ctest --output-on-failure -j2
@@ -77,7 +85,7 @@ test-py-asan: build/asan/.built | setup
 
 test-sanitizers: $(SANITIZERS)
 
-test: test-cpp test-py $(SANITIZERS)
+test: docs test-cpp test-py $(SANITIZERS)
 
 demo: setup
 	$(VENV)/bin/nezharun -np 4 $(VENV)/bin/nezha-bench --op allreduce --sizes 8,1K,64K,1M,16M,64M --iters auto

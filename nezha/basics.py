@@ -46,7 +46,8 @@ def init(rails: Optional[str] = None, timeout_s: Optional[float] = None) -> None
     ``MASTER_ADDR``, ``MASTER_PORT``), Open MPI, MPICH or Slurm; with none of these the process
     is a job of one. ``rails`` (or ``NEZHA_RAILS``) is a comma list of rails: interface names or
     subnets, each optionally prefixed with its kind (``tcp:``, ``mptcp:``), or another kind the
-    core knows (``shm``); see nezha/rails.py. ``timeout_s`` overrides ``NEZHA_TIMEOUT_S``. Calling
+    core knows (``shm``, ``ofi:``, ``agg:``; ``nezha._core.rail_kinds()``); see nezha/rails.py.
+    ``timeout_s`` overrides ``NEZHA_TIMEOUT_S``. Calling
     init() again while initialized does nothing.
     """
     with _state.lock:
@@ -84,7 +85,7 @@ def _start(info: environ.WorldInfo, rails: Optional[str], timeout_s: Optional[fl
     # same entry (and boot id and network namespace, which the rail checks itself).
     config.host_id = host_id or (os.environ.get("NEZHA_HOST_ID") or os.environ.get("HOROVOD_HOSTNAME")
                                  or socket.gethostname())
-    if any(s.kind not in rails_mod.NETWORK_KINDS for s in specs):
+    if not all(s.binds_local_address for s in specs):
         # A rail without an IPv4 address of its own (shm, ofi:shm, agg) still needs the control
         # channel's path; an ofi rail over an IP provider opens it on its own address.
         config.control_addr = rails_mod.route_source_address(info.rendezvous_addr)
@@ -217,7 +218,7 @@ def cross_size() -> int:
 
 
 def rail_stats() -> List[Dict[str, Any]]:
-    """Per rail: name, local_addr, kind (also under its old key protocol), state
+    """Per rail: name, local_addr, kind, state
     ('up'/'down'/'probing'), bytes_sent, bytes_received, the cost model's alpha_us and
     beta_gbps, and share (of bytes scheduled)."""
     return _engine().rail_stats()

@@ -1,21 +1,11 @@
 """Turns a rail spec (``NEZHA_RAILS`` / ``nezharun --rails``) into this host's rails.
 
-A spec is a comma list of items, one rail each::
-
-    [kind:]target[;option=value;...]     or     kind[;option=value;...]
-
-``target`` is an interface name (``eth1``), an IPv4 subnet (``10.50.0.0/24``) or a single IPv4
-address (a /32) for the network kinds ``tcp`` (the default) and ``mptcp``: ``eth1``,
-``tcp:eth1``, ``mptcp:10.0.0.0/24``. A subnet names the same rail on hosts whose NIC names
-differ, which is why it is the recommended form for multi-host jobs. Other kinds the core knows
-(``nezha._core.rail_kinds()``, e.g. ``shm`` once it lands) are named alone (``shm``) or with a
-target the kind interprets (``kind:target``). ``ofi:PROVIDER@WHERE`` is a libfabric rail
-(``ofi:tcp;ofi_rxm@10.50.0.0/24``, ``ofi:verbs;ofi_rxm@ib0``, ``ofi:shm``): WHERE resolves like a
-network target, and the provider may contain ``;``, so for ``ofi`` a ``;``-part without ``=``
-continues the target. Options after ``;`` (always ``key=value``) are kind-specific and go to the
-core's rail factory untouched (``tcp:eth1;max_share_bytes=1048576``); an unknown option or kind is
-an error there, naming the rail. Without a spec there is one rail: the address this host uses to
-reach the rendezvous store.
+The grammar and the kind table belong to the core (``core/src/transport/rail_spec.h``,
+``rail_kinds.cc``): ``nezha._core.parse_rails`` parses the spec, and each kind's row says how its
+target resolves. This module only does what needs the host: it turns interface names and subnets
+into this host's IPv4 addresses. A subnet names the same rail on hosts whose NIC names differ,
+which is why it is the recommended form for multi-host jobs. Without a spec there is one rail: the
+address this host uses to reach the rendezvous store.
 """
 
 from __future__ import annotations
@@ -27,22 +17,16 @@ from typing import Dict, List, Optional, Tuple
 
 import psutil
 
-NETWORK_KINDS = ("tcp", "mptcp")  # rails bound to a local IPv4 address
-# Kinds whose target may contain ';' (libfabric provider strings such as "tcp;ofi_rxm"): a ';'-part
-# without '=' continues the target; options are always key=value. The core's parser does the same.
-SEMICOLON_TARGET_KINDS = ("ofi",)
+from nezha import _core
 
-# Collective-only rails named by the daemon they reduce on (``agg:ADDR:PORT``): they bind no local
-# address (their control path uses the rendezvous route), the target goes to the core as `daemon`.
-COLLECTIVE_KINDS = ("agg",)
-PROTOCOLS = NETWORK_KINDS  # the name this tuple had before other kinds existed
 _LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
 @dataclasses.dataclass(frozen=True)
 class RailSpec:
-    """One rail on this host: its name in the spec, the local IPv4 address to bind (empty for a
-    kind that binds none), its kind, and kind-specific options as (key, value) pairs."""
+    """One rail on this host: its name in the spec, its resolved target (the local IPv4 address
+    to bind, ``PROVIDER@ADDRESS``, a daemon's ``ADDRESS:PORT``, or empty: the kind's row says
+    which), its kind, and kind-specific options as (key, value) pairs."""
 
     name: str
     local_addr: str
@@ -50,18 +34,23 @@ class RailSpec:
     options: Tuple[Tuple[str, str], ...] = ()
 
     @property
-    def protocol(self) -> str:
-        """The kind (this field's name before kinds other than tcp/mptcp existed)."""
-        return self.kind
+    def binds_local_address(self) -> bool:
+        """Whether the rail's traffic leaves from an IPv4 address of its own (the engine's control
+        channel needs another path for a rail that does not)."""
+        return rail_target(self.kind) == _core.RailTarget.local_address
 
 
 def core_rail_kinds() -> Tuple[str, ...]:
-    """Every kind the core's rail factory builds (tcp and mptcp at least)."""
-    try:
-        from nezha import _core
-    except ImportError:  # the launcher may run where the core is not built: network kinds only
-        return NETWORK_KINDS
+    """Every kind the core's rail factory builds."""
     return tuple(_core.rail_kinds())
+
+
+def rail_target(kind: str):
+    """How ``kind``'s target resolves (a ``nezha._core.RailTarget``), from the core's table."""
+    for row in _core.rail_kind_table():
+        if row["kind"] == kind:
+            return row["target"]
+    raise ValueError(f"unknown rail kind {kind!r}; known kinds: {', '.join(core_rail_kinds())}")
 
 
 def resolve_rails(spec: Optional[str], rendezvous_addr: str) -> List[RailSpec]:
@@ -69,44 +58,17 @@ def resolve_rails(spec: Optional[str], rendezvous_addr: str) -> List[RailSpec]:
     if spec is None or not spec.strip():
         return [_default_rail(rendezvous_addr)]
     interfaces = _ipv4_interfaces()
-    other_kinds = [k for k in core_rail_kinds() if k not in NETWORK_KINDS]
     rails: List[RailSpec] = []
-    for item in spec.split(","):
-        item = item.strip()
-        if not item:
-            raise ValueError(f"rail spec {spec!r} has an empty item")
-        head, *option_texts = [part.strip() for part in item.split(";")]
-        if head.split(":", 1)[0].strip().lower() in SEMICOLON_TARGET_KINDS:
-            # "ofi:tcp;ofi_rxm@10.50.0.0/24;window=4": parts without '=' continue the target.
-            while option_texts and "=" not in option_texts[0]:
-                head += ";" + option_texts.pop(0)
-        options = _parse_options(item, option_texts)
-        kind, target = "tcp", head
-        if ":" in head:
-            prefix, rest = head.split(":", 1)
-            kind, target = prefix.strip().lower(), rest.strip()
-            if kind not in NETWORK_KINDS and kind not in other_kinds:
-                raise ValueError(f"rail {item!r}: unknown rail kind {prefix!r}; known kinds: "
-                                 f"{', '.join(NETWORK_KINDS + tuple(other_kinds))}")
-        elif head.lower() in other_kinds:
-            kind, target = head.lower(), ""
-        if kind in NETWORK_KINDS:
-            if not target:
-                raise ValueError(f"rail {item!r}: expected [tcp:|mptcp:]<interface or IPv4 subnet>")
-            rail = RailSpec(name=target, local_addr=_resolve_item(target, interfaces),
-                            kind=kind, options=options)
-        elif kind == "ofi":
-            rail = RailSpec(name=target, local_addr=_resolve_ofi_target(item, target, interfaces),
-                            kind=kind, options=options)
-        elif kind in COLLECTIVE_KINDS:
-            rail = _collective_rail(item, kind, target, options)
-        else:
-            rail = RailSpec(name=target or kind, local_addr=target, kind=kind, options=options)
+    for item in _core.parse_rails(spec):
+        rail = RailSpec(name=item.target or item.kind,
+                        local_addr=_resolve_target(item, interfaces),
+                        kind=item.kind, options=tuple(item.options))
         for other in rails:
-            if rail.local_addr and other.local_addr == rail.local_addr:
+            if (rail.binds_local_address and other.binds_local_address
+                    and other.local_addr == rail.local_addr):
                 raise ValueError(f"rails {other.name!r} and {rail.name!r} both resolve to local "
                                  f"address {rail.local_addr}; list each rail once")
-            if not rail.local_addr and other.kind == rail.kind and other.name == rail.name:
+            if other.kind == rail.kind and other.name == rail.name:
                 raise ValueError(f"rail {rail.name!r} is listed twice; list each rail once")
         rails.append(rail)
     return rails
@@ -119,42 +81,17 @@ def discover():
     return _discover()
 
 
-def _resolve_ofi_target(item: str, target: str,
-                        interfaces: Dict[str, List[ipaddress.IPv4Interface]]) -> str:
-    """``PROVIDER@SUBNET_OR_INTERFACE`` -> ``PROVIDER@LOCAL_IP`` (what the core binds); a provider
-    alone (``shm``) binds no address."""
-    provider, at, where = target.rpartition("@")
-    if not at:
-        provider, where = target, ""
-    if not provider:
-        raise ValueError(f"rail {item!r}: expected ofi:PROVIDER@<interface or IPv4 subnet>, e.g. "
-                         f"ofi:tcp;ofi_rxm@10.50.0.0/24 or ofi:verbs;ofi_rxm@10.60.0.0/24")
-    return f"{provider}@{_resolve_item(where, interfaces)}" if where else provider
-
-
-def _collective_rail(item: str, kind: str, target: str,
-                     options: Tuple[Tuple[str, str], ...]) -> RailSpec:
-    host, colon, port = target.rpartition(":")
-    try:
-        ipaddress.IPv4Address(host)
-        port_ok = colon and port.isdigit() and 0 < int(port) < 65536
-    except ValueError:
-        port_ok = False
-    if not port_ok:
-        raise ValueError(f"rail {item!r}: expected {kind}:<IPv4 address>:<port> of the nezha-aggd to use")
-    return RailSpec(name=target, local_addr="", kind=kind, options=(("daemon", target),) + options)
-
-
-def _parse_options(item: str, texts: List[str]) -> Tuple[Tuple[str, str], ...]:
-    options: List[Tuple[str, str]] = []
-    for text in texts:
-        key, eq, value = text.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"rail {item!r}: option {text!r} is not key=value")
-        if any(k == key.strip() for k, _ in options):
-            raise ValueError(f"rail {item!r}: option {key.strip()!r} is given twice")
-        options.append((key.strip(), value.strip()))
-    return tuple(options)
+def _resolve_target(item, interfaces: Dict[str, List[ipaddress.IPv4Interface]]) -> str:
+    """The target as the core's maker wants it, per the kind's row: interfaces and subnets become
+    this host's address; the shape was checked by the core's parser already."""
+    form = item.target_form
+    if form == _core.RailTarget.local_address:
+        return _resolve_item(item.target, interfaces)
+    if form == _core.RailTarget.provider_at_local_address:
+        # PROVIDER@WHERE -> PROVIDER@LOCAL_IP; a provider alone (ofi:shm) binds no address.
+        provider, at, where = item.target.rpartition("@")
+        return f"{provider}@{_resolve_item(where, interfaces)}" if at else item.target
+    return item.target  # none: empty; host_port: a remote endpoint, used as written
 
 
 def _resolve_item(target: str, interfaces: Dict[str, List[ipaddress.IPv4Interface]]) -> str:

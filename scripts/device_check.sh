@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU machine's check (README, "On a GPU machine"): builds nezha with that machine's own python3
+# The GPU machine's check (docs/status.md): builds nezha with that machine's own python3
 # (torch and jax with CUDA; nothing is fetched), runs the adapters' CUDA tests, and compares a jitted
 # pytree allreduce through the CUDA FFI handler with the io_callback path (2 ranks, loopback: the
 # staging and dispatch overhead, not a network figure). Logs go to $OUT (default ./device-out).

@@ -107,7 +107,7 @@ def test_nezharun_aggregator_starts_the_daemon_and_adds_the_rail(testbed_factory
                             stderr=subprocess.STDOUT, timeout=240)
     assert result.returncode == 0, result.stdout[-4000:]
     assert all(f"OK rank {r}" in result.stdout for r in range(4)), result.stdout[-3000:]
-    assert '"protocol": "agg"' in result.stdout
+    assert '"kind": "agg"' in result.stdout
     # nezharun stopped its daemon: nothing listens on the aggregator's port any more.
     probe = tb.exec(tb.aggregator_host, ["ss", "-Hltn", f"sport = :{AGG_PORT}"],
                     stdout=subprocess.PIPE, text=True)

@@ -1,4 +1,4 @@
-"""nezha.jax (issue 20) on 2 and 3 real ranks: collectives on pytrees eager and inside jit against
+"""nezha.jax on 2 and 3 real ranks: collectives on pytrees eager and inside jit against
 numpy, gradients, scan/cond, mismatches raising on every rank; the io_callback fallback; pmap and
 optax/flax training against a single-process reference; importing nezha without jax."""
 import os

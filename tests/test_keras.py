@@ -43,7 +43,7 @@ def test_keras_fit_on_backend(backend, tmp_path):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax"])
 def test_keras_learning_rate_callbacks_follow_horovod(backend):
-    """Issue 39's case (3 ranks, 6 steps per epoch, warmup over 2 epochs): every batch's rate is
+    """Horovod's warmup case (3 ranks, 6 steps per epoch, warmup over 2 epochs): every batch's rate is
     Horovod's, the last warmup batch runs at initial_lr; momentum correction is applied where the
     step runs eagerly and refused with a warning where Keras compiles it (tf_workers/w_keras_lr.py)."""
     _needs(backend)

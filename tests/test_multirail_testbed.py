@@ -40,7 +40,7 @@ def test_split_follows_a_rate_change_within_two_seconds(testbed_factory):
 # Rail 0 also carries a path of the control channel; "reset" kills the host's connections on the rail.
 @pytest.mark.parametrize("rail,fault", [(1, "cut"), (0, "cut"), (0, "reset")])
 def test_failed_rail_fails_over_without_loss_and_is_readmitted(testbed_factory, rail, fault):
-    """Issue #4 items 1, 2, 8: one host loses a rail during continuous 4 MiB allreduces."""
+    """One host loses a rail during continuous 4 MiB allreduces."""
     from nezha.bench.failover_drill import run_drill
 
     tb = testbed_factory(hosts=4, rails=2, rates=["1gbit", "1gbit"])
@@ -63,7 +63,7 @@ def test_failed_rail_fails_over_without_loss_and_is_readmitted(testbed_factory, 
 
 @pytest.mark.parametrize("op", ["broadcast", "allgather", "reducescatter", "alltoall"])
 def test_a_cut_during_striped_collectives_fails_over_without_loss(testbed_factory, op):
-    """Issue 18 point 1: every striped collective keeps allreduce's failover guarantees. A host loses
+    """Every striped collective keeps allreduce's failover guarantees. A host loses
     rail 0 during back-to-back operations of 4 MiB per rank, striped over both rails (all but the
     alltoall balanced: a non-leader waits for its claims on the rail that is cut); every result is
     checked by numpy, the rail fails over on every rank and is re-admitted."""

@@ -1,5 +1,6 @@
-"""resolve_rails(): interface names, subnets, kinds and options, defaults and clear errors; the
-rendezvous encoding of opaque rail addresses."""
+"""resolve_rails(): interface names, subnets, kinds and options, defaults and clear errors, all
+following the core's kind table (a kind registered at run time included); the rendezvous encoding
+of opaque rail addresses."""
 
 import ipaddress
 import socket
@@ -31,12 +32,12 @@ def test_loopback_subnet():
 
 def test_mptcp_prefix_and_whitespace():
     assert resolve_rails(" mptcp:lo ", "127.0.0.1") == [RailSpec("lo", "127.0.0.1", "mptcp")]
-    assert resolve_rails("MPTCP:127.0.0.0/8", "127.0.0.1")[0].protocol == "mptcp"
+    assert resolve_rails("MPTCP:127.0.0.0/8", "127.0.0.1")[0].kind == "mptcp"
 
 
 def test_several_loopback_rails_for_single_machine_multi_rail_tests():
     rails = resolve_rails("127.0.0.1/32,127.0.0.2/32,mptcp:127.0.0.3", "127.0.0.1")
-    assert [(r.local_addr, r.protocol) for r in rails] == [
+    assert [(r.local_addr, r.kind) for r in rails] == [
         ("127.0.0.1", "tcp"), ("127.0.0.2", "tcp"), ("127.0.0.3", "mptcp")]
     with socket.socket() as s:  # the kernel agrees that these addresses are local
         s.bind((rails[1].local_addr, 0))
@@ -103,7 +104,6 @@ def test_kind_prefix_and_options():
                           "127.0.0.1")
     assert rails == [RailSpec("127.0.0.1/32", "127.0.0.1", "tcp",
                               (("max_share_bytes", "1048576"), ("socket_buffer_bytes", "65536")))]
-    assert rails[0].protocol == "tcp"  # the old field name still reads
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -168,9 +168,10 @@ def test_an_ofi_target_keeps_its_semicolons_and_resolves_its_address():
 def test_aggregation_rail_names_its_daemon_and_binds_nothing():
     assert "agg" in core_rail_kinds()
     (tcp, agg) = resolve_rails("127.0.0.1,agg:10.51.0.5:7219;window=4", "127.0.0.1")
-    assert tcp.kind == "tcp"
-    assert agg == RailSpec(name="10.51.0.5:7219", local_addr="", kind="agg",
-                           options=(("daemon", "10.51.0.5:7219"), ("window", "4")))
+    assert tcp.kind == "tcp" and tcp.binds_local_address
+    assert agg == RailSpec(name="10.51.0.5:7219", local_addr="10.51.0.5:7219", kind="agg",
+                           options=(("window", "4"),))
+    assert not agg.binds_local_address  # the engine opens its control path elsewhere
 
 
 @pytest.mark.parametrize("spec", ["agg:", "agg:10.0.0.1", "agg:host:7219", "agg:10.0.0.1:0",
@@ -189,3 +190,49 @@ def test_nezharun_aggregator_argument():
     assert rails_with_aggregator("10.50.0.0/24", spec) == "10.50.0.0/24,agg:10.51.0.5:7300"
     with pytest.raises(ValueError, match="port"):
         parse_aggregator("nz-h4@10.51.0.5:0")
+
+
+def test_the_core_owns_the_kind_table():
+    from nezha import _core
+    table = {row["kind"]: row for row in _core.rail_kind_table()}
+    assert table["tcp"]["target"] == _core.RailTarget.local_address
+    assert table["shm"]["target"] == _core.RailTarget.none
+    assert table["ofi"]["target"] == _core.RailTarget.provider_at_local_address
+    assert table["ofi"]["target_continues_after_semicolon"]
+    assert table["agg"]["target"] == _core.RailTarget.host_port
+    # The control channel runs over tcp paths only.
+    assert [k for k, row in table.items() if row["control_path"]] == ["tcp"]
+    items = _core.parse_rails(" lo ; window = 4 , shm")
+    assert [(i.kind, i.target, i.options) for i in items] == [
+        ("tcp", "lo", [("window", "4")]), ("shm", "", [])]
+    with pytest.raises(ValueError, match="rail 'shm:lo': kind shm takes no target"):
+        resolve_rails("shm:lo", "127.0.0.1")
+
+
+def test_a_kind_the_table_does_not_ship_resolves_with_no_python_change():
+    """One row registered at run time (its maker borrowed from tcp, as a transport's folder would
+    bring its own): the grammar, the resolution of its target and the messages follow the row."""
+    from nezha import _core
+    if "lane" not in core_rail_kinds():
+        _core.testing.register_rail_kind("lane", _core.RailTarget.local_address, like="tcp")
+    if "lanepair" not in core_rail_kinds():
+        _core.testing.register_rail_kind("lanepair", _core.RailTarget.provider_at_local_address,
+                                         like="tcp", target_continues_after_semicolon=True)
+    assert {"lane", "lanepair"} <= set(core_rail_kinds())
+    assert resolve_rails("LANE:lo;max_share_bytes=4096", "127.0.0.1") == [
+        RailSpec("lo", "127.0.0.1", "lane", (("max_share_bytes", "4096"),))]
+    assert resolve_rails("lanepair:a;b@127.0.0.0/8", "127.0.0.1")[0].local_addr == "a;b@127.0.0.1"
+    with pytest.raises(ValueError, match="expected lane:<interface or IPv4 subnet>"):
+        resolve_rails("lane:", "127.0.0.1")
+    with pytest.raises(ValueError, match="known kinds: .*lane"):
+        resolve_rails("pigeon:lo", "127.0.0.1")
+    with pytest.raises(ValueError, match="already registered"):
+        _core.testing.register_rail_kind("lane", _core.RailTarget.none, like="tcp")
+
+
+def test_a_registered_kind_carries_a_two_rank_job():
+    from conftest import run_worker
+    result = run_worker(2, "registered_kind.py", env={"NEZHA_AUTO_SHM": "0"}, timeout=90)
+    assert result.returncode == 0, result.output
+    for rank in range(2):
+        assert "registered kind ok" in result.lines(rank), result.output

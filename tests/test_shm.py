@@ -60,7 +60,7 @@ def test_a_one_host_job_uses_shm_by_default(job):
 
 def test_the_automatic_shm_knob_turns_it_off():
     code = ("import nezha; nezha.init(); "
-            "print('KINDS', [s.get('kind', s.get('protocol')) for s in nezha.rail_stats()])")
+            "print('KINDS', [s['kind'] for s in nezha.rail_stats()])")
     result = run_job(2, [sys.executable, "-c", code], env={"NEZHA_AUTO_SHM": "0"}, timeout=60)
     assert result.returncode == 0, result.output[-2000:]
     for r in range(2):

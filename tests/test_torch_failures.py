@@ -1,5 +1,5 @@
 """A case failing on some ranks leaves the job usable and in step, and every rank says which tensor
-waits for which ranks (issue 16, point 6), on 2 real ranks."""
+waits for which ranks, on 2 real ranks."""
 
 import re
 import time

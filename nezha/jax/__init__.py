@@ -3,7 +3,7 @@
 
 Inside ``jit`` each collective is an asynchronous, side-effecting XLA FFI custom call into nezha's
 engine (zero-copy on CPU buffers; ranks matched by name); ``ffi_available()`` says whether this
-build has it, else an ordered ``io_callback`` is used (a warning says so once). See docs/JAX.md.
+build has it, else an ordered ``io_callback`` is used (a warning says so once). See docs/jax.md.
 """
 try:
     import jax as _jax  # noqa: F401

@@ -137,7 +137,7 @@ def check_training(rank, size, device, steps=3):
 
 
 def check_horovod_cuda_semantics(rank, size, device):
-    """Issue 39 with real CUDA tensors: float16 scaled in half precision (the reference is torch's
+    """Horovod's GPU semantics with real CUDA tensors: float16 scaled in half precision (the reference is torch's
     CUDA half multiply, as in Horovod's test_torch.py), a CPU tensor on some ranks against CUDA
     tensors on others raises on every rank, alltoall's received splits on the splits' device."""
     torch.manual_seed(1234)

@@ -1,4 +1,4 @@
-"""After a case fails on some ranks only, the job goes on in step (issue 16, point 6).
+"""After a case fails on some ranks only, the job goes on in step.
 
 Horovod-test style: the cases run one after the other in the same processes. The first fails on
 rank 1 only (an exception in user code between two collectives), so rank 0 waits for a tensor rank

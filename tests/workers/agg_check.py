@@ -38,7 +38,7 @@ def check(n, salt, dtype=np.float32):
 
 
 def agg_stat():
-    return next(s for s in nezha.rail_stats() if s["protocol"] == "agg")
+    return next(s for s in nezha.rail_stats() if s["kind"] == "agg")
 
 
 if mode == "correctness":

@@ -276,7 +276,7 @@ void AggDaemon::handle_auth(Conn& c, const AggFrame& f) {
       c.state = Conn::State::kAuth;
       return;
     }
-    c.handshake->on_response(static_cast<transport::FrameType>(f.header.type), payload);
+    c.handshake->on_response(handshake_message(f.header.type), payload);
   } catch (const transport::AuthenticationError& e) {
     {
       std::lock_guard<std::mutex> lock(stats_mu_);

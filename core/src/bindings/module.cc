@@ -16,7 +16,6 @@
 #include "engine/engine.h"
 #include "engine/negotiation/message_codec.h"
 #include "transport/frame.h"
-#include "transport/ofi/ofi_providers.h"
 #include "transport/rail_factory.h"
 
 namespace py = pybind11;
@@ -140,8 +139,9 @@ TensorEntry make_entry(OpType type, const std::string& name, const std::optional
 }  // namespace
 
 namespace nezha::bindings {
-void bind_tf_engine(py::module_& m);  // bindings/tf_engine.cc
-}
+void bind_tf_engine(py::module_& m);                      // bindings/tf_engine.cc
+void bind_rails(py::module_& m, py::module_& testing);  // bindings/rails.cc
+}  // namespace nezha::bindings
 
 #ifdef NEZHA_WITH_JAX_FFI
 namespace nezha::bindings {
@@ -219,7 +219,7 @@ PYBIND11_MODULE(_core, m) {
 
   // Parsers exposed for property-based fuzzing from Python (tests/test_wire_fuzz.py): they must
   // only ever return or raise NezhaError, whatever bytes they get.
-  py::module_ testing = m.def_submodule("testing", "Wire-format parsers, for fuzz tests.");
+  py::module_ testing = m.def_submodule("testing", "Hooks for tests: wire-format parsers (fuzzing), rows for the rail kind table.");
   testing.def("parse_frame_header", [](py::bytes raw) {
     std::string b = raw;
     if (b.size() != transport::kFrameHeaderBytes)
@@ -277,26 +277,7 @@ PYBIND11_MODULE(_core, m) {
     return py::bytes(engine::encode(list));
   }, "A valid encoded response list, as a seed for mutation.");
 
-  py::class_<engine::RailConfig>(m, "RailConfig")
-      .def(py::init([](std::string name, std::string addr, std::string kind,
-                       std::map<std::string, std::string> options) {
-             return engine::RailConfig{name, addr, kind, std::move(options)};
-           }), py::arg("name"), py::arg("local_addr"), py::arg("kind") = "tcp",
-           py::arg("options") = std::map<std::string, std::string>{})
-      .def_readonly("name", &engine::RailConfig::name)
-      .def_readonly("local_addr", &engine::RailConfig::local_addr)
-      .def_readonly("kind", &engine::RailConfig::kind)
-      .def_readonly("options", &engine::RailConfig::options)
-      .def_readwrite("automatic", &engine::RailConfig::automatic,
-                     "Added by nezha (NEZHA_AUTO_SHM), not named by the user: dropped where it cannot serve.")
-      .def_property_readonly("protocol", [](const engine::RailConfig& c) { return c.kind; },
-                             "The kind (this field's name before other kinds existed).");
-  m.def("rail_kinds", &transport::known_rail_kinds, "Every rail kind the core's rail factory builds.");
-  m.def("ofi_available", &transport::ofi::ofi_available,
-        "Whether this build has the ofi rail (libfabric was found when nezha._core was built).");
-  m.def("ofi_providers", &transport::ofi::ofi_rdm_providers,
-        "libfabric providers on this host with RDM tagged endpoints (e.g. 'tcp;ofi_rxm', "
-        "'verbs;ofi_rxm'); empty without libfabric.");
+  bindings::bind_rails(m, testing);
 
   py::class_<EngineConfig>(m, "EngineConfig")
       .def(py::init([] { return EngineConfig::from_knobs(); }), "Defaults from NEZHA_* knobs.")
@@ -439,7 +420,7 @@ PYBIND11_MODULE(_core, m) {
         py::list out;
         for (const auto& s : e.rail_stats()) {
           py::dict d;
-          d["name"] = s.name; d["local_addr"] = s.local_addr; d["kind"] = s.protocol; d["protocol"] = s.protocol;
+          d["name"] = s.name; d["local_addr"] = s.local_addr; d["kind"] = s.kind;
           d["state"] = s.state; d["bytes_sent"] = s.bytes_sent; d["bytes_received"] = s.bytes_received;
           d["lane_bytes_sent"] = s.lane_bytes_sent;
           d["alpha_us"] = s.alpha_us; d["beta_gbps"] = s.beta_gbps; d["share"] = s.share;

@@ -18,13 +18,13 @@
 namespace nezha::collectives {
 namespace {
 // The bytes a rank may wait for, beyond its own, before its first piece arrives: 33 ms at
-// 250 Mbit/s, 8 ms at 1 Gbit/s, whatever the number of ranks (with 1 MiB pieces, a 16-rank tree
-// on a 250 Mbit/s rail kept ranks silent for 300 ms, past the watchdog's 100 ms).
+// 250 Mbit/s, 8 ms at 1 Gbit/s, whatever the number of ranks: a rank silent for longer than the
+// watchdog allows a busy rail would be taken for a cut.
 constexpr size_t kFirstPieceWaitBytes = 1 << 20;
 constexpr size_t kMinPieceBytes = 16 << 10;  // below this, per-message costs dominate
 // A chain costs n - 2 piece times beyond the payload's own, so on a network rail a small payload is
-// cut into this many pieces (none below kMinPieceBytes): one 200 KB piece crossing three 250 Mbit/s
-// links in turn took three times as long as the bytes.
+// cut into this many pieces (none below kMinPieceBytes): one piece crossing three links in turn
+// would take three times as long as the bytes.
 constexpr size_t kChainPieces = 4;
 
 // `waits`: how many piece times the farthest rank waits before its first piece.

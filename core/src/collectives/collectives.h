@@ -92,12 +92,10 @@ void reducescatterv_blocks(transport::Rail& rail, const std::vector<const uint8_
 // buf (bytes long) is copied from root to every rank: a binomial tree below
 // kBroadcastChainMinBytes (log2 n steps), a pipelined chain from there on (every rank sends the
 // data once, so the root's link carries it once instead of log2 n times). The tree saves hops, which
-// only pays while a hop costs more than the bytes: on a 1 Gbit/s rail, 4 ranks, 192 KB down the tree
-// took 3.3 ms where 256 KB down the chain took 2.2 ms (and a 200 KB striped share on a 250 Mbit/s
-// rail made a 1 MB broadcast on two rails slower than on the faster rail alone). Within a host
-// (a kHost rail: shared memory) bytes move at memory speed and a hop, a thread wake-up, is worth far
-// more bytes: there the tree goes up to kBroadcastChainMinBytesInHost and the chain's pieces stay
-// large, as before (4 ranks on shm: no gain measurable through run-to-run noise of +-30 %).
+// only pays while a hop costs more than the bytes: on a network rail that stops being true at tens
+// of kilobytes. Within a host (a kHost rail: shared memory) bytes move at memory speed and a hop, a
+// thread wake-up, is worth far more bytes: there the tree goes up to kBroadcastChainMinBytesInHost
+// and the chain's pieces stay large (smaller ones gain nothing measurable there).
 constexpr size_t kBroadcastChainMinBytes = 64 << 10;
 constexpr size_t kBroadcastChainMinBytesInHost = 256 << 10;
 void broadcast(transport::Rail& rail, void* buf, size_t bytes, int root,

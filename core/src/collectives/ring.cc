@@ -41,8 +41,8 @@ struct Exchange {
 // message x is received, received(x) once it has arrived (the reduce-scatter adds it into place).
 //
 // Lock-step (send i and receive i together, then received(i)) leaves the link to the next rank idle
-// while received(i) runs and until the next exchange starts: on shaped links that was 5-10% of the
-// line rate. Pipelined, message i+1 goes out while message i comes in, so the next rank's link
+// while received(i) runs and until the next exchange starts, a few percent of the line rate on
+// shaped links. Pipelined, message i+1 goes out while message i comes in, so the next rank's link
 // always has a message queued. That is safe when (1) message i+1 depends only on messages up to
 // i+1-nseg (a step's segment k is the previous step's segment k after received()), so nseg >= 2, and
 // (2) the rail can hand over one whole message while its peer reads nothing (send_buffer_bytes):

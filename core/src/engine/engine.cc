@@ -361,7 +361,7 @@ std::vector<RailStat> Engine::rail_stats() const {
     const auto& props = rails_[i]->properties();
     s.name = props.name;
     s.local_addr = props.local_addr;
-    s.protocol = props.kind;
+    s.kind = props.kind;
     s.state = multirail::rail_state_name(status[i].state);
     auto c = rails_[i]->counters();
     s.bytes_sent = c.bytes_sent;

@@ -123,7 +123,7 @@ struct EngineStats {
 };
 
 struct RailStat {
-  std::string name, local_addr, protocol, state;
+  std::string name, local_addr, kind, state;
   uint64_t bytes_sent = 0, bytes_received = 0;  // a rail with a host lane: both rails' together
   uint64_t lane_bytes_sent = 0;  // of bytes_sent: through the rail's host lane (shared memory)
   double alpha_us = 0, beta_gbps = 0, share = 0;

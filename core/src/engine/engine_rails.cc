@@ -53,7 +53,7 @@ void Engine::build_rails() {
   if (lane >= 0 && network > 0) {
     const RailConfig& lc = config_.rails[static_cast<size_t>(lane)];
     // A one-host job: an automatic lane carries the allreduces of the default rail; a lane the user
-    // listed beside network rails stays a rail of its own, striped with them (as before lanes).
+    // listed beside network rails stays a rail of its own, striped with them.
     // Across hosts: lanes with NEZHA_HIERARCHICAL, else an automatic lane is dropped (a listed one
     // is refused at connect, naming the ranks it misses).
     if (one_host) use_lanes = lc.automatic;

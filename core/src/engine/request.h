@@ -128,8 +128,7 @@ double half_precision_factor(double factor);
 // an operation of at least `unfused_bytes` (NEZHA_UNFUSED_BYTES; 0: none) runs alone (an allreduce
 // reduced in its own output). At that size a fused buffer's copy in and copy out (serial, before
 // the first rail starts and after the last ends) cost more than a lone operation's start-up, which
-// the rails overlap with the previous operation's end: a pytree of 8 x 8 MB leaves took 1.65 Gbit/s
-// fused, 1.83-1.86 alone, on two 1 Gbit/s rails (benchmarks/RESULTS.md, issue 20).
+// the rails overlap with the previous operation's end (benchmarks/RESULTS.md has the figures).
 inline bool runs_unfused(size_t bytes, size_t unfused_bytes) {
   return unfused_bytes > 0 && bytes >= unfused_bytes;
 }

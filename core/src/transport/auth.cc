@@ -1,5 +1,7 @@
 #include "transport/auth.h"
 
+#include "transport/frame.h"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -127,12 +129,22 @@ std::string AcceptorHandshake::on_hello(const std::string& payload) {
                           params_.size, params_.rail_index);
 }
 
-void AcceptorHandshake::on_response(FrameType type, const std::string& payload) {
-  if (type == FrameType::kAuthResult)
+const char* handshake_message_name(HandshakeMessage message) {
+  switch (message) {
+    case HandshakeMessage::kHello: return "hello";
+    case HandshakeMessage::kChallenge: return "challenge";
+    case HandshakeMessage::kAuthResponse: return "auth-response";
+    case HandshakeMessage::kAuthResult: return "auth-result";
+  }
+  return "non-handshake";
+}
+
+void AcceptorHandshake::on_response(HandshakeMessage type, const std::string& payload) {
+  if (type == HandshakeMessage::kAuthResult)
     throw AuthenticationError("rank " + std::to_string(peer_rank_) +
                               " could not verify our challenge (the secrets differ)");
-  if (type != FrameType::kAuthResponse || nonce_c_.empty())
-    throw AuthenticationError(std::string("unexpected ") + frame_type_name(type) +
+  if (type != HandshakeMessage::kAuthResponse || nonce_c_.empty())
+    throw AuthenticationError(std::string("unexpected ") + handshake_message_name(type) +
                               " frame during the handshake");
   const std::string expected = proof(params_.secret, "connector", nonce_c_, nonce_a_, peer_rank_,
                                      params_.rank, params_.size, params_.rail_index);

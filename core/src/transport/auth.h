@@ -21,9 +21,19 @@
 #include <string>
 
 #include "common/error.h"
-#include "transport/frame.h"
 
 namespace nezha::transport {
+
+// The handshake's four messages. Every frame format that carries them numbers them with these
+// values (frame.h's FrameType, agg/agg_protocol.h's AggType take theirs from here), so a frame's
+// type byte converts to a HandshakeMessage as is.
+enum class HandshakeMessage : uint8_t {
+  kHello = 1,
+  kChallenge = 2,
+  kAuthResponse = 3,
+  kAuthResult = 4,
+};
+const char* handshake_message_name(HandshakeMessage message);  // "hello", ...; "non-handshake"
 
 // The peer failed to authenticate, or sent a malformed handshake message.
 class AuthenticationError : public ProtocolError {
@@ -76,7 +86,7 @@ class AcceptorHandshake {
   std::string on_hello(const std::string& payload);
   // `type` is kAuthResponse (verified) or kAuthResult (the connector rejected our challenge).
   // Returns normally only if the connector proved it holds the secret; else AuthenticationError.
-  void on_response(FrameType type, const std::string& payload);
+  void on_response(HandshakeMessage type, const std::string& payload);
 
   // Valid after on_hello(): the rank the connector claims (proven only once on_response() passed).
   int peer_rank() const { return peer_rank_; }

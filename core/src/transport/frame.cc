@@ -23,10 +23,10 @@ std::string format_tag(uint64_t tag) {
 
 const char* frame_type_name(FrameType type) {
   switch (type) {
-    case FrameType::kHello: return "hello";
-    case FrameType::kChallenge: return "challenge";
-    case FrameType::kAuthResponse: return "auth-response";
-    case FrameType::kAuthResult: return "auth-result";
+    case FrameType::kHello:
+    case FrameType::kChallenge:
+    case FrameType::kAuthResponse:
+    case FrameType::kAuthResult: return handshake_message_name(handshake_message(type));
     case FrameType::kData: return "data";
     case FrameType::kControl: return "control";
   }

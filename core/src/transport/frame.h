@@ -1,4 +1,4 @@
-// Wire frames shared by every byte-stream transport (TCP today, shared memory and aggregation later).
+// Wire frames of the point-to-point byte-stream transports (tcp; ofi reuses the handshake's types).
 //
 // A frame is a fixed 64-byte little-endian header followed by `length` payload bytes:
 //
@@ -12,10 +12,8 @@
 //       24    40  reserved, 0
 //
 // Why 64 bytes: the header is exactly one cache line, so a payload keeps its buffer's 64-byte
-// alignment inside the kernel's socket buffers, where headers and payloads are packed back to back.
-// With the former 24-byte header every payload sat 24 bytes off a line, and the kernel's copies into
-// and out of the socket buffers cost 2-3x as much (perf, 4 ranks on loopback): a 64 MiB allreduce went
-// from ~205 ms to ~150 ms on the testbed machine when the header grew.
+// alignment inside the kernel's socket buffers, where headers and payloads are packed back to back;
+// a payload off a line makes the kernel's copies into and out of those buffers several times dearer.
 //
 // The receiver always knows what it expects (type, tag, exact length or an upper bound), so every
 // header is checked before a single payload byte is read: a desynchronised or hostile peer is caught
@@ -28,10 +26,12 @@
 #include <cstdint>
 #include <string>
 
+#include "transport/auth.h"
+
 namespace nezha::transport {
 
 constexpr uint32_t kFrameMagic = 0x31485A4E;  // bytes 'N' 'Z' 'H' '1' read as a little-endian u32
-constexpr uint8_t kFrameVersion = 2;  // 2: 64-byte header (1 had 24 bytes)
+constexpr uint8_t kFrameVersion = 2;
 constexpr size_t kFrameHeaderBytes = 64;
 static_assert(kFrameHeaderBytes % 64 == 0, "payloads must stay cache-line aligned on the wire");
 // Upper bound for any frame whose payload is buffered by the transport (control and handshake
@@ -39,15 +39,18 @@ static_assert(kFrameHeaderBytes % 64 == 0, "payloads must stay cache-line aligne
 constexpr uint64_t kMaxControlPayloadBytes = uint64_t{64} << 20;
 
 enum class FrameType : uint8_t {
-  kHello = 1,
-  kChallenge = 2,
-  kAuthResponse = 3,
-  kAuthResult = 4,
+  // auth.h's handshake, under its own numbers
+  kHello = static_cast<uint8_t>(HandshakeMessage::kHello),
+  kChallenge = static_cast<uint8_t>(HandshakeMessage::kChallenge),
+  kAuthResponse = static_cast<uint8_t>(HandshakeMessage::kAuthResponse),
+  kAuthResult = static_cast<uint8_t>(HandshakeMessage::kAuthResult),
   kData = 5,
   kControl = 6,
 };
 
 const char* frame_type_name(FrameType type);
+// A handshake frame's message (a frame of another type maps to no HandshakeMessage value).
+inline HandshakeMessage handshake_message(FrameType type) { return static_cast<HandshakeMessage>(type); }
 std::string format_tag(uint64_t tag);  // "0x2a", as tags appear in every error message
 
 struct FrameHeader {

@@ -50,7 +50,7 @@ enum class RailReach { kJob, kHost };
 // What the scheduler may read about a rail. It never asks "what type are you": capabilities only.
 struct RailProperties {
   std::string name;          // as the user named it: "eth1", "10.50.0.0/24", "shm"
-  std::string kind;          // "tcp", "mptcp", "shm", "ofi" (later "agg"); shown in rail_stats()
+  std::string kind;          // the kind table's name ("tcp", "shm", ...); shown in rail_stats()
   std::string local_addr;    // human-readable, for rail_stats(): "10.0.0.1", "shm:<host>"
   std::string bind_ip;       // IPv4 address the rail's traffic leaves from, if it has one ("10.0.0.1";
                              // empty for shm): the engine opens this rail's control path there

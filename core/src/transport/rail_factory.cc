@@ -2,22 +2,31 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cctype>
 #include <cstdlib>
+#include <deque>
 #include <mutex>
 
 #include "common/error.h"
-#include "transport/rail_kinds.h"
 
 namespace nezha::transport {
 
+const std::vector<RailKind>& builtin_rail_kinds();  // rail_kinds.cc
+
 namespace {
 
-// The built-in table plus whatever register_rail_kind() added; filled on first use.
+// The built-in rows plus whatever register_rail_kind() added; filled on first use. A deque keeps
+// rows where they are as it grows, so find_rail_kind() can hand out pointers.
 struct Registry {
   std::mutex mu;
-  std::map<std::string, RailMaker> makers;
+  std::deque<RailKind> rows;
   Registry() {
-    for (const RailKind& k : builtin_rail_kinds()) makers.emplace(k.kind, k.maker);
+    for (const RailKind& k : builtin_rail_kinds()) rows.push_back(k);
+  }
+  const RailKind* find(const std::string& kind) const {
+    for (const RailKind& k : rows)
+      if (k.kind == kind) return &k;
+    return nullptr;
   }
 };
 
@@ -35,92 +44,58 @@ std::string join(const std::vector<std::string>& items) {
 }  // namespace
 
 std::unique_ptr<Rail> make_rail(const RailSpec& spec, const RailContext& ctx) {
-  RailMaker maker = nullptr;
-  {
-    Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    auto it = r.makers.find(spec.kind);
-    if (it != r.makers.end()) maker = it->second;
-  }
-  if (!maker)
+  const RailKind* row = find_rail_kind(spec.kind);
+  if (!row)
     throw InvalidArgument("rail '" + spec.name + "': unknown rail kind '" + spec.kind +
                           "' (known kinds: " + join(known_rail_kinds()) + ")");
-  std::unique_ptr<Rail> rail = maker(spec, ctx);
+  std::unique_ptr<Rail> rail = row->maker(spec, ctx);
   if (!rail) throw NezhaError("rail '" + spec.name + "': the maker of kind '" + spec.kind + "' built nothing");
   return rail;
 }
 
 std::unique_ptr<MessagePath> make_message_path(const RailSpec& spec, const RailContext& ctx) {
+  const RailKind* row = find_rail_kind(spec.kind);
+  if (row && row->message_path) return row->message_path(spec, ctx);
   std::vector<std::string> kinds;
-  for (const MessagePathKind& k : builtin_message_path_kinds()) {
-    if (k.kind == spec.kind) return k.maker(spec, ctx);
-    kinds.push_back(k.kind);
-  }
+  for (const RailKind& k : rail_kind_table())
+    if (k.message_path) kinds.push_back(k.kind);
   throw InvalidArgument("control path '" + spec.name + "': rail kind '" + spec.kind +
                         "' cannot carry control messages (kinds that can: " + join(kinds) + ")");
 }
 
-void register_rail_kind(const std::string& kind, RailMaker maker) {
-  if (kind.empty() || !maker) throw InvalidArgument("register_rail_kind: empty kind or no maker");
+void register_rail_kind(const RailKind& row) {
+  if (row.kind.empty() || !row.maker) throw InvalidArgument("register_rail_kind: empty kind or no maker");
+  for (char c : row.kind)
+    if (c == ':' || c == ';' || c == ',' || c == '@' || std::isspace(static_cast<unsigned char>(c)) ||
+        std::tolower(static_cast<unsigned char>(c)) != c)
+      throw InvalidArgument("register_rail_kind: '" + row.kind + "' is not a lower-case name without : ; , @ or spaces");
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (!r.makers.emplace(kind, maker).second)
-    throw InvalidArgument("register_rail_kind: rail kind '" + kind + "' is already registered");
+  if (r.find(row.kind)) throw InvalidArgument("register_rail_kind: rail kind '" + row.kind + "' is already registered");
+  r.rows.push_back(row);
+}
+
+const RailKind* find_rail_kind(const std::string& kind) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.find(kind);
+}
+
+std::vector<RailKind> rail_kind_table() {
+  Registry& r = registry();
+  std::vector<RailKind> out;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    out.assign(r.rows.begin(), r.rows.end());
+  }
+  std::sort(out.begin(), out.end(), [](const RailKind& a, const RailKind& b) { return a.kind < b.kind; });
+  return out;
 }
 
 std::vector<std::string> known_rail_kinds() {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
   std::vector<std::string> out;
-  for (const auto& [kind, maker] : r.makers) out.push_back(kind);
-  return out;  // std::map keeps them sorted
-}
-
-RailSpec parse_rail_spec(const std::string& text) {
-  if (text.empty()) throw InvalidArgument("rail spec is empty");
-  // Options follow the first semicolon: "kind:address;key=value;key=value".
-  std::vector<std::string> parts;
-  size_t start = 0;
-  for (;;) {
-    const size_t comma = text.find(';', start);
-    parts.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  RailSpec spec;
-  const std::string& head = parts[0];
-  const size_t colon = head.find(':');
-  const std::vector<std::string> kinds = known_rail_kinds();
-  if (colon != std::string::npos) {
-    spec.kind = head.substr(0, colon);
-    spec.local_addr = head.substr(colon + 1);
-    if (spec.kind.empty()) throw InvalidArgument("rail spec '" + text + "': empty kind before ':'");
-    if (spec.local_addr.empty()) throw InvalidArgument("rail spec '" + text + "': empty address after ':'");
-    spec.name = spec.local_addr;
-  } else if (std::find(kinds.begin(), kinds.end(), head) != kinds.end()) {
-    spec.kind = head;  // a kind alone ("shm")
-    spec.name = head;
-  } else {
-    if (head.empty()) throw InvalidArgument("rail spec '" + text + "': empty address");
-    spec.kind = "tcp";
-    spec.local_addr = head;
-    spec.name = head;
-  }
-  // A ';'-part without '=' continues the target of a kind whose targets contain ';' ("ofi:tcp;ofi_rxm@..."):
-  // an option is always key=value, so the split is unambiguous.
-  size_t first_option = 1;
-  if (rail_kind_target_may_contain_semicolons(spec.kind)) {
-    for (; first_option < parts.size() && parts[first_option].find('=') == std::string::npos; ++first_option)
-      spec.local_addr += ";" + parts[first_option];
-    spec.name = spec.local_addr.empty() ? spec.kind : spec.local_addr;
-  }
-  for (size_t i = first_option; i < parts.size(); ++i) {
-    const size_t eq = parts[i].find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw InvalidArgument("rail spec '" + text + "': option '" + parts[i] + "' is not key=value");
-    spec.options[parts[i].substr(0, eq)] = parts[i].substr(eq + 1);
-  }
-  return spec;
+  for (const RailKind& k : rail_kind_table()) out.push_back(k.kind);
+  return out;
 }
 
 size_t rail_option_bytes(const RailSpec& spec, const std::string& option, size_t fallback) {

@@ -1,39 +1,27 @@
-// The table of rail kinds make_rail() knows. Adding a transport: put it in a folder under
+// The table of rail kinds, one row each. Adding a transport: put it in a folder under
 // core/src/transport/ with a maker `std::unique_ptr<Rail> make_<kind>_rail(const RailSpec&,
-// const RailContext&)`, include its header here and add one line to kBuiltinRailKinds.
-#include "transport/rail_kinds.h"
-
-#include "transport/tcp/tcp_rail.h"
-#include "transport/ofi/ofi_rail.h"
-#include "transport/shm/shm_rail.h"
+// const RailContext&)`, include its header here and add its row (rail_factory.h says what the
+// fields mean). Nothing else names a kind: the grammar, nezha/rails.py and the messages read this.
 #include "transport/agg/agg_rail.h"
+#include "transport/ofi/ofi_rail.h"
+#include "transport/rail_factory.h"
+#include "transport/shm/shm_rail.h"
+#include "transport/tcp/tcp_rail.h"
 
 namespace nezha::transport {
 
 const std::vector<RailKind>& builtin_rail_kinds() {
-  static const std::vector<RailKind> kBuiltinRailKinds = {
-      {"tcp", &make_tcp_rail},
-      {"mptcp", &make_tcp_rail},
-      {"shm", &make_shm_rail},
-      {"ofi", &make_ofi_rail, true},  // throws a NezhaError naming libfabric when built without it
-      {"agg", &make_agg_rail},
+  using T = RailTarget;
+  static const std::vector<RailKind> kRows = {
+      // kind     maker            target                       ';' continues  control path
+      {"tcp",   &make_tcp_rail,  T::kLocalAddress,            false, &make_tcp_message_path},
+      {"mptcp", &make_tcp_rail,  T::kLocalAddress,            false, nullptr},
+      {"shm",   &make_shm_rail,  T::kNone,                    false, nullptr},
+      // Without libfabric's headers at build time the maker raises a NezhaError naming libfabric.
+      {"ofi",   &make_ofi_rail,  T::kProviderAtLocalAddress,  true,  nullptr},
+      {"agg",   &make_agg_rail,  T::kHostPort,                false, nullptr},
   };
-  return kBuiltinRailKinds;
-}
-
-bool rail_kind_target_may_contain_semicolons(const std::string& kind) {
-  for (const RailKind& k : builtin_rail_kinds())
-    if (k.kind == kind) return k.target_may_contain_semicolons;
-  return false;
-}
-
-// Kinds that can also carry the engine's control channel (message_path.h).
-const std::vector<MessagePathKind>& builtin_message_path_kinds() {
-  static const std::vector<MessagePathKind> kBuiltinMessagePathKinds = {
-      {"tcp", &make_tcp_message_path},
-      {"mptcp", &make_tcp_message_path},
-  };
-  return kBuiltinMessagePathKinds;
+  return kRows;
 }
 
 }  // namespace nezha::transport

@@ -426,10 +426,13 @@ inline std::unique_ptr<transport::Rail> make_memory_rail(const transport::RailSp
   return std::make_unique<MemoryWorldRail>(world, ctx.rank, std::move(host_of_rank));
 }
 
-// Registers kind "memory" once per process (the one registration line a transport needs).
+// Registers kind "memory" once per process: the one row a transport needs. Its target is none
+// ("memory;world=W"): the world option names which in-process ranks meet.
 inline void register_memory_rail_kind() {
   static std::once_flag once;
-  std::call_once(once, [] { transport::register_rail_kind("memory", &make_memory_rail); });
+  std::call_once(once, [] {
+    transport::register_rail_kind({"memory", &make_memory_rail, transport::RailTarget::kNone});
+  });
 }
 
 }  // namespace nezha::testing

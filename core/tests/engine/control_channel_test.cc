@@ -157,7 +157,7 @@ TEST(ControlChannel, AMessageOnAPathWhoseLinkIsGoneMovesAtOnceNotAfterTheAckTime
 
 TEST(ControlChannel, ALinkFaultOnEveryPathIsLeftToTheAckTimeouts) {
   // Both of rank 1's links report a fault (its next path is no better): no move on the carrier
-  // alone, so no resend every 10 ms; the ack timeout handles it as before.
+  // alone, so no resend every 10 ms; the ack timeout handles it.
   Pair p(2);
   p[1].testing_link_fault(0, "no carrier");
   p[1].testing_link_fault(1, "no carrier");

@@ -1,4 +1,4 @@
-// Coordinator after an operation failed on some ranks (issue 16): every rank learns of a stall, and
+// Coordinator after an operation failed on some ranks: every rank learns of a stall, and
 // a group whose sizes differ across ranks fails as a whole instead of leaving one rank waiting.
 #include "engine/negotiation/coordinator.h"
 

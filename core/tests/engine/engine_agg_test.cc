@@ -33,14 +33,14 @@ std::unique_ptr<aggd::AggDaemon> start_daemon(const std::string& listen = "127.0
 std::vector<RailConfig> tcp_and_agg(const aggd::AggDaemon& d) {
   ::setenv("NEZHA_AGG_SECRET", "agg-engine-key", 1);
   auto rails = testing::loopback_rails(1);
-  rails.push_back(RailConfig{"agg", "", "agg", {{"daemon", d.address()}, {"chunk_bytes", "65536"}}});
+  rails.push_back(RailConfig{"agg", d.address(), "agg", {{"chunk_bytes", "65536"}}});
   return rails;
 }
 
-const RailStat& stat_of(const std::vector<RailStat>& stats, const std::string& protocol) {
+const RailStat& stat_of(const std::vector<RailStat>& stats, const std::string& kind) {
   for (const auto& s : stats)
-    if (s.protocol == protocol) return s;
-  throw std::runtime_error("no rail of kind " + protocol);
+    if (s.kind == kind) return s;
+  throw std::runtime_error("no rail of kind " + kind);
 }
 
 void tweak(EngineConfig& c) {

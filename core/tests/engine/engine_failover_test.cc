@@ -143,8 +143,8 @@ TEST(EngineFailoverTest, RailsOfDifferentKindsFailOverThroughTheContract) {
   std::vector<RailConfig> rails = testing::loopback_rails(1);
   rails.push_back(testing::memory_rails(1)[0]);
   TwoRailJob job(3, /*failover=*/true, /*cache_rounds=*/false, /*probe_backoff_s=*/0.2, rails);
-  EXPECT_EQ(job[0].rail_stats()[0].protocol, "tcp");
-  EXPECT_EQ(job[0].rail_stats()[1].protocol, "memory");
+  EXPECT_EQ(job[0].rail_stats()[0].kind, "tcp");
+  EXPECT_EQ(job[0].rail_stats()[1].kind, "memory");
   run_and_check(job, 8, 2, 1 << 20, [&](int step) {
     if (step == 2) job[1].testing_fail_rail(1, "injected memory rail error");
   });
@@ -159,7 +159,7 @@ TEST(EngineFailoverTest, AnOfiRailFailsOverAndIsReadmitted) {
   std::vector<RailConfig> rails = testing::loopback_rails(1);
   rails.push_back({"tcp;ofi_rxm@127.0.0.1", "tcp;ofi_rxm@127.0.0.1", "ofi", {{"chunk_bytes", "65536"}}});
   TwoRailJob job(3, /*failover=*/true, /*cache_rounds=*/false, /*probe_backoff_s=*/0.2, rails);
-  EXPECT_EQ(job[0].rail_stats()[1].protocol, "ofi");
+  EXPECT_EQ(job[0].rail_stats()[1].kind, "ofi");
   run_and_check(job, 8, 2, 1 << 20, [&](int step) {
     if (step == 2) job[1].testing_fail_rail(1, "injected ofi rail error");
   });

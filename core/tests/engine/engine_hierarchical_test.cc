@@ -120,7 +120,7 @@ TEST_P(Placements, EveryDtypeAndOpOverMemoryRailsMatchesTheReferenceOnEveryRank)
     cfg.segment_bytes = 64 << 10;  // uneven placements: slices cross hosts in several interleaved chunks
   });
   ASSERT_EQ(c[0].rail_stats().size(), 2u) << "the lane is folded into the two network rails";
-  EXPECT_EQ(c[0].rail_stats()[0].protocol, "memory+memory");
+  EXPECT_EQ(c[0].rail_stats()[0].kind, "memory+memory");
   // Small (log-step across hosts), odd-sized (uneven slices) and large (striped, ring) payloads.
   for (size_t count : {size_t{3}, size_t{1001}, size_t{300007}}) every_dtype_and_op(c, count, "n" + std::to_string(count));
 }
@@ -130,7 +130,7 @@ TEST_P(Placements, OverLoopbackTcpAndSharedMemory) {
   std::vector<RailConfig> rails = testing::loopback_rails(2);
   rails.push_back(shm_lane());
   Cluster c(static_cast<int>(host_of.size()), rails, [&](EngineConfig& cfg) { place(cfg, host_of); });
-  EXPECT_EQ(c[0].rail_stats()[0].protocol, "tcp+shm");
+  EXPECT_EQ(c[0].rail_stats()[0].kind, "tcp+shm");
   every_dtype_and_op(c, 100003, "tcp");
   std::vector<uint64_t> lane_before(host_of.size()), net_before(host_of.size());
   for (size_t r = 0; r < host_of.size(); ++r) {
@@ -206,7 +206,7 @@ TEST(EngineHierarchical, AutomaticShmOnOneHostCarriesTheAllreduces) {
   rails.push_back(shm_lane(/*automatic=*/true));
   Cluster c(3, rails, [](EngineConfig& cfg) { cfg.control_inline_bytes = 0; cfg.control_addr = "127.0.0.1"; });
   ASSERT_EQ(c[0].rail_stats().size(), 1u);
-  EXPECT_EQ(c[0].rail_stats()[0].protocol, "tcp+shm");
+  EXPECT_EQ(c[0].rail_stats()[0].kind, "tcp+shm");
   testing::allreduce_and_check(c, "auto", 1 << 20);
 }
 
@@ -219,7 +219,7 @@ TEST(EngineHierarchical, AutomaticShmIsDroppedAcrossHostsWithHierarchicalOff) {
     cfg.hierarchical = false;
   });
   ASSERT_EQ(c[0].rail_stats().size(), 1u);
-  EXPECT_EQ(c[0].rail_stats()[0].protocol, "tcp");
+  EXPECT_EQ(c[0].rail_stats()[0].kind, "tcp");
   testing::allreduce_and_check(c, "flat", 100000);
 }
 
@@ -229,7 +229,7 @@ TEST(EngineHierarchical, AutomaticShmIsDroppedWhenEveryHostHasOneRank) {
   rails.push_back(shm_lane(/*automatic=*/true));
   Cluster c(3, rails, [&](EngineConfig& cfg) { place(cfg, host_of); });
   ASSERT_EQ(c[0].rail_stats().size(), 1u);
-  EXPECT_EQ(c[0].rail_stats()[0].protocol, "tcp");
+  EXPECT_EQ(c[0].rail_stats()[0].kind, "tcp");
   testing::allreduce_and_check(c, "spread", 100000);
 }
 

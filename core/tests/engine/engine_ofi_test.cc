@@ -29,7 +29,7 @@ TEST(EngineOfi, CollectivesGoOverTheOfiRail) {
     allreduce_and_check(c, "ofi." + std::to_string(count), count);
   const auto stats = c[1].rail_stats();
   ASSERT_EQ(stats.size(), 1u);
-  EXPECT_EQ(stats[0].protocol, "ofi");
+  EXPECT_EQ(stats[0].kind, "ofi");
   EXPECT_GT(stats[0].bytes_sent, 300000u * 4 / 3);
 }
 
@@ -42,7 +42,7 @@ TEST(EngineOfi, StripedBesideLoopbackTcp) {
   });
   for (int i = 0; i < 6; ++i) allreduce_and_check(c, "mixed." + std::to_string(i), 1 << 20);
   uint64_t tcp_bytes = 0, ofi_bytes = 0;
-  for (const auto& s : c[0].rail_stats()) (s.protocol == "ofi" ? ofi_bytes : tcp_bytes) += s.bytes_sent;
+  for (const auto& s : c[0].rail_stats()) (s.kind == "ofi" ? ofi_bytes : tcp_bytes) += s.bytes_sent;
   EXPECT_GT(ofi_bytes, 0u);
   EXPECT_GT(tcp_bytes, 0u);
 }

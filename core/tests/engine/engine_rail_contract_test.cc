@@ -35,7 +35,7 @@ TEST(EngineRailContract, HostLocalRailReachingEveryRankCarriesTheJob) {
   allreduce_and_check(c, "one-host", 100000);
   const auto after = c[0].rail_stats();
   ASSERT_EQ(after.size(), 1u);
-  EXPECT_EQ(after[0].protocol, "memory");
+  EXPECT_EQ(after[0].kind, "memory");
   EXPECT_GT(after[0].bytes_sent, before[0].bytes_sent);  // the data went over the memory rail
 }
 

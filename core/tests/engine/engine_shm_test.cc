@@ -24,7 +24,7 @@ TEST(EngineShm, CollectivesGoOverSharedMemory) {
     allreduce_and_check(c, "shm." + std::to_string(count), count);
   const auto stats = c[1].rail_stats();
   ASSERT_EQ(stats.size(), 1u);
-  EXPECT_EQ(stats[0].protocol, "shm");
+  EXPECT_EQ(stats[0].kind, "shm");
   EXPECT_GT(stats[0].bytes_sent, 300000u * 4 / 3);
 }
 
@@ -38,7 +38,7 @@ TEST(EngineShm, StripedBesideLoopbackTcp) {
   for (int i = 0; i < 6; ++i) allreduce_and_check(c, "mixed." + std::to_string(i), 1 << 20);
   uint64_t shm_bytes = 0;
   for (const auto& s : c[0].rail_stats())
-    if (s.protocol == "shm") shm_bytes = s.bytes_sent;
+    if (s.kind == "shm") shm_bytes = s.bytes_sent;
   EXPECT_GT(shm_bytes, 0u);
 }
 

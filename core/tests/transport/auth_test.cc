@@ -39,10 +39,10 @@ std::string handshake(const std::string& connector_secret, const std::string& ac
       response = c.on_challenge(challenge);
     } catch (const AuthenticationError& e) {
       // The connector refuses; the acceptor must then refuse too when told so.
-      EXPECT_THROW(a.on_response(FrameType::kAuthResult, auth_result_payload(false)), AuthenticationError);
+      EXPECT_THROW(a.on_response(HandshakeMessage::kAuthResult, auth_result_payload(false)), AuthenticationError);
       return std::string("connector: ") + e.what();
     }
-    a.on_response(FrameType::kAuthResponse, response);
+    a.on_response(HandshakeMessage::kAuthResponse, response);
     c.on_result(auth_result_payload(true));
   } catch (const AuthenticationError& e) {
     return e.what();
@@ -67,8 +67,8 @@ TEST(Auth, AcceptorRejectsForgedResponse) {
   const std::string response = c.on_challenge(a.on_hello(c.hello()));
   std::string forged = response;
   forged[0] ^= 1;
-  EXPECT_THROW(a.on_response(FrameType::kAuthResponse, forged), AuthenticationError);
-  EXPECT_THROW(a.on_response(FrameType::kAuthResponse, std::string(kAuthMacBytes, '\0')),
+  EXPECT_THROW(a.on_response(HandshakeMessage::kAuthResponse, forged), AuthenticationError);
+  EXPECT_THROW(a.on_response(HandshakeMessage::kAuthResponse, std::string(kAuthMacBytes, '\0')),
                AuthenticationError);
 }
 
@@ -79,7 +79,7 @@ TEST(Auth, ResponseCannotBeReplayedOnAnotherConnection) {
   const std::string recorded = c1.on_challenge(a1.on_hello(c1.hello()));
   AcceptorHandshake a2(HandshakeParams{"k", 0, 2, 0});
   a2.on_hello(c1.hello());  // same hello replayed; the acceptor picks a fresh nonce
-  EXPECT_THROW(a2.on_response(FrameType::kAuthResponse, recorded), AuthenticationError);
+  EXPECT_THROW(a2.on_response(HandshakeMessage::kAuthResponse, recorded), AuthenticationError);
 }
 
 TEST(Auth, ConnectorRejectsResult0) {

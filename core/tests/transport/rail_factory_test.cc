@@ -1,9 +1,12 @@
-// The rail factory: kinds are looked up in one table, unknown kinds fail naming themselves, and a
-// new kind is one registration away (the test-only "memory" kind is registered here and used
-// through make_rail exactly as the engine uses "tcp").
+// The rail factory and the spec grammar: kinds are rows of one table, unknown kinds fail naming
+// themselves, and a new kind is one row away (the test-only "memory" transport, a folder of its own,
+// is registered here and used through make_rail exactly as the engine uses "tcp"; the grammar
+// follows a registered row's target form).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <mutex>
 
 #include "collectives/memory_rail.h"
 #include "common/error.h"
@@ -24,8 +27,17 @@ RailContext context(int rank, int size) {
 }
 
 TEST(RailFactory, UnknownKindIsAnInvalidArgumentNamingItAndTheKnownKinds) {
-  RailSpec spec = parse_rail_spec("carrier-pigeon:eth9");
-  EXPECT_EQ(spec.kind, "carrier-pigeon");
+  // Refused by the grammar, and by the factory for a spec made without it.
+  try {
+    parse_rail_spec("carrier-pigeon:eth9");
+    FAIL() << "an unknown kind was parsed";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown rail kind 'carrier-pigeon'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tcp"), std::string::npos) << e.what();
+  }
+  RailSpec spec;
+  spec.kind = "carrier-pigeon";
+  spec.name = "eth9";
   try {
     make_rail(spec, context(0, 1));
     FAIL() << "an unknown kind was built";
@@ -39,17 +51,49 @@ TEST(RailFactory, ParsesKindsAddressesAndOptions) {
   RailSpec plain = parse_rail_spec("127.0.0.1");
   EXPECT_EQ(plain.kind, "tcp");
   EXPECT_EQ(plain.local_addr, "127.0.0.1");
-  RailSpec mptcp = parse_rail_spec("mptcp:10.0.0.1;max_share_bytes=4096");
+  RailSpec mptcp = parse_rail_spec(" MPTCP:10.0.0.1 ; max_share_bytes = 4096 ");
   EXPECT_EQ(mptcp.kind, "mptcp");
   EXPECT_EQ(mptcp.local_addr, "10.0.0.1");
   EXPECT_EQ(mptcp.options.at("max_share_bytes"), "4096");
-  RailSpec bare = parse_rail_spec("tcp");  // a kind alone: no address
-  EXPECT_EQ(bare.kind, "tcp");
-  EXPECT_TRUE(bare.local_addr.empty());
+  RailSpec shm = parse_rail_spec("shm;ring_bytes=65536");  // a kind without a target, alone
+  EXPECT_EQ(shm.kind, "shm");
+  EXPECT_EQ(shm.name, "shm");
+  EXPECT_TRUE(shm.local_addr.empty());
   EXPECT_THROW(parse_rail_spec(""), InvalidArgument);
+  EXPECT_THROW(parse_rail_spec("tcp"), InvalidArgument);  // its row wants a target
   EXPECT_THROW(parse_rail_spec("tcp:"), InvalidArgument);
   EXPECT_THROW(parse_rail_spec(":eth0"), InvalidArgument);
+  EXPECT_THROW(parse_rail_spec("shm:eth0"), InvalidArgument);  // its row has no target
   EXPECT_THROW(parse_rail_spec("tcp:lo;nonsense"), InvalidArgument);
+  EXPECT_THROW(parse_rail_spec("tcp:lo;a=1;a=2"), InvalidArgument);
+}
+
+TEST(RailFactory, AListKeepsItsItemsAndTheirOptionsInOrderAndNamesTheBadItem) {
+  const auto items = parse_rail_list("eth1, agg:10.51.0.5:7219;window=4;gbps=1 ,shm");
+  ASSERT_EQ(items.size(), 3u);
+  EXPECT_EQ(items[0].kind, "tcp");
+  EXPECT_EQ(items[0].target_form, RailTarget::kLocalAddress);
+  EXPECT_EQ(items[0].target, "eth1");
+  EXPECT_EQ(items[1].kind, "agg");
+  EXPECT_EQ(items[1].target_form, RailTarget::kHostPort);
+  EXPECT_EQ(items[1].target, "10.51.0.5:7219");
+  using Options = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(items[1].options, (Options{{"window", "4"}, {"gbps", "1"}}));
+  EXPECT_EQ(items[2].target_form, RailTarget::kNone);
+  auto message = [](const std::string& spec) {
+    try {
+      parse_rail_list(spec);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(parsed)");
+  };
+  EXPECT_NE(message("eth1,,eth2").find("empty item"), std::string::npos);
+  EXPECT_NE(message("eth1,carrier:eth2").find("rail 'carrier:eth2': unknown rail kind 'carrier'; known kinds: agg"),
+            std::string::npos) << message("eth1,carrier:eth2");
+  for (const char* bad : {"agg:", "agg:10.0.0.1", "agg:host:7219", "agg:10.0.0.1:0", "agg:10.0.0.1:99999"})
+    EXPECT_NE(message(bad).find("expected agg:<IPv4 address>:<port>"), std::string::npos) << bad;
+  EXPECT_NE(message("ofi:@10.0.0.1").find("expected ofi:PROVIDER@"), std::string::npos);
 }
 
 TEST(RailFactory, AnOfiTargetMayContainSemicolonsAndOptionsAreTheKeyValueParts) {
@@ -95,7 +139,9 @@ TEST(RailFactory, TcpAndMptcpKindsBuildTcpRailsDescribingThemselves) {
 TEST(RailFactory, TcpRejectsUnknownOptionsAndMissingAddress) {
   EXPECT_THROW(make_rail(parse_rail_spec("tcp:127.0.0.1;colour=blue"), context(0, 1)), InvalidArgument);
   EXPECT_THROW(make_rail(parse_rail_spec("tcp:127.0.0.1;max_share_bytes=-1"), context(0, 1)), InvalidArgument);
-  EXPECT_THROW(make_rail(parse_rail_spec("tcp"), context(0, 1)), InvalidArgument);
+  RailSpec unresolved;  // a caller that skipped resolution
+  unresolved.kind = "tcp";
+  EXPECT_THROW(make_rail(unresolved, context(0, 1)), InvalidArgument);
 }
 
 TEST(RailFactory, TcpRailsFromTheFactoryConnectAndExchange) {
@@ -130,11 +176,13 @@ TEST(RailFactory, TcpRailsFromTheFactoryConnectAndExchange) {
   for (auto& rail : rails) rail->close();  // idempotent
 }
 
-TEST(RailFactory, ANewKindIsOneRegistrationLine) {
+TEST(RailFactory, ANewKindIsOneRow) {
   nezha::testing::register_memory_rail_kind();
   const auto kinds = known_rail_kinds();
   EXPECT_NE(std::find(kinds.begin(), kinds.end(), "memory"), kinds.end());
-  EXPECT_THROW(register_rail_kind("memory", &nezha::testing::make_memory_rail), InvalidArgument);
+  EXPECT_THROW(register_rail_kind({"memory", &nezha::testing::make_memory_rail}), InvalidArgument);
+  EXPECT_THROW(register_rail_kind({"Pigeon", &nezha::testing::make_memory_rail}), InvalidArgument);
+  EXPECT_THROW(register_rail_kind({"pi:geon", &nezha::testing::make_memory_rail}), InvalidArgument);
 
   const int n = 2;
   RailSpec spec = parse_rail_spec("memory;world=factory-test");
@@ -157,6 +205,30 @@ TEST(RailFactory, ANewKindIsOneRegistrationLine) {
   mangled[1] = std::string(mangled[1].c_str());  // cut at the NUL, as a C-string path would
   rails[0]->reset();
   EXPECT_THROW(rails[0]->connect(mangled, Deadline::after_seconds(1)), ProtocolError);
+}
+
+TEST(RailFactory, TheGrammarFollowsARegisteredRow) {
+  // A kind the table does not ship, whose target is PROVIDER@WHERE and may contain ';'.
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_rail_kind({"pigeon", &nezha::testing::make_memory_rail, RailTarget::kProviderAtLocalAddress, true});
+  });
+  const RailItem item = parse_rail_item("Pigeon:loft;north@10.9.0.0/24;world=w");
+  EXPECT_EQ(item.kind, "pigeon");
+  EXPECT_EQ(item.target_form, RailTarget::kProviderAtLocalAddress);
+  EXPECT_EQ(item.target, "loft;north@10.9.0.0/24");
+  ASSERT_EQ(item.options.size(), 1u);
+  EXPECT_EQ(item.options[0].first, "world");
+  EXPECT_THROW(parse_rail_item("pigeon:@10.9.0.1"), InvalidArgument);
+  const auto table = rail_kind_table();
+  auto row = std::find_if(table.begin(), table.end(), [](const RailKind& k) { return k.kind == "pigeon"; });
+  ASSERT_NE(row, table.end());
+  EXPECT_TRUE(row->target_continues_after_semicolon);
+  EXPECT_TRUE(std::is_sorted(table.begin(), table.end(),
+                             [](const RailKind& a, const RailKind& b) { return a.kind < b.kind; }));
+  // Only rows with a message path carry the control channel.
+  RailSpec spec = parse_rail_spec("mptcp:127.0.0.1");
+  EXPECT_THROW(make_message_path(spec, context(0, 1)), InvalidArgument);
 }
 
 }  // namespace

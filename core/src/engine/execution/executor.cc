@@ -172,9 +172,9 @@ void Executor::use_hierarchical(std::vector<transport::HierarchicalRail*> rails)
     const transport::HierarchicalRail* h = hierarchical_[r];
     // Across hosts a rank's network rail is silent while the other host's ranks still
     // reduce-scatter over shared memory, and (uneven placements) while the host with fewer ranks
-    // serves the other slices' groups (collectives/hierarchy.h). Measured on the testbed (2 + 2 and
-    // 3 + 1, 16-64 MB, two 1 Gbit/s rails, loaded 2-core machine): silences of 100-180 ms, which
-    // the 100 ms default took for a cut cable. Such rails get a higher floor; a cut is still found.
+    // serves the other slices' groups (collectives/hierarchy.h): on a loaded host such silences
+    // outlast the default limit, which would take them for a cut cable. Such rails get a higher
+    // floor; a cut is still found.
     if (h && h->hierarchical() && h->placement().hosts() > 1)
       watchdog_->set_min_silence(static_cast<int>(r), kHierarchyStallS);
   }

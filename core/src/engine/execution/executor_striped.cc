@@ -288,7 +288,7 @@ void Executor::run_striped_range(ShareRecord& rec, transport::Rail& rail, size_t
     return at;
   };
   // Where the parts this share sends are read: the caller's input, or a kept copy. Copying moves
-  // no byte on the rail: unwatched (32 MB took over 100 ms on 2 busy cores).
+  // no byte on the rail: unwatched (a large copy on busy cores outlasts the silence limit).
   watch.pause();
   std::vector<const uint8_t*> send_at(n);
   if (balanced) {

@@ -2,8 +2,8 @@
 //
 // With failover on, a share that fails midway is redone on another rail from its input. The ring
 // reports each range just before it first overwrites it (CollectiveOptions::before_overwrite); the
-// executor copies only those ranges, as the data moves, instead of the whole input up front (a
-// 64 MiB copy that held the rails idle ~5% of a 2 x 1 Gbit/s allreduce). The input is then the saved
+// executor copies only those ranges, as the data moves, instead of the whole input up front, which
+// would hold every rail idle while it runs. The input is then the saved
 // ranges plus the bytes never reported, which still hold it.
 #pragma once
 

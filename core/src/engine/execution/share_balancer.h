@@ -25,14 +25,13 @@
 // over the time since its first claim; the leader claims a rail's next range when its last one
 // ended), or the plan's share sizes while a rail has no finished range to measure. A rail that slows
 // down therefore has little committed ahead of it, and the operation ends within about one minimum
-// range of the last byte, not when the slowest fixed share ends. (Stealing half whatever the rates:
-// a 250 Mbit/s rail done with its share first took half of what a 1 Gbit/s rail beside it had left,
-// and balanced allgather, reducescatter and alltoall ran 4-8 % below the fixed plan there.)
+// range of the last byte, not when the slowest fixed share ends. Stealing by rate, not by halves:
+// a slow rail done with its share first would otherwise take half of a fast rail's rest and end
+// last.
 //
 // Minimum ranges last about as long on every rail: min_claim is the largest share's, a smaller
-// share's is scaled down with it (never below floor_claim). With one minimum for all, a 250 Mbit/s
-// rail's last 1-2 MiB ranges of a 64 MB allreduce ran 48-96 ms after a 1 Gbit/s rail beside it had
-// nothing left, and stealing half of a share handed the slow rail as much as the fast one.
+// share's is scaled down with it (never below floor_claim). With one minimum for all, a slow rail's
+// last ranges would run long after a fast rail beside it had nothing left.
 //
 // Failover. Every range taken is recorded per part (plan share); a part lost with its rail is redone
 // on a surviving rail from the leader's record (claimed()), which it sends before the redo runs, so

@@ -47,7 +47,7 @@ class RailFailover {
   // there: after a cut, the rank beside the cut can be done with operation N (its last bytes sat in
   // its socket buffer) and stall in N+1 while its neighbour stalls in N; checking N+1 finds the
   // neighbour "behind" and would cancel, and the report of N, dropped while N+1 was checked, would
-  // come back only several limits later (seen: a cut hidden for its whole 3 s).
+  // come back only several limits later.
   Decision on_failed(int rail, int rank, const std::string& why, bool stalled, uint64_t seq,
                      Clock::time_point now);
   // The rank's answer to the check of the stall in operation `seq`; `behind`: it has not reached

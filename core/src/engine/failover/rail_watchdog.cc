@@ -15,7 +15,7 @@ constexpr double kHealthyDecay = 0.98;  // per completed operation: an old hiccu
 // pause must not hide a pulled cable for seconds.
 constexpr std::chrono::seconds kMaxLimit{1};
 // A silent rail whose connections still deliver is reported after this many limits instead of one.
-// Its peer is late (starved of CPU: 100-170 ms on 2 busy cores) or its path is slow in a direction
+// Its peer is late (starved of CPU) or its path is slow in a direction
 // this rank does not send on (a link throttled to nothing): the grace must stay short for the latter.
 constexpr int kLatePeerLimits = 2;
 // How often a working rail's link is checked: one ioctl per rail, and only while it works.

@@ -14,7 +14,7 @@
 // of up to limit / (ranks - 1) bytes per rank for an allreduce or a broadcast, limit / ((ranks - 1) x
 // ranks) for an allgather (whose whole result goes to every rank), so the limits shrink as the job
 // grows. Anything else (one rank's input missing or over the limit, a mismatch, more than a message's
-// budget) runs on the rails as before.
+// budget) runs on the rails.
 #pragma once
 
 #include <cstddef>

@@ -19,10 +19,10 @@ bool known_type(uint8_t t) {
 
 const char* agg_type_name(AggType type) {
   switch (type) {
-    case AggType::kHello: return "hello";
-    case AggType::kChallenge: return "challenge";
-    case AggType::kAuthResponse: return "auth-response";
-    case AggType::kAuthResult: return "auth-result";
+    case AggType::kHello:
+    case AggType::kChallenge:
+    case AggType::kAuthResponse:
+    case AggType::kAuthResult: return transport::handshake_message_name(handshake_message(type));
     case AggType::kJoin: return "join";
     case AggType::kJoined: return "joined";
     case AggType::kChunk: return "chunk";

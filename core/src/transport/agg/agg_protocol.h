@@ -30,6 +30,7 @@
 #include <string>
 
 #include "common/dtype.h"
+#include "transport/auth.h"
 
 namespace nezha::transport::agg {
 
@@ -45,10 +46,11 @@ constexpr size_t kMaxAggErrorBytes = 1024;
 constexpr size_t kAggJoinBytes = 16;
 
 enum class AggType : uint8_t {
-  kHello = 1,
-  kChallenge = 2,
-  kAuthResponse = 3,
-  kAuthResult = 4,
+  // auth.h's handshake, under its own numbers
+  kHello = static_cast<uint8_t>(HandshakeMessage::kHello),
+  kChallenge = static_cast<uint8_t>(HandshakeMessage::kChallenge),
+  kAuthResponse = static_cast<uint8_t>(HandshakeMessage::kAuthResponse),
+  kAuthResult = static_cast<uint8_t>(HandshakeMessage::kAuthResult),
   kJoin = 16,
   kJoined = 17,
   kChunk = 18,
@@ -56,6 +58,8 @@ enum class AggType : uint8_t {
   kError = 20,
 };
 const char* agg_type_name(AggType type);
+// A handshake frame's message (a frame of another type maps to no HandshakeMessage value).
+inline HandshakeMessage handshake_message(AggType type) { return static_cast<HandshakeMessage>(type); }
 
 struct AggHeader {
   AggType type = AggType::kChunk;

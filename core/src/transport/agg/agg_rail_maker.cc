@@ -39,10 +39,9 @@ std::string read_secret(const RailSpec& spec, const std::string& job_secret) {
 }  // namespace
 
 std::unique_ptr<Rail> make_agg_rail(const RailSpec& spec, const RailContext& ctx) {
-  reject_unknown_options(spec, {"daemon", "secret_file", "chunk_bytes", "window", "gbps"});
+  reject_unknown_options(spec, {"secret_file", "chunk_bytes", "window", "gbps"});
   AggRailConfig c;
-  auto daemon = spec.options.find("daemon");
-  c.daemon = daemon != spec.options.end() ? daemon->second : spec.local_addr;
+  c.daemon = spec.local_addr;  // the row's target is the daemon's ADDR:PORT
   if (c.daemon.empty())
     throw InvalidArgument("rail '" + spec.name + "' (kind agg): needs the daemon's ADDR:PORT (agg:10.0.0.9:7000)");
   c.name = spec.name.empty() ? c.daemon : spec.name;

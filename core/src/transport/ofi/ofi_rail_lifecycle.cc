@@ -74,7 +74,7 @@ void OfiRail::handshake(int peer, const Deadline& deadline) {
     send_small(peer, tag(2), typed(FrameType::kChallenge, challenge), step);
     try {
       const auto [type, payload] = expect(3, {FrameType::kAuthResponse, FrameType::kAuthResult});
-      hs.on_response(type, payload);
+      hs.on_response(handshake_message(type), payload);
     } catch (const AuthenticationError&) {
       refuse(4);
       throw;

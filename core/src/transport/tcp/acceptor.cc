@@ -155,7 +155,7 @@ bool Acceptor::advance(Pending& p) {
       return true;
     }
     try {
-      p.handshake.on_response(p.header.type, p.payload);
+      p.handshake.on_response(handshake_message(p.header.type), p.payload);
     } catch (const AuthenticationError&) {
       try {
         reply(FrameType::kAuthResult, auth_result_payload(false));

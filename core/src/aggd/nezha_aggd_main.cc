@@ -1,5 +1,5 @@
 // nezha-aggd: the software aggregator an aggregation rail (agg:ADDR:PORT) reduces on.
-//   nezha-aggd --listen ADDR:PORT [--threads K] [--secret-file F] [--pool-mb M] [--job-timeout S]
+//   nezha-aggd --listen ADDR:PORT [--secret-file F] [--pool-mb M] [--job-timeout S]
 // The key comes from --secret-file or NEZHA_AGG_SECRET (ranks name the same one).
 #include <csignal>
 #include <cstdlib>
@@ -18,7 +18,7 @@ void on_signal(int) {
 }
 
 int usage(const std::string& why) {
-  std::cerr << "nezha-aggd: " << why << "\nusage: nezha-aggd --listen ADDR:PORT [--threads K] "
+  std::cerr << "nezha-aggd: " << why << "\nusage: nezha-aggd --listen ADDR:PORT "
                "[--secret-file F] [--pool-mb M] [--job-timeout S]\n";
   return 2;
 }
@@ -28,7 +28,6 @@ int usage(const std::string& why) {
 int main(int argc, char** argv) {
   nezha::aggd::AggDaemonOptions opt;
   opt.listen.clear();
-  int threads = 1;
   const char* env = std::getenv("NEZHA_AGG_SECRET");
   if (env) opt.secret = env;
   for (int i = 1; i < argc; ++i) {
@@ -38,7 +37,6 @@ int main(int argc, char** argv) {
     const std::string v = argv[++i];
     try {
       if (a == "--listen") opt.listen = v;
-      else if (a == "--threads") threads = std::stoi(v);
       else if (a == "--pool-mb") opt.pool_bytes = std::stoull(v) << 20;
       else if (a == "--job-timeout") opt.job_timeout_s = std::stod(v);
       else if (a == "--secret-file") {
@@ -56,10 +54,6 @@ int main(int argc, char** argv) {
     }
   }
   if (opt.listen.empty()) return usage("--listen ADDR:PORT is required");
-  // One event loop does the I/O and the sums (agg_daemon.h says why); K > 1 is accepted for
-  // forward compatibility and logged.
-  if (threads < 1 || threads > 64) return usage("--threads must be in [1, 64]");
-  if (threads > 1) std::cerr << "nezha-aggd: --threads " << threads << ": this build reduces on one thread\n";
   if (opt.secret.empty()) std::cerr << "nezha-aggd: warning: no key (NEZHA_AGG_SECRET / --secret-file): any peer with an empty key may join\n";
   try {
     nezha::aggd::AggDaemon daemon(opt);
