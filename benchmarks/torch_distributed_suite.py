@@ -6,9 +6,9 @@ process per rank, ``init_process_group`` through a file:// store, every test in 
     python benchmarks/torch_distributed_suite.py --backend nezha --world-size 3 --json out.json
     python benchmarks/torch_distributed_suite.py --backend gloo  --world-size 3 --json gloo.json
 
-For "nezha" the suite's feature sets are told that the backend does DDP and sub-groups (the suite
-skips those tests for any backend outside its lists of gloo/nccl/ucc); nothing else of the suite
-is changed. With --gloo-gated, the tests the suite runs for Gloo alone
+For "nezha" the suite's feature sets are told that the backend does DDP and sub-groups and takes
+CUDA tensors (the suite skips those tests for any backend outside its lists of gloo/nccl/ucc);
+nothing else of the suite is changed. With --gloo-gated, the tests the suite runs for Gloo alone
 (`@require_backend_is_available({"gloo"})`: coalesced allreduces, batched send/recv, ...) run with
 "nezha" too: the suite's source is executed with that one check also accepting "nezha" (the file
 on disk is not touched). Prints the counts (passed, failed, skipped, errors) and, with --json, each
@@ -38,7 +38,9 @@ GLOO_GATE = "    if BACKEND not in backends:\n"
 if os.environ["BACKEND"] == "nezha":
     import nezha.torch  # noqa: E402,F401  (registers the backend)
     from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
-    for feature in ("ddp", "subgroup", "plugin"):
+    # It does DDP and sub-groups, and takes CUDA tensors (staged through host memory): the tests
+    # that need a GPU still skip on a machine without one.
+    for feature in ("ddp", "subgroup", "plugin", "gpu", "cuda"):
         DistTestCases.backend_feature[feature].add("nezha")
     if os.environ.get("NEZHA_SUITE_GLOO_GATED") == "1":
         spec = importlib.util.find_spec(SUITE)
