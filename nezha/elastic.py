@@ -117,17 +117,18 @@ class ObjectState:
         """The set of ranks never changes under nezharun: nothing to do."""
 
     def sync(self) -> None:
-        """Every rank takes rank 0's values, which become the point restore() returns to;
-        samplers merge what every rank has processed."""
+        """As Horovod's ObjectState: every rank takes rank 0's last saved values (its last
+        commit, or what it was made with) as its values and as the point restore() returns to,
+        so a change not committed yet is dropped; samplers merge what every rank has
+        processed."""
         samplers = {name: getattr(self, name) for name in self._names
                     if isinstance(getattr(self, name), ElasticSampler)}
         others = [name for name in self._names if name not in samplers]
-        values = self._broadcast_object(
-            {name: self._snapshot(getattr(self, name)) for name in others}, root_rank=0,
-            name="elastic.state")
+        values = self._broadcast_object({name: self._saved[name] for name in others},
+                                        root_rank=0, name="elastic.state")
         for name, value in values.items():
+            self._saved[name] = value
             self._put_back(name, value)
-            self._saved[name] = value  # the synced values are what restore() returns to (Horovod's)
         for name, sampler in samplers.items():
             sampler.sync(name)
 
