@@ -87,6 +87,18 @@ assert_close(comp["w"], np.sum([t["w"] for t in trees], 0).astype(np.float32), "
              rtol=1e-2, atol=1e-2)
 report("pytree allreduce eager and jit")
 
+# One large leaf: over NEZHA_UNFUSED_BYTES, so reduced alone by the ring, read from XLA's input and
+# written into XLA's output (no copy between them first); exact, and the input left as it was.
+base = np.arange(3 << 18, dtype=np.float32) % 1000
+big = jnp.asarray(base + r)
+one_leaf = jax.jit(lambda t: nj.allreduce(t, op=nj.Sum))
+for k in range(2):
+    assert_close(one_leaf(big), base * n + n * (n - 1) / 2, f"jit allreduce of one 3 MB leaf, call {k}")
+assert_close(big, base + r, "the 3 MB leaf's input after its allreduce")
+assert_close(jax.jit(lambda t: nj.allreduce(t, op=nj.Average))(big), base + (n - 1) / 2,
+             "jit Average of one 3 MB leaf", rtol=1e-6, atol=1e-4)
+report("one large leaf")
+
 # allgather, broadcast, reducescatter, alltoall, eager and jitted.
 x = jnp.arange(6.0).reshape(3, 2) + 10 * r
 gathered = np.concatenate([np.arange(6.0).reshape(3, 2) + 10 * k for k in range(n)])
