@@ -15,6 +15,10 @@ timed_interleaved), max over ranks; busbw as nccl-tests.
 allreduces one after the other (a `lax.fori_loop`, each taking the previous result times 1/size),
 timed per allreduce. That is the collective's latency inside a jitted program, without JAX's
 dispatch of a jitted call from Python (which both pay alike once per call).
+
+`--tree-leaves M` adds `jit-tree`: the same bytes as a jitted pytree of M leaves, beside `--leaves`
+(e.g. one 64 MB array against 8 x 8 MB, issue 39 point 4). `--large-rounds R` makes sizes above
+64 KB take turns in R blocks as well (default 1: each implementation's iterations in one block).
 """
 import argparse
 import json
@@ -83,6 +87,10 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5,
                         help="sizes up to 64 KB: the implementations take turns in this many blocks")
+    parser.add_argument("--tree-leaves", type=int, default=0, metavar="M",
+                        help="also time the same bytes as a jitted pytree of M leaves (jit-tree)")
+    parser.add_argument("--large-rounds", type=int, default=1,
+                        help="sizes above 64 KB: the implementations take turns in this many blocks")
     parser.add_argument("--in-jit-loop", type=int, default=0, metavar="K",
                         help="also time K allreduces in one jitted call (sizes up to 64 KB)")
     parser.add_argument("--baseline", choices=["none", "gloo"], default="none")
@@ -110,6 +118,14 @@ def main():
             check_close(f"nezha-jit {nbytes} B", v, size * (size + 1) / 2)
         fns = {"numpy": (lambda: nezha.grouped_allreduce(host, op=nezha.Sum), 1),
                "nezha-jit": (lambda: jax.block_until_ready(step(dev)), 1)}
+        tree_leaves = min(args.tree_leaves, count)
+        if tree_leaves:
+            tparts = [count // tree_leaves + (1 if i < count % tree_leaves else 0)
+                      for i in range(tree_leaves)]
+            tree = {f"t{i}": jnp.full(p, rank + 1, jnp.float32) for i, p in enumerate(tparts)}
+            for v in step(tree).values():  # the same jitted function, traced for this structure
+                check_close(f"jit-tree {nbytes} B", v, size * (size + 1) / 2)
+            fns["jit-tree"] = (lambda: jax.block_until_ready(step(tree)), 1)
         loop = args.in_jit_loop if nbytes <= 65536 else 0
         if loop:  # x -> sum over ranks / size: every rank holds the mean (size + 1) / 2 throughout
             body = lambda i, t: jax.tree.map(lambda v: v * (1.0 / size),
@@ -133,11 +149,13 @@ def main():
                 check_close(f"gloo-loop {nbytes} B", glooped(garr).addressable_data(0),
                             (size + 1) / 2)
                 fns["gloo-loop"] = (lambda: jax.block_until_ready(glooped(garr)), loop)
-        results = timed_interleaved(fns, iters, args.warmup, args.rounds if nbytes <= 65536 else 1)
+        rounds = args.rounds if nbytes <= 65536 else args.large_rounds
+        results = timed_interleaved(fns, iters, args.warmup, rounds)
         for impl, us in results.items():
             worst = float(np.max(nezha.allgather(np.array([us]), name=f"jaxbench.{impl}.{nbytes}")))
             busbw = 4 * count * 8 * 2 * (size - 1) / size / (worst * 1e3)  # nccl-tests
-            records.append({"op": "allreduce", "bytes": 4 * count, "leaves": leaves, "ranks": size,
+            records.append({"op": "allreduce", "bytes": 4 * count,
+                            "leaves": tree_leaves if impl == "jit-tree" else leaves, "ranks": size,
                             "impl": impl, "time_us": worst, "busbw_gbps": busbw})
             if rank == 0:
                 print(f"{4 * count:>10} B {impl:>10}: {worst:10.1f} us  busbw {busbw:.3f} Gbit/s",

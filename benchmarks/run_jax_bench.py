@@ -7,8 +7,9 @@
 jax.distributed + gloo psum under jit on rail 0; (3) below; (2) unshaped rails: 8 B - 64 KB
 latency, the same pair, one allreduce per jitted call and 50 in one (the collective's latency
 inside jit); (3) a training step (7.3M-parameter MLP) with DistributedOptimizer against a gloo
-pmean step, on the shaped rails. Prints each job's table; raw JSON and logs go to
-benchmarks/out/jax-*.
+pmean step, on the shaped rails; (4) `leaf`, on the shaped rails: one 64 MB array against the same
+bytes as 8 x 8 MB leaves and numpy's one array, taking turns in 6 rounds (issue 39 point 4).
+Prints each job's table; raw JSON and logs go to benchmarks/out/jax-*.
 """
 import shlex
 import subprocess
@@ -23,6 +24,7 @@ OUT = BENCH_DIR / "out"
 
 def run(testbed, key, sizes, extra=(), timeout_s=400):
     json_path = OUT / f"jax-{key}.json"
+    # A later --leaves in `extra` overrides this one.
     job(testbed, key, ["jax_allreduce_bench.py", "--sizes", sizes, "--leaves", "8", "--baseline",
                        "gloo", "--json", str(json_path), *extra], timeout_s)
 
@@ -51,6 +53,9 @@ def main():
     with Testbed(hosts=4, rails=2, rates=["1gbit", "1gbit"]) as testbed:
         if "shaped" in wanted:
             run(testbed, "shaped", "8,1K,64K,1M,16M,64M")
+        if "leaf" in wanted:
+            run(testbed, "leaf", "64M", ["--leaves", "1", "--tree-leaves", "8", "--iters", "24",
+                                         "--large-rounds", "6", "--warmup", "2", "--baseline", "none"])
         if "train" in wanted:
             job(testbed, "train", ["jax_train_bench.py", "--width", "1024", "--depth", "4"])
         for rail in range(2):

@@ -15,7 +15,8 @@ pytest.importorskip("optax")
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "jax_workers")
 COLLECTIVE_CHECKS = {"pytree allreduce eager and jit", "allgather broadcast reducescatter alltoall",
-                     "gradients", "scan and cond", "ordering", "mismatch raises", "after mismatch"}
+                     "gradients", "scan and cond", "ordering", "mismatch raises", "after mismatch",
+                     "one large leaf"}
 
 
 def _run(script, num_ranks, *args, env=None):

@@ -1,5 +1,6 @@
 """nezha.jax collectives against numpy references: pytrees of mixed dtypes, eager and jitted,
 gradients, ordering under scan/cond, mismatched shapes; on every rank."""
+import os
 import sys
 import time
 
@@ -86,6 +87,41 @@ if comp["w"].dtype != jnp.float32:
 assert_close(comp["w"], np.sum([t["w"] for t in trees], 0).astype(np.float32), "fp16 compression",
              rtol=1e-2, atol=1e-2)
 report("pytree allreduce eager and jit")
+
+# One large leaf: over NEZHA_UNFUSED_BYTES, so reduced alone by the ring, read from XLA's input and
+# written into XLA's output (no copy between them first); exact, and the input left as it was. Its
+# fresh output gets transparent huge pages where the kernel has them (VmFlags "hg").
+def huge_pages_asked(address):
+    try:
+        with open("/proc/self/smaps") as f:
+            inside = False
+            for line in f:
+                head = line.split()[0]
+                if "-" in head and not head.endswith(":"):
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo <= address < hi
+                elif inside and head == "VmFlags:":
+                    return " hg" in line
+    except OSError:
+        pass
+    return None
+
+
+base = np.arange(5 << 18, dtype=np.float32) % 1000
+big = jnp.asarray(base + r)
+one_leaf = jax.jit(lambda t: nj.allreduce(t, op=nj.Sum))
+for k in range(2):
+    summed = one_leaf(big)
+    assert_close(summed, base * n + n * (n - 1) / 2, f"jit allreduce of one 5 MB leaf, call {k}")
+assert_close(big, base + r, "the 5 MB leaf's input after its allreduce")
+assert_close(jax.jit(lambda t: nj.allreduce(t, op=nj.Average))(big), base + (n - 1) / 2,
+             "jit Average of one 5 MB leaf", rtol=1e-6, atol=1e-4)
+if MODE == "ffi" and os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+    at = summed.unsafe_buffer_pointer()
+    interior = (at + (2 << 20) - 1) // (2 << 20) * (2 << 20)  # a whole 2 MiB page of the output
+    if huge_pages_asked(interior) is False:
+        fail("the jitted allreduce's 5 MB output has no huge-page advice (VmFlags without hg)")
+report("one large leaf")
 
 # allgather, broadcast, reducescatter, alltoall, eager and jitted.
 x = jnp.arange(6.0).reshape(3, 2) + 10 * r

@@ -25,10 +25,12 @@
 //
 // jax_ffi_call.cc builds the engine entries (shared with the CUDA handler, jax_ffi_cuda.cc).
 #include <pybind11/pybind11.h>
+#include <sys/mman.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -87,6 +89,21 @@ double own_thread_wait_s(size_t bytes) {
   constexpr size_t kMaxBytes = 64 << 10;
   static const int64_t wait_us = knob_int("NEZHA_JAX_WAIT_US");
   return wait_us > 0 && bytes <= kMaxBytes ? static_cast<double>(wait_us) * 1e-6 : 0;
+}
+
+// Asks for transparent huge pages under XLA's output (where it spans whole 2 MiB pages), as numpy
+// does for its arrays of 4 MiB and more. XLA hands a large call a fresh output each time and the
+// engine first touches it from the rail workers, inside the ring: 16384 faults of 4 KiB for 64 MB,
+// ~40 ms of CPU per call on each rank here, against ~550 with huge pages. A jitted 64 MB allreduce
+// on two 1 Gbit/s rails: 1.81-1.82 Gbit/s, 1.84-1.86 with huge pages, 1.86 into a reused output
+// (interleaved, one run). Without THP (or with it "never") madvise fails or does nothing: harmless.
+void prefer_huge_pages(void* at, size_t bytes) {
+  constexpr size_t kMinBytes = size_t{4} << 20;
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  if (at == nullptr || bytes < kMinBytes) return;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(at) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(at) + bytes) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 }
 
 // Whether every handle finished within wait_s in all.
@@ -191,7 +208,12 @@ ffi::Future collective(ffi::RemainingArgs args, ffi::RemainingRets rets, int32_t
   pending.name = call.name;
   pending.copy_out = std::move(made.copy_out);
   size_t bytes = 0;
-  for (const auto& e : made.entries) bytes += e.req.bytes();
+  for (size_t i = 0; i < made.entries.size(); ++i) {
+    const auto& e = made.entries[i];
+    bytes += e.req.bytes();
+    // Before the engine may write there (deliver() copies the others' results in later).
+    prefer_huge_pages(e.output ? e.output : pending.copy_out[i].first, pending.copy_out[i].second);
+  }
   double wait_s = 0;
   const auto called = std::chrono::steady_clock::now();
   try {

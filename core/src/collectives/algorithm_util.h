@@ -61,6 +61,10 @@ inline std::vector<size_t> cache_line_partition(size_t count, int n, size_t elem
 bool allreduce_alone(transport::Rail& rail, void* buf, size_t count, DataType dtype,
                      const CollectiveOptions& opt);
 
+// memcpy(out, in, bytes) unless they are the same buffer (an out-of-place allreduce's input, where
+// the algorithm runs in place).
+void copy_input(const void* in, void* out, size_t bytes);
+
 // Runs the allreduce through the rail's in-network reduction (Rail::collective()) when it has one
 // that reduces this dtype, op and size; returns whether it did.
 bool allreduce_in_network(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,

@@ -2,6 +2,8 @@
 // size runs the share itself; otherwise pick the algorithm by payload size. Log-step needs log2(n)
 // rounds of the whole payload (latency-bound small messages win); the ring moves 2(n-1)/n of it in
 // 2(n-1) rounds (bandwidth-bound large messages win).
+#include <cstring>
+
 #include "collectives/algorithm_util.h"
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
@@ -33,17 +35,28 @@ bool detail::allreduce_in_network(transport::Rail& rail, void* buf, size_t count
   return true;
 }
 
-void allreduce(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+void detail::copy_input(const void* in, void* out, size_t bytes) {
+  if (in != out && bytes > 0) std::memcpy(out, in, bytes);
+}
+
+void allreduce(transport::Rail& rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                const CollectiveOptions& opt) {
-  if (detail::allreduce_in_network(rail, buf, count, dtype, op, opt)) return;
+  const bool ring = count * dtype_size(dtype) > opt.logstep_max_bytes;
+  if (ring && !rail.collective() && rail.properties().point_to_point) {
+    allreduce_ring(rail, in, out, count, dtype, op, opt);
+    return;
+  }
+  // In place from here. The copy is not announced to before_overwrite: it writes the input itself.
+  detail::copy_input(in, out, count * dtype_size(dtype));
+  if (detail::allreduce_in_network(rail, out, count, dtype, op, opt)) return;
   if (!rail.properties().point_to_point)
     throw InvalidArgument("rail '" + rail.properties().name + "' cannot run an allreduce of " +
                           dtype_name(dtype) + " with " + reduce_op_name(op) + " (collective-only, and it "
                           "does not reduce this dtype/op or size)");
-  if (count * dtype_size(dtype) <= opt.logstep_max_bytes) {
-    allreduce_logstep(rail, buf, count, dtype, op, opt);
+  if (ring) {
+    allreduce_ring(rail, out, count, dtype, op, opt);
   } else {
-    allreduce_ring(rail, buf, count, dtype, op, opt);
+    allreduce_logstep(rail, out, count, dtype, op, opt);
   }
 }
 

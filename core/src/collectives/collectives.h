@@ -25,10 +25,13 @@ struct CollectiveOptions {
   Deadline deadline = Deadline::never();
   size_t segment_bytes = 1 << 20; // ring pipeline segment (tests set it small to reach multi-segment paths)
   size_t logstep_max_bytes = 65536;  // allreduce(): payloads up to this use the log-step algorithm
-  // allreduce only, may be empty: called with a byte range of the buffer before the algorithm first
-  // changes a byte of it (ranges may repeat; together they cover every byte changed). The engine
-  // keeps the input for a redo on another rail this way, a range at a time while the data moves,
-  // instead of copying the whole input before the operation starts.
+  // allreduce only, may be empty: called with a byte range of the output before the algorithm first
+  // writes there anything but that range's input (ranges may repeat; together they cover every such
+  // byte). In place, the engine keeps the input for a redo on another rail this way, a range at a
+  // time while the data moves, instead of copying the whole input before the operation starts. Out
+  // of place the input stays where it is, but the engine may hand it back (the operation done) before
+  // a redo: it saves the same ranges from the input. The ring and log-step report every byte of
+  // the output when the rail has several ranks.
   std::function<void(size_t offset, size_t bytes)> before_overwrite;
   // allreduce only: every element of the result is multiplied by this exactly once (scale(): Average's
   // 1/size, a user's postscale). The ring scales each block where it is completed, so a rank scales
@@ -39,12 +42,26 @@ struct CollectiveOptions {
 // Tag for step `step` of operation `seq`; steps are < 2^20.
 inline uint64_t make_tag(uint64_t seq, uint64_t step) { return (seq << 20) | (step & 0xFFFFF); }
 
-// In-place allreduce of count elements. Chooses log-step for small payloads, ring otherwise.
-void allreduce(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+// Allreduce of count elements of `in` into `out`: in place where they are the same buffer, else they
+// must not overlap and `in` is never written. Chooses log-step for small payloads, ring otherwise.
+// Out of place, the ring reads `in` where it needs it and writes each byte of `out` once it has its
+// sum: no copy of `in` into `out` first, which would hold back every rank's first message for the
+// copy and a fresh output's page faults (27-97 ms of a 64 MB allreduce into XLA's output). The
+// other algorithms (small payloads, a rail that reduces in the network) copy first.
+void allreduce(transport::Rail& rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                const CollectiveOptions& opt);
-// Pipelined ring: reduce-scatter then allgather, segmented by opt.segment_bytes.
-void allreduce_ring(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+inline void allreduce(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+                      const CollectiveOptions& opt) {
+  allreduce(rail, buf, buf, count, dtype, op, opt);
+}
+// Pipelined ring: reduce-scatter then allgather, segmented by opt.segment_bytes; in place or out of
+// place as allreduce().
+void allreduce_ring(transport::Rail& rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                     const CollectiveOptions& opt);
+inline void allreduce_ring(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+                           const CollectiveOptions& opt) {
+  allreduce_ring(rail, buf, buf, count, dtype, op, opt);
+}
 // Recursive doubling (non-powers of two fold the extra ranks in first and out last).
 void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
                        const CollectiveOptions& opt);

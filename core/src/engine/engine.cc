@@ -350,6 +350,7 @@ EngineStats Engine::stats() const {
   s.requests_to_coordinator = requests_to_coordinator_;
   s.rounds = rounds_completed_;
   s.callers_led = leads_;
+  if (executor_) s.bytes_staged = executor_->bytes_staged();  // set once, in connect_and_start()
   return s;
 }
 

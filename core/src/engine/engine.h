@@ -120,6 +120,7 @@ struct EngineStats {
   uint64_t rounds = 0;                   // cache rounds completed
   uint64_t operations_on_rails = 0;     // operations this rank ran on the rails (fused: one)
   uint64_t callers_led = 0;  // times a caller ran the loop itself (enqueue_all's lead_s)
+  uint64_t bytes_staged = 0;  // allreduce inputs copied before their rails started (Executor::bytes_staged)
 };
 
 struct RailStat {

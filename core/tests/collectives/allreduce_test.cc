@@ -152,5 +152,64 @@ TEST(AllreduceBitIdentical, NanMinMaxAgreeOnEveryRank) {
   }
 }
 
+// Out of place (a lone tensor reduced from its input into a separate output, as the engine runs
+// one): the same bits as in place on every rank, whichever ranks run which way, the input never
+// written, and every byte of the output written.
+TEST(AllreduceOutOfPlace, SameBitsAsInPlaceAndTheInputIsNeverWritten) {
+  for (const Algorithm& algo : kAlgorithms) {
+    if (algo.fn == static_cast<AllreduceFn>(allreduce_logstep)) continue;  // in place only
+    const bool ring = algo.fn == static_cast<AllreduceFn>(allreduce_ring);
+    for (int size : {1, 2, 3, 5}) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{10007}}) {
+        for (double postscale : {1.0, 0.25}) {
+          SCOPED_TRACE(std::string(algo.name) + " ranks " + std::to_string(size) + " count " +
+                       std::to_string(count) + " postscale " + std::to_string(postscale));
+          std::mt19937 rng(static_cast<unsigned>(size * 31 + count));
+          std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+          std::vector<std::vector<float>> inputs(static_cast<size_t>(size), std::vector<float>(count));
+          for (auto& in : inputs)
+            for (auto& v : in) v = dist(rng) * 1e3f;
+          auto run = [&](std::vector<std::vector<float>>& outs, bool mixed) {
+            run_ranks(size, [&](transport::Rail& rail) {
+              CollectiveOptions opt = test_options(/*seq=*/5, /*segment_bytes=*/1000);
+              opt.logstep_max_bytes = algo.logstep_max_bytes;
+              opt.postscale = postscale;
+              auto& in = inputs[rail.rank()];
+              auto& out = outs[rail.rank()];
+              if (mixed && rail.rank() % 2 == 1) {  // odd ranks in place, the others out of place
+                out = in;
+                allreduce(rail, out.data(), out.data(), count, DataType::kFloat32, ReduceOp::kSum, opt);
+              } else if (ring) {
+                allreduce_ring(rail, in.data(), out.data(), count, DataType::kFloat32, ReduceOp::kSum, opt);
+              } else {
+                allreduce(rail, in.data(), out.data(), count, DataType::kFloat32, ReduceOp::kSum, opt);
+              }
+            });
+          };
+          std::vector<std::vector<float>> in_place = inputs;  // reference: every rank in place
+          run_ranks(size, [&](transport::Rail& rail) {
+            CollectiveOptions opt = test_options(/*seq=*/5, /*segment_bytes=*/1000);
+            opt.logstep_max_bytes = algo.logstep_max_bytes;
+            opt.postscale = postscale;
+            auto& b = in_place[rail.rank()];
+            allreduce(rail, b.data(), count, DataType::kFloat32, ReduceOp::kSum, opt);
+          });
+          const std::vector<std::vector<float>> kept = inputs;
+          for (bool mixed : {false, true}) {
+            // NaN fill: an output byte the algorithm never writes shows as a difference.
+            std::vector<std::vector<float>> outs(static_cast<size_t>(size), std::vector<float>(count, std::nanf("")));
+            run(outs, mixed);
+            for (int r = 0; r < size; ++r) {
+              ASSERT_EQ(inputs[r], kept[r]) << "rank " << r << ": the input was written";
+              ASSERT_EQ(std::memcmp(outs[r].data(), in_place[0].data(), count * sizeof(float)), 0)
+                  << "rank " << r << (mixed ? " (mixed)" : "") << " differs from in place";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace nezha::collectives

@@ -52,6 +52,22 @@ TEST(SavedRanges, EachByteIsCopiedOnceWhenFirstSaved) {
       saved += model[i];
     }
     EXPECT_EQ(ranges.bytes(), saved);
+    // The gaps within any window: exactly its bytes not saved, in order (a balanced range's redo).
+    for (int w = 0; w < 5; ++w) {
+      size_t b = gen() % (total + 1), e = gen() % (total + 1);
+      if (b > e) std::swap(b, e);
+      std::vector<bool> gap(total, false);
+      size_t pos = b;
+      ranges.for_each_gap(b, e, [&](size_t gb, size_t ge) {
+        ASSERT_LE(pos, gb);
+        ASSERT_LT(gb, ge);
+        ASSERT_LE(ge, e);
+        pos = ge;
+        for (size_t i = gb; i < ge; ++i) gap[i] = true;
+      });
+      for (size_t i = 0; i < total; ++i)
+        ASSERT_EQ(gap[i], i >= b && i < e && !model[i]) << "window [" << b << ", " << e << ") byte " << i;
+    }
   }
 }
 

@@ -111,6 +111,11 @@ class Executor {
   // Waits until every posted job has run (bounded); stops the workers.
   void stop();
 
+  // Bytes of allreduce inputs copied on the engine thread before their rails could start (into
+  // fusion buffers, or a prescaled lone tensor into its output); a lone tensor is read where it is
+  // (any thread; tests and EngineStats).
+  uint64_t bytes_staged() const { return staged_bytes_; }
+
   // --- Failover (engine thread only, except where noted) ---
   // Runs `task` on the rail's worker after everything posted before it (reconnects, drain marks).
   void post_task(int rail, std::function<void()> task);
@@ -183,14 +188,16 @@ class Executor {
   // `pack`, if given, writes the copy instead of a memcpy from `input` (a striped share's parts).
   void record_started(ShareRecord& rec, const void* input, size_t bytes,
                       const std::function<void(uint8_t*)>& pack = {});
-  // Failover: keeps bytes [offset, offset + bytes) of an allreduce share (data = its range of the
-  // job's buffer) before the ring first overwrites them; restore_input rebuilds the input in target.
-  void save_before_overwrite(ShareRecord& rec, const uint8_t* data, size_t offset, size_t bytes);
+  // Failover: keeps bytes [offset, offset + bytes) of an allreduce share's input (`input`: where the
+  // algorithm reads it) before the algorithm first overwrites them in its output; restore_input
+  // rebuilds the input in target from those and the rest of `range` (the share's input in the job).
+  void save_before_overwrite(ShareRecord& rec, const uint8_t* input, size_t offset, size_t bytes);
   void restore_input(const ShareRecord& rec, uint8_t* target, const uint8_t* range, size_t bytes);
   void record_done(ShareRecord& rec);
   bool record_lost(ShareRecord& rec, const std::string& what);
-  // An allreduce on one rail: flat, or hierarchical where use_hierarchical() said so.
-  void allreduce_on(int rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+  // An allreduce of `in` into `out` (the same buffer: in place) on one rail: flat, or hierarchical
+  // where use_hierarchical() said so.
+  void allreduce_on(int rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                     const collectives::CollectiveOptions& copt);
   void run_allreduce(const Response& resp, std::vector<TensorEntry> entries);
   // `fused`: the tensors `resp` (their packed operation, run_fused) stands for; null for one tensor.
@@ -234,6 +241,7 @@ class Executor {
   mutable std::mutex ledger_mu_;
   std::vector<std::deque<std::shared_ptr<ShareRecord>>> ledger_;  // per rail, in seq order
   std::atomic<bool> fatal_{false};
+  std::atomic<uint64_t> staged_bytes_{0};  // bytes_staged()
   std::string fatal_reason_;  // guarded by ledger_mu_; set once, with fatal_
   std::unique_ptr<RailWatchdog> watchdog_;
   std::vector<std::unique_ptr<RailWorker>> workers_;  // last: destroyed first

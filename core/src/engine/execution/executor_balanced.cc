@@ -148,14 +148,18 @@ void Executor::run_balanced_range(ShareRecord& rec, transport::Rail& rail, const
   const size_t esize = dtype_size(job.resp.dtype);
   const size_t begin = range.offset * esize, bytes = range.count * esize;
   uint8_t* target = job.data + begin;
+  const uint8_t* source = job.input + begin;  // the range's input (target itself in place)
   BufferPool::Buffer scratch;
   if (rec.into_scratch) {  // this rank has the result already: run for the others, keep nothing
     scratch = pool_.acquire(bytes);
     target = scratch.data();
   }
   if (rec.is_redo) {
-    // The input: bytes never overwritten are still in the job's buffer, the others were saved.
-    if (target != job.data + begin) std::memcpy(target, job.data + begin, bytes);
+    // The input, rebuilt in target (run in place there): bytes never overwritten are still in the
+    // job's input, the others were saved.
+    if (target != source)
+      rec.saved.for_each_gap(begin, begin + bytes,
+                             [&](size_t b, size_t e) { std::memcpy(target + (b - begin), source + (b - begin), e - b); });
     const uint8_t* copy = job.original.data();
     rec.saved.for_each([&](size_t b, size_t e) {
       b = std::max(b, begin);
@@ -163,20 +167,21 @@ void Executor::run_balanced_range(ShareRecord& rec, transport::Rail& rail, const
       if (b < e) std::memcpy(target + (b - begin), copy + b, e - b);
     });
   }
+  const uint8_t* in = rec.is_redo ? target : source;
   collectives::CollectiveOptions copt = options(rec.seq, opt_.timeout_s);
   copt.postscale = effective_postscale(job.resp, job.size);
   if (job.original.data()) {
-    copt.before_overwrite = [&rec, target, begin](size_t offset, size_t n) {
+    copt.before_overwrite = [&rec, in, begin](size_t offset, size_t n) {
       uint8_t* copy = rec.job->original.data();
       rec.saved.save(begin + offset, begin + offset + n,
-                     [&](size_t b, size_t e) { std::memcpy(copy + b, target + (b - begin), e - b); });
+                     [&](size_t b, size_t e) { std::memcpy(copy + b, in + (b - begin), e - b); });
     };
   }
   auto start = std::chrono::steady_clock::now();
   if (job.members)  // among the set's members: flat, over the set's view of the rail
-    collectives::allreduce(rail, target, range.count, job.resp.dtype, job.resp.op, copt);
+    collectives::allreduce(rail, in, target, range.count, job.resp.dtype, job.resp.op, copt);
   else
-    allreduce_on(r, target, range.count, job.resp.dtype, job.resp.op, copt);
+    allreduce_on(r, in, target, range.count, job.resp.dtype, job.resp.op, copt);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (table_) table_->observe(r, bytes, secs);
   if (observer_) observer_(r, bytes, start, secs, (rec.is_redo ? "redo: " : "") + names_str(job.resp));

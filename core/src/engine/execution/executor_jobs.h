@@ -67,6 +67,10 @@ struct Executor::AllreduceJob {
   std::vector<TensorEntry> entries;
   BufferPool::Buffer fusion;      // empty when a lone tensor is reduced in its own output
   uint8_t* data = nullptr;
+  // Where the shares read the input: `data` itself (a fusion buffer, a tensor reduced in place, or
+  // one copied into its output to be prescaled there), or a lone tensor's own input, reduced out of
+  // place into `data` (valid while the job is unfinished on this rank; see Executor::run_allreduce).
+  const uint8_t* input = nullptr;
   int size = 1;  // ranks taking part: the job's, or the process set's
   std::shared_ptr<const std::vector<int>> members;  // its process set's; null: every rank
   std::atomic<int> parts_left{0};
@@ -93,7 +97,7 @@ struct Executor::ShareRecord {
   State state = State::kQueued;  // guarded by ledger_mu_
   // The input, for a redo. A single op's is copied whole when it first starts; an allreduce share's
   // range by range as its ring first overwrites them (`saved`, offsets within the share; the bytes
-  // not in `saved` still hold the input).
+  // not in `saved` still hold the input, in the job's input).
   BufferPool::Buffer original;
   size_t original_bytes = 0;
   SavedRanges saved;

@@ -3,8 +3,9 @@
 // With failover on, a share that fails midway is redone on another rail from its input. The ring
 // reports each range just before it first overwrites it (CollectiveOptions::before_overwrite); the
 // executor copies only those ranges, as the data moves, instead of the whole input up front, which
-// would hold every rail idle while it runs. The input is then the saved
-// ranges plus the bytes never reported, which still hold it.
+// would hold every rail idle while it runs. The input is then the saved ranges plus the bytes
+// never reported, which still hold it where the operation reads its input (its own buffer in
+// place, the caller's input out of place).
 #pragma once
 
 #include <algorithm>
@@ -37,15 +38,21 @@ class SavedRanges {
     for (const auto& [b, e] : ranges_) f(b, e);
   }
 
-  // Calls f(begin, end) for each part of [0, total) that is not saved, in order.
+  // Calls f(b, e) for each part of [begin, end) that is not saved, in order.
   template <class Fn>
-  void for_each_gap(size_t total, Fn f) const {
-    size_t pos = 0;
+  void for_each_gap(size_t begin, size_t end, Fn f) const {
+    size_t pos = begin;
     for (const auto& [b, e] : ranges_) {
-      if (b > pos) f(pos, std::min(b, total));
+      if (pos >= end) return;
+      if (e <= pos) continue;
+      if (b > pos) f(pos, std::min(b, end));
       pos = std::max(pos, e);
     }
-    if (pos < total) f(pos, total);
+    if (pos < end) f(pos, end);
+  }
+  template <class Fn>
+  void for_each_gap(size_t total, Fn f) const {
+    for_each_gap(0, total, f);
   }
 
   size_t bytes() const {

@@ -51,15 +51,15 @@ void Executor::record_started(ShareRecord& rec, const void* input, size_t bytes,
   else std::memcpy(rec.original.data(), input, bytes);
 }
 
-void Executor::save_before_overwrite(ShareRecord& rec, const uint8_t* data, size_t offset, size_t bytes) {
+void Executor::save_before_overwrite(ShareRecord& rec, const uint8_t* input, size_t offset, size_t bytes) {
   uint8_t* copy = rec.original.data();
   rec.saved.save(offset, offset + bytes,
-                 [&](size_t b, size_t e) { std::memcpy(copy + b, data + b, e - b); });
+                 [&](size_t b, size_t e) { std::memcpy(copy + b, input + b, e - b); });
 }
 
 void Executor::restore_input(const ShareRecord& rec, uint8_t* target, const uint8_t* range, size_t bytes) {
-  // Bytes never overwritten still hold the input in the job's buffer (`range`); copy those only when
-  // running into a scratch buffer.
+  // Bytes never overwritten still hold the input in the job's input (`range`); copy those only when
+  // rebuilding elsewhere (a scratch buffer, or the output of an out-of-place job).
   if (target != range)
     rec.saved.for_each_gap(bytes, [&](size_t b, size_t e) { std::memcpy(target + b, range + b, e - b); });
   const uint8_t* copy = rec.original.data();
