@@ -15,19 +15,11 @@ namespace {
 
 using testing::allgather;
 using testing::allreduce;
+using testing::options;
+using testing::submit_all;
 using testing::t0;
 
-CoordinatorOptions options(int size) {
-  CoordinatorOptions o;
-  o.size = size;
-  o.cycle_time_s = 0.005;
-  o.stall_check_s = 60;
-  return o;
-}
 
-void submit_all(Coordinator& c, int size, const std::vector<Request>& reqs, Clock::time_point now) {
-  for (int r = 0; r < size; ++r) c.submit(r, reqs, now);
-}
 
 // The error every rank gets when rank r submits by_rank[r].
 std::string mismatch_error(const std::vector<Request>& by_rank) {

@@ -30,4 +30,19 @@ inline Request allgather(const std::string& name, std::vector<int64_t> shape) {
   return r;
 }
 
+// Options of a coordinator for `size` ranks as the coordinator's tests use it: a 5 ms cycle, stall
+// warnings only after a minute.
+inline CoordinatorOptions options(int size) {
+  CoordinatorOptions o;
+  o.size = size;
+  o.cycle_time_s = 0.005;
+  o.stall_check_s = 60;
+  return o;
+}
+
+// Every rank submits the same request list at time `now`.
+inline void submit_all(Coordinator& c, int size, const std::vector<Request>& reqs, Clock::time_point now) {
+  for (int r = 0; r < size; ++r) c.submit(r, reqs, now);
+}
+
 }  // namespace nezha::engine::testing

@@ -21,6 +21,8 @@ using std::chrono::seconds;
 
 using testing::allgather;
 using testing::allreduce;
+using testing::options;
+using testing::submit_all;
 using testing::t0;
 
 Request broadcast(const std::string& name, int root) {
@@ -44,18 +46,7 @@ Request cached(const std::string& name, int32_t id) {
   return r;
 }
 
-CoordinatorOptions options(int size) {
-  CoordinatorOptions o;
-  o.size = size;
-  o.cycle_time_s = 0.005;
-  o.stall_check_s = 60;
-  return o;
-}
 
-// Every rank submits the same request list at time `now`.
-void submit_all(Coordinator& c, int size, const std::vector<Request>& reqs, Clock::time_point now) {
-  for (int r = 0; r < size; ++r) c.submit(r, reqs, now);
-}
 
 std::vector<std::vector<std::string>> names_of(const std::vector<Response>& rs) {
   std::vector<std::vector<std::string>> out;
