@@ -6,6 +6,7 @@ import sys
 import torch
 
 import nezha.torch as hvd
+from harness import say
 
 # Ranks share the machine's cores; one intra-op thread each avoids OpenMP threads spinning
 # against each other and against the engine's threads (a 30x slowdown on 2 cores).
@@ -13,11 +14,11 @@ torch.set_num_threads(1)
 
 
 def report(check):
-    print("PASS[%d] %s" % (hvd.rank(), check), flush=True)
+    say("PASS[%d] %s" % (hvd.rank(), check))
 
 
 def fail(message):
-    print("FAIL[%d] %s" % (hvd.rank(), message), flush=True)
+    say("FAIL[%d] %s" % (hvd.rank(), message))
     sys.exit(1)
 
 

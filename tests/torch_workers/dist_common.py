@@ -8,6 +8,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+from harness import say
+
 import nezha.torch  # noqa: F401  (registers the backend "nezha")
 
 # Ranks share the machine's cores; one intra-op thread each (see common.py).
@@ -19,11 +21,11 @@ def rank():
 
 
 def report(check):
-    print("PASS[%d] %s" % (rank(), check), flush=True)
+    say("PASS[%d] %s" % (rank(), check))
 
 
 def fail(message):
-    print("FAIL[%d] %s" % (rank(), message), flush=True)
+    say("FAIL[%d] %s" % (rank(), message))
     sys.exit(1)
 
 

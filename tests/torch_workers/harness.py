@@ -30,14 +30,18 @@ def run_workers(script, num_ranks=2, timeout_s=120, args=(), env=None, workers_d
     return proc.stdout
 
 
-def passed_checks(output, rank):
-    """The checks rank `rank` reported as passed."""
-    prefix = "PASS[%d] " % rank
-    return {line.split(prefix, 1)[1].strip() for line in output.splitlines() if prefix in line}
+def say(line):
+    """Prints one line in one write, so no other process's output lands inside it (workers share
+    the launcher's pipe)."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
 
 
 def assert_every_rank_passed(output, num_ranks, expected):
-    """Every rank reported every check in `expected` as passed."""
+    """Every rank reported every check in `expected` as passed.
+
+    Searched for as text, not as whole lines: ranks share one pipe, and another process's stderr
+    (a FutureWarning) may land between a PASS message and its newline."""
     for rank in range(num_ranks):
-        missing = set(expected) - passed_checks(output, rank)
+        missing = {check for check in expected if "PASS[%d] %s" % (rank, check) not in output}
         assert not missing, "rank %d did not pass %s:\n%s" % (rank, sorted(missing), output)
