@@ -210,7 +210,7 @@ class Engine {
   std::vector<multirail::RailShare> plan_for(const Response& r);
   void calibrate_rails();
 
-  // Rail failover (engine_failover.cc; protocol in rail_failover.h).
+  // Rail failover (engine_failover.cc; protocol in failover/rail_failover.h).
   void report_rail_event(RailEvent event);  // any thread: queue for the loop, which sends it
   void handle_local_rail_events();
   void on_rail_events_from(int rank, const std::vector<RailEvent>& events);  // rank 0

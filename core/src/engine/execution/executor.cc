@@ -13,6 +13,7 @@
 #include "collectives/reduce.h"
 #include "common/error.h"
 #include "common/logging.h"
+#include "engine/failover/rail_watchdog.h"
 #include "transport/group_rail.h"
 
 namespace nezha::engine {

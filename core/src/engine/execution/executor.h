@@ -23,32 +23,19 @@
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "common/deadline.h"
 #include "engine/execution/buffer_pool.h"
 #include "engine/handle.h"
 #include "engine/process_sets.h"
-#include "engine/failover/rail_watchdog.h"
 #include "engine/execution/rail_worker.h"
 #include "engine/execution/share_balancer.h"
 #include "engine/request.h"
+#include "engine/tensor_entry.h"
 #include "multirail/rail_table.h"
 #include "transport/hierarchical_rail.h"
 #include "transport/rail.h"
 
 namespace nezha::engine {
-
-// A tensor submitted on this rank, waiting for (or in) execution.
-//
-// The engine owns what an operation touches: `owner` keeps `input` and `output` valid (a framework's
-// buffers, pinned by the bindings) for as long as any copy of the entry exists, i.e. while the tensor
-// is queued, negotiated, fused, executed, kept for a failover redo or failed, whether or not the
-// caller still holds the handle. It is released on whichever thread drops the last copy.
-struct TensorEntry {
-  Request req;
-  const void* input = nullptr;
-  void* output = nullptr;  // caller's output (allreduce, broadcast); engine allocates the others
-  std::shared_ptr<OpHandle> handle;
-  std::shared_ptr<const void> owner;
-};
 
 struct ExecutorOptions {
   int rank = 0;
@@ -81,6 +68,7 @@ struct ExecutorHooks {
 using ShareObserver = std::function<void(int rail, size_t bytes, Clock::time_point start,
                                          double seconds, const std::string& what)>;
 
+class RailWatchdog;  // failover/rail_watchdog.h
 class PartWatch;  // executor_striped.cc: the watchdog's watch over one striped part
 
 class Executor {

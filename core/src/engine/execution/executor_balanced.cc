@@ -15,6 +15,7 @@
 #include "engine/execution/balanced_ranges.h"
 #include "engine/execution/executor.h"
 #include "engine/execution/executor_jobs.h"
+#include "engine/failover/rail_watchdog.h"
 #include "transport/collective_rail.h"
 #include "transport/group_rail.h"
 

@@ -1,5 +1,4 @@
-// What the executor keeps about an operation in flight; shared by executor.cc and
-// executor_failover.cc only.
+// What the executor keeps about an operation in flight; shared by the executor_*.cc files only.
 #pragma once
 
 #include <algorithm>

@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "engine/execution/executor.h"
 #include "engine/execution/executor_jobs.h"
+#include "engine/failover/rail_watchdog.h"
 #include "transport/group_rail.h"
 
 namespace nezha::engine {

@@ -32,6 +32,7 @@
 #include "engine/execution/executor.h"
 #include "engine/execution/executor_jobs.h"
 #include "engine/execution/striped_parts.h"
+#include "engine/failover/rail_watchdog.h"
 #include "transport/group_rail.h"
 
 namespace nezha::engine {

@@ -1,6 +1,6 @@
 // Rank 0's side of rail failover and re-admission (pure: no sockets, no threads, time passed in).
 //
-// The protocol, in the order its messages travel (RailEvent in message_codec.h):
+// The protocol, in the order its messages travel (RailEvent in rail_event.h):
 //  1. A rank sees a share fail on rail r, or r go silent while busy (RailWatchdog), and reports
 //     kFailed. For an error, rank 0 marks r down at once (later plans leave it out) and broadcasts
 //     kDown in the ordered response stream. A stall is first checked with every rank (kQuery /
@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/negotiation/message_codec.h"
+#include "engine/rail_event.h"
 #include "multirail/cost_model.h"
 #include "multirail/rail_health.h"
 

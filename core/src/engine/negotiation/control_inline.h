@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/execution/executor.h"
 #include "engine/request.h"
+#include "engine/tensor_entry.h"
 
 namespace nezha::engine {
 

@@ -1,5 +1,5 @@
-// The engine's cache-round hooks (cache_rounds.h has the protocol and the ordering argument): kept
-// apart from engine.cc so the loop there only calls in.
+// The engine's cache-round hooks (negotiation/cache_rounds.h has the protocol and the ordering
+// argument): kept apart from engine.cc so the loop there only calls in.
 #include <optional>
 
 #include "common/error.h"

@@ -1,6 +1,6 @@
-// Engine: the rail failover wiring (protocol in rail_failover.h). Workers and the watchdog queue
-// events; the loop sends them to rank 0, which decides with RailFailover and puts its decisions in
-// the ordered response stream; every rank applies them in apply_rail_event().
+// Engine: the rail failover wiring (protocol in failover/rail_failover.h). Workers and the watchdog
+// queue events; the loop sends them to rank 0, which decides with RailFailover and puts its
+// decisions in the ordered response stream; every rank applies them in apply_rail_event().
 #include <algorithm>
 #include <sstream>
 

@@ -79,7 +79,7 @@ namespace {
 size_t planned_elements(const Response& r) {
   size_t count = 0;
   switch (r.type) {
-    case OpType::kAllgather:  // one tensor or several fused (fusion.h)
+    case OpType::kAllgather:  // one tensor or several fused (negotiation/fusion.h)
       return gathered_elements(r);
     case OpType::kAlltoall: {  // every pair's rows; per rank, on average
       for (int64_t rows : r.splits_matrix) count += static_cast<size_t>(rows);
@@ -128,8 +128,8 @@ std::vector<multirail::RailShare> Engine::plan_for(const Response& r) {
 }
 
 void Engine::dispatch(std::vector<Response> responses) {
-  // A join response waits for a cache round in which every rank was joined (cache_rounds.h), and
-  // what follows it waits behind it.
+  // A join response waits for a cache round in which every rank was joined
+  // (negotiation/cache_rounds.h), and what follows it waits behind it.
   for (auto& r : responses) held_dispatch_.push_back(std::move(r));
   auto end = held_dispatch_.end();
   if (!rounds_->join_may_complete())
