@@ -11,7 +11,7 @@ CORE_SOURCES := $(shell find core -name '*.cc' -o -name '*.h') CMakeLists.txt py
 PYTEST_ARGS ?=
 
 .PHONY: all setup system-deps demo docs test test-cpp test-py test-sanitizers test-asan test-tsan \
-	test-py-asan clean
+	test-py-asan clean layering
 
 all: setup
 
@@ -85,7 +85,11 @@ test-py-asan: build/asan/.built | setup
 
 test-sanitizers: $(SANITIZERS)
 
-test: docs test-cpp test-py $(SANITIZERS)
+# The engine's folders include each other one way (shared types <- folders <- Engine).
+layering:
+	python3 scripts/include_graph.py --engine-apart
+
+test: layering docs test-cpp test-py $(SANITIZERS)
 
 demo: setup
 	$(VENV)/bin/nezharun -np 4 $(VENV)/bin/nezha-bench --op allreduce --sizes 8,1K,64K,1M,16M,64M --iters auto
