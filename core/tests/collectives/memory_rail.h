@@ -60,6 +60,19 @@ class MemoryWorld {
   // while ranks send (a rail whose rate drops mid-operation).
   void set_send_pace(double us_per_kib) { send_us_per_kib_ = us_per_kib; }
 
+  // A stalled link for data: while held, every send of at least `min_bytes` stops after queueing its
+  // message until released (or the rail is aborted, or the send's deadline passes); smaller ones
+  // (the algorithms' own coordination) go on. Unlike a pace, the release orders what the senders do
+  // next after what the test did meanwhile (ThreadSanitizer sees the order).
+  void hold_sends(bool hold, size_t min_bytes = 0) {
+    {
+      std::lock_guard<std::mutex> lock(hold_mu_);
+      hold_min_bytes_ = min_bytes;
+      held_ = hold;
+    }
+    hold_cv_.notify_all();
+  }
+
   // Messages sent so far (any rank) of at least `lo` and less than `hi` bytes.
   uint64_t messages_sized(size_t lo, size_t hi) {
     std::lock_guard<std::mutex> lock(sizes_mu_);
@@ -82,6 +95,21 @@ class MemoryWorld {
  private:
   size_t send_buffer_bytes_ = SIZE_MAX;
   std::atomic<double> send_us_per_kib_{0};
+  std::atomic<bool> held_{false};  // written under hold_mu_; read without it on every send
+  std::mutex hold_mu_;
+  std::condition_variable hold_cv_;
+  size_t hold_min_bytes_ = 0;  // under hold_mu_
+
+  void wait_while_held(int rank, size_t bytes, const Deadline& deadline) {
+    if (!held_) return;
+    std::unique_lock<std::mutex> lock(hold_mu_);
+    if (bytes < hold_min_bytes_) return;
+    auto released = [&] { return !held_ || aborted_[rank]; };
+    if (deadline.at() == Clock::time_point::max())
+      hold_cv_.wait(lock, released);
+    else
+      hold_cv_.wait_until(lock, deadline.at(), released);
+  }
   std::mutex sizes_mu_;
   std::map<size_t, uint64_t> sent_sizes_;  // message size -> how many were sent
 
@@ -184,6 +212,7 @@ class MemoryWorld {
       world_.count_sent(bytes);
       if (const double pace = world_.send_us_per_kib_; pace > 0)  // after queueing: the data leaves slowly
         std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(pace * bytes / 1024)));
+      world_.wait_while_held(rank_, bytes, deadline);
     }
 
     void recv(int peer, uint64_t tag, void* data, size_t bytes,
@@ -295,6 +324,8 @@ class MemoryWorld {
   void wake_all() {
     { std::lock_guard<std::mutex> lock(connect_mu_); }
     connect_cv_.notify_all();
+    { std::lock_guard<std::mutex> lock(hold_mu_); }
+    hold_cv_.notify_all();
     for (auto& box : mailboxes_) {
       { std::lock_guard<std::mutex> lock(box.mu); }
       box.cv.notify_all();

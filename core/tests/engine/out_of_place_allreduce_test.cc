@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,7 +24,7 @@ using testing::Cluster;
 Cluster make_job(size_t balance_bytes, const std::vector<RailConfig>& rails = testing::memory_rails(2)) {
   return Cluster(3, rails, [=](EngineConfig& c) {
     c.timeout_s = 30;
-    c.rail_stall_ms = 20000;  // a paced rail below is slow, not failed
+    c.rail_stall_ms = 20000;  // a held rail below is stalled for a moment, not failed
     c.balance_bytes = balance_bytes;
     c.control_inline_bytes = 0;
   });
@@ -78,9 +79,9 @@ TEST(OutOfPlaceAllreduce, ALoneTensorIsReducedFromItsInputWithNothingStaged) {
 }
 
 // What the cause was, observed directly: once every rank's rails have started the allreduce, no
-// rank's output has been written yet (each rank's rail workers sleep after their first message
-// here, a slow link). A copy of the input into the output before the rails start shows as an
-// output already holding the input.
+// rank's output has been written yet (each rank's rail workers stop after their first message
+// here, a stalled link, until the test has looked). A copy of the input into the output before the
+// rails start shows as an output already holding the input.
 TEST(OutOfPlaceAllreduce, TheOutputIsUntouchedWhenTheRailsStart) {
   const std::vector<RailConfig> rails = testing::memory_rails(2);
   Cluster c = make_job(size_t{1} << 20, rails);
@@ -95,13 +96,20 @@ TEST(OutOfPlaceAllreduce, TheOutputIsUntouchedWhenTheRailsStart) {
     return m;
   };
   const uint64_t before = large_messages();
-  for (int rail = 0; rail < 2; ++rail) testing::memory_world(rails, rail)->set_send_pace(8000);  // ~3 s per message
+  auto hold = [&](bool held) {
+    for (int rail = 0; rail < 2; ++rail) testing::memory_world(rails, rail)->hold_sends(held, 64 << 10);
+  };
+  hold(true);
+  struct Release {
+    std::function<void()> release;
+    ~Release() { release(); }
+  } release_on_exit{[&] { hold(false); }};  // an ASSERT below returns early: never leave ranks held
   std::vector<std::shared_ptr<OpHandle>> h(n);
   for (int r = 0; r < n; ++r)
-    h[r] = testing::submit(c[r], testing::make_request(OpType::kAllreduce, "paced", DataType::kFloat32,
+    h[r] = testing::submit(c[r], testing::make_request(OpType::kAllreduce, "held", DataType::kFloat32,
                                                        {static_cast<int64_t>(count)}),
                            in[r].data(), out[r].data());
-  // Every rank's first message on both rails (2 x 3), each followed by its sender's sleep.
+  // Every rank's first message on both rails (2 x 3), each sender held after it.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (large_messages() - before < 2u * n && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -111,8 +119,8 @@ TEST(OutOfPlaceAllreduce, TheOutputIsUntouchedWhenTheRailsStart) {
     for (size_t i = 0; i < count; ++i) written += out[r][i] != -1;
     EXPECT_EQ(written, 0u) << "rank " << r << ": output elements written before the rails got a message across";
   }
-  for (int rail = 0; rail < 2; ++rail) testing::memory_world(rails, rail)->set_send_pace(0);
-  for (int r = 0; r < n; ++r) testing::expect_ok(h[r], "paced", 30);
+  hold(false);
+  for (int r = 0; r < n; ++r) testing::expect_ok(h[r], "held", 30);
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < count; i += 997) {
       float want = 0;
