@@ -65,6 +65,9 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
 
 
 class _Recorder(unittest.TextTestResult):
+    # Where each outcome is written as it comes (a run cut short still leaves what it got).
+    progress_path = None
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.outcomes = {}
@@ -79,6 +82,9 @@ class _Recorder(unittest.TextTestResult):
         self.outcomes[name] = {"outcome": outcome, "message": str(message)[-1500:],
                                "seconds": round(time.monotonic() - self._started.get(test.id(),
                                                                                      0), 1)}
+        if self.progress_path:
+            with open(self.progress_path, "w") as f:
+                json.dump(self.outcomes, f, indent=1)
 
     def addSuccess(self, test):
         super().addSuccess(test)
@@ -118,6 +124,8 @@ def main():
     if args.pattern:
         loader.testNamePatterns = ["*%s*" % p for p in args.pattern]
     suite = loader.loadTestsFromTestCase(TestDistBackendWithSpawn)
+    if args.json:
+        _Recorder.progress_path = args.json + ".partial"
     runner = unittest.TextTestRunner(resultclass=_Recorder, verbosity=1, stream=sys.stderr)
     started = time.monotonic()
     result = runner.run(suite)
