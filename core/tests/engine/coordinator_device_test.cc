@@ -15,21 +15,10 @@ namespace {
 
 using testing::allgather;
 using testing::allreduce;
+using testing::mismatch_error;
 using testing::options;
 using testing::submit_all;
 using testing::t0;
-
-
-
-// The error every rank gets when rank r submits by_rank[r].
-std::string mismatch_error(const std::vector<Request>& by_rank) {
-  Coordinator c(options(static_cast<int>(by_rank.size())));
-  for (int r = 0; r < static_cast<int>(by_rank.size()); ++r) c.submit(r, {by_rank[r]}, t0);
-  auto out = c.take_ready(t0);
-  if (out.size() != 1) return "expected exactly one response, got " + std::to_string(out.size());
-  EXPECT_EQ(out[0].kind, Response::Kind::kError);
-  return out[0].error;
-}
 
 TEST(CoordinatorDeviceTest, MismatchedDeviceNamesTensorFieldAndRanks) {
   Request gpu = allreduce("d"), cpu = allreduce("d");

@@ -1,6 +1,8 @@
 // Requests and a start time for the coordinator's tests (coordinator_test.cc and its siblings).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <string>
 #include <utility>
@@ -43,6 +45,17 @@ inline CoordinatorOptions options(int size) {
 // Every rank submits the same request list at time `now`.
 inline void submit_all(Coordinator& c, int size, const std::vector<Request>& reqs, Clock::time_point now) {
   for (int r = 0; r < size; ++r) c.submit(r, reqs, now);
+}
+
+// The error every rank gets when rank r submits by_rank[r] (one tensor that differs somewhere).
+inline std::string mismatch_error(const std::vector<Request>& by_rank) {
+  Coordinator c(options(static_cast<int>(by_rank.size())));
+  for (int r = 0; r < static_cast<int>(by_rank.size()); ++r) c.submit(r, {by_rank[r]}, t0);
+  auto out = c.take_ready(t0);
+  if (out.size() != 1) return "expected exactly one response, got " + std::to_string(out.size());
+  EXPECT_EQ(out[0].kind, Response::Kind::kError);
+  EXPECT_EQ(out[0].names, std::vector<std::string>{by_rank[0].name});
+  return out[0].error;
 }
 
 }  // namespace nezha::engine::testing

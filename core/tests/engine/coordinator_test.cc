@@ -21,6 +21,7 @@ using std::chrono::seconds;
 
 using testing::allgather;
 using testing::allreduce;
+using testing::mismatch_error;
 using testing::options;
 using testing::submit_all;
 using testing::t0;
@@ -46,23 +47,10 @@ Request cached(const std::string& name, int32_t id) {
   return r;
 }
 
-
-
 std::vector<std::vector<std::string>> names_of(const std::vector<Response>& rs) {
   std::vector<std::vector<std::string>> out;
   for (const auto& r : rs) out.push_back(r.names);
   return out;
-}
-
-// Submits one tensor whose `field` differs on rank 1 and returns the resulting error message.
-std::string mismatch_error(const std::vector<Request>& by_rank) {
-  Coordinator c(options(static_cast<int>(by_rank.size())));
-  for (int r = 0; r < static_cast<int>(by_rank.size()); ++r) c.submit(r, {by_rank[r]}, t0);
-  auto out = c.take_ready(t0);
-  if (out.size() != 1) return "expected exactly one response, got " + std::to_string(out.size());
-  EXPECT_EQ(out[0].kind, Response::Kind::kError);
-  EXPECT_EQ(out[0].names, std::vector<std::string>{by_rank[0].name});
-  return out[0].error;
 }
 
 TEST(CoordinatorTest, TensorIsReadyOnlyWhenEveryRankSubmitted) {
