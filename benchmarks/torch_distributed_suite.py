@@ -11,7 +11,8 @@ CUDA tensors (the suite skips those tests for any backend outside its lists of g
 nothing else of the suite is changed. With --gloo-gated, the tests the suite runs for Gloo alone
 (`@require_backend_is_available({"gloo"})`: coalesced allreduces, batched send/recv, ...) run with
 "nezha" too: the suite's source is executed with that one check also accepting "nezha" (the file
-on disk is not touched). Prints the counts (passed, failed, skipped, errors) and, with --json, each
+on disk is not touched). --mpi-gated does the same for the CPU all_to_all tests the suite keeps for
+MPI and the DDP comm-hook tests it keeps for mpi/nccl/gloo ("get_future is only supported ..."). Prints the counts (passed, failed, skipped, errors) and, with --json, each
 test's outcome and message. Counts for both backends are in benchmarks/RESULTS.md.
 """
 import argparse
@@ -34,7 +35,16 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 SUITE = "torch.testing._internal.distributed.distributed_test"
-GLOO_GATE = "    if BACKEND not in backends:\n"
+# Each gate: its text in the suite, how many times it is there, and the text that lets "nezha" in.
+GATES = {
+    "NEZHA_SUITE_GLOO_GATED": [
+        ("    if BACKEND not in backends:\n", 1,
+         "    if BACKEND not in backends and not (BACKEND == 'nezha' and 'gloo' in backends):\n")],
+    "NEZHA_SUITE_MPI_GATED": [
+        ('BACKEND != "mpi", "Only MPI supports', 12, 'BACKEND not in ("mpi", "nezha"), "Only MPI supports'),
+        ('BACKEND != "mpi" and BACKEND != "nccl" and BACKEND != "gloo",', 5,
+         'BACKEND not in ("mpi", "nccl", "gloo", "nezha"),')],
+}
 if os.environ["BACKEND"] == "nezha":
     import nezha.torch  # noqa: E402,F401  (registers the backend)
     from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
@@ -42,13 +52,14 @@ if os.environ["BACKEND"] == "nezha":
     # that need a GPU still skip on a machine without one.
     for feature in ("ddp", "subgroup", "plugin", "gpu", "cuda"):
         DistTestCases.backend_feature[feature].add("nezha")
-    if os.environ.get("NEZHA_SUITE_GLOO_GATED") == "1":
+    opened = [gate for flag, gates in GATES.items() if os.environ.get(flag) == "1" for gate in gates]
+    if opened:
         spec = importlib.util.find_spec(SUITE)
         source = open(spec.origin).read()
-        if source.count(GLOO_GATE) != 1:
-            raise SystemExit("the suite's backend check is not where --gloo-gated expects it")
-        source = source.replace(GLOO_GATE, "    if BACKEND not in backends and not (BACKEND == "
-                                           "'nezha' and 'gloo' in backends):\n")
+        for text, count, replacement in opened:
+            if source.count(text) != count:
+                raise SystemExit("the suite's backend check %r is not where it was expected" % text)
+            source = source.replace(text, replacement)
         module = types.ModuleType(SUITE)
         module.__file__ = spec.origin
         sys.modules[SUITE] = module
@@ -111,15 +122,17 @@ def main():
                         help="only tests whose name contains this (repeatable)")
     parser.add_argument("--gloo-gated", action="store_true",
                         help="nezha only: also run the tests the suite gates to Gloo alone")
+    parser.add_argument("--mpi-gated", action="store_true",
+                        help="nezha only: also run the CPU all_to_all and comm-hook tests the "
+                             "suite gates to MPI (and to mpi/nccl/gloo)")
     parser.add_argument("--json", help="write each test's outcome here")
     args = parser.parse_args()
-    gated = "1" if args.gloo_gated else "0"
-    if args.backend != os.environ["BACKEND"] or str(args.world_size) != os.environ["WORLD_SIZE"] \
-            or gated != os.environ.get("NEZHA_SUITE_GLOO_GATED", "0"):
+    wanted = {"BACKEND": args.backend, "WORLD_SIZE": str(args.world_size),
+              "NEZHA_SUITE_GLOO_GATED": "1" if args.gloo_gated else "0",
+              "NEZHA_SUITE_MPI_GATED": "1" if args.mpi_gated else "0"}
+    if any(os.environ.get(k, "0") != v for k, v in wanted.items()):
         # The spawned ranks read the environment: re-run with it set.
-        env = {**os.environ, "BACKEND": args.backend, "WORLD_SIZE": str(args.world_size),
-               "NEZHA_SUITE_GLOO_GATED": gated}
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **wanted})
     loader = unittest.TestLoader()
     if args.pattern:
         loader.testNamePatterns = ["*%s*" % p for p in args.pattern]
