@@ -9,11 +9,13 @@ process per rank, ``init_process_group`` through a file:// store, every test in 
 For "nezha" the suite's feature sets are told that the backend does DDP and sub-groups and takes
 CUDA tensors (the suite skips those tests for any backend outside its lists of gloo/nccl/ucc);
 nothing else of the suite is changed. With --gloo-gated, the tests the suite runs for Gloo alone
-(`@require_backend_is_available({"gloo"})`: coalesced allreduces, batched send/recv, ...) run with
-"nezha" too: the suite's source is executed with that one check also accepting "nezha" (the file
+(`@require_backend_is_available({"gloo"})`: coalesced allreduces, batched send/recv, ...; and
+those skipped unless BACKEND is "gloo": barrier timeouts, batched send/recv with tags) run with
+"nezha" too: the suite's source is executed with those checks also accepting "nezha" (the file
 on disk is not touched). --mpi-gated does the same for the CPU all_to_all tests the suite keeps for
-MPI and the DDP comm-hook tests it keeps for mpi/nccl/gloo ("get_future is only supported ..."). Prints the counts (passed, failed, skipped, errors) and, with --json, each
-test's outcome and message. Counts for both backends are in benchmarks/RESULTS.md.
+MPI and the DDP comm-hook tests it keeps for mpi/nccl/gloo ("get_future is only supported ...").
+Prints the counts (passed, failed, skipped, errors) and, with --json, each test's outcome and
+message (and F.partial after every test). Counts for both backends are in benchmarks/RESULTS.md.
 """
 import argparse
 import importlib.util
@@ -39,11 +41,18 @@ SUITE = "torch.testing._internal.distributed.distributed_test"
 GATES = {
     "NEZHA_SUITE_GLOO_GATED": [
         ("    if BACKEND not in backends:\n", 1,
-         "    if BACKEND not in backends and not (BACKEND == 'nezha' and 'gloo' in backends):\n")],
+         "    if BACKEND not in backends and not (BACKEND == 'nezha' and 'gloo' in backends):\n"),
+        ('BACKEND != "gloo", "Only gloo backend supports timeouts"', 4,
+         'BACKEND not in ("gloo", "nezha"), "Only gloo backend supports timeouts"'),
+        ('BACKEND != "gloo", "GLOO Batch Send Recv CPU"', 2,
+         'BACKEND not in ("gloo", "nezha"), "GLOO Batch Send Recv CPU"')],
     "NEZHA_SUITE_MPI_GATED": [
         ('BACKEND != "mpi", "Only MPI supports', 12, 'BACKEND not in ("mpi", "nezha"), "Only MPI supports'),
         ('BACKEND != "mpi" and BACKEND != "nccl" and BACKEND != "gloo",', 5,
-         'BACKEND not in ("mpi", "nccl", "gloo", "nezha"),')],
+         'BACKEND not in ("mpi", "nccl", "gloo", "nezha"),'),
+        # Those comm-hook tests build their CPU model only for these two by name.
+        ('            if BACKEND == "mpi" or BACKEND == "gloo":\n', 1,
+         '            if BACKEND in ("mpi", "gloo", "nezha"):\n')],
 }
 if os.environ["BACKEND"] == "nezha":
     import nezha.torch  # noqa: E402,F401  (registers the backend)

@@ -151,8 +151,8 @@ class NezhaWork(dist.Work):
         if self._take_handle():
             self._settle([], NezhaBackendError(
                 f"{self._what}: timed out after {self._timeout_s:g} s (the process group's or "
-                "the operation's timeout); a rank that never submitted it, or a peer much slower "
-                "than the others, holds it up"))
+                "the operation's timeout expired); a rank that never submitted it, or a peer much "
+                "slower than the others, holds it up"))
 
     def _settle(self, outputs: List[torch.Tensor], error: Optional[BaseException]) -> None:
         with _settling:  # the first settle wins (a timeout and the operation's end may race)
