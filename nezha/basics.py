@@ -139,8 +139,8 @@ def _exchange_addresses(engine: Any, info: environ.WorldInfo, client: Any,
     generation = client.add(f"nezha/generation/{info.rank}", 1)
     prefix = f"nezha/{generation}"
     client.set(f"{prefix}/addrs/{info.rank}", encode_addresses(engine.listen_addresses()))
-    addrs = [decode_addresses(client.get(f"{prefix}/addrs/{r}", timeout_s=timeout_s), r)
-             for r in range(info.size)]
+    blobs = client.get_many([f"{prefix}/addrs/{r}" for r in range(info.size)], timeout_s=timeout_s)
+    addrs = [decode_addresses(blob, r) for r, blob in enumerate(blobs)]
     engine.connect_and_start(addrs)
     client.set(f"{prefix}/connected/{info.rank}", b"")
     return prefix

@@ -75,6 +75,61 @@ def test_wait_returns_when_all_keys_exist_and_lists_missing_ones_on_timeout(serv
         assert "'a'" not in str(info.value)
 
 
+def test_get_many_returns_values_in_order_once_all_writers_have_set(server):
+    writers = [connect(server) for _ in range(8)]
+    keys = [f"addrs/{i}" for i in range(8)]
+    values = [bytes([i]) * (i * 37) for i in range(8)]  # key 0's value is empty
+    timers = [threading.Timer(0.05 * (8 - i), w.set, args=(k, v))  # set in reverse order
+              for i, (w, k, v) in enumerate(zip(writers, keys, values))]
+    try:
+        with connect(server) as reader:
+            for t in timers:
+                t.start()
+            assert reader.get_many(keys, timeout_s=5) == values
+            assert reader.get_many([keys[3], keys[3], keys[0]]) == [values[3], values[3], values[0]]
+    finally:
+        for t in timers:
+            t.join()
+        for w in writers:
+            w.close()
+
+
+def test_get_many_timeout_lists_only_the_missing_keys(server):
+    with connect(server) as client:
+        client.set("here", b"1")
+        client.set("gone", b"2")
+        client.delete("gone")
+        with pytest.raises(TimeoutError) as info:
+            client.get_many(["here", "gone", "never"], timeout_s=0.2)
+        text = str(info.value)
+        assert "'gone'" in text and "'never'" in text and "'here'" not in text
+        assert client.get_many(["here"]) == [b"1"]  # the connection is still usable
+
+
+def test_many_waiters_are_each_woken_by_their_own_keys(server):
+    """Each of 16 readers waits for all 16 keys while 16 writers set them concurrently."""
+    n = 16
+    keys = [f"k/{i}" for i in range(n)]
+    clients = [connect(server) for _ in range(n)]
+    results, errors = [None] * n, []
+
+    def rank(i):
+        try:
+            clients[i].set(keys[i], str(i).encode())
+            results[i] = clients[i].get_many(keys, timeout_s=10)
+        except Exception as exc:  # reported below, on the test's thread
+            errors.append(exc)
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    for c in clients:
+        c.close()
+    assert not errors
+    assert results == [[str(i).encode() for i in range(n)]] * n
+
+
 def test_check_and_delete(server):
     with connect(server) as client:
         assert not client.check(["x"])

@@ -12,7 +12,7 @@ import secrets
 import socket
 import threading
 import time
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from nezha.rendezvous import protocol as p
 
@@ -63,6 +63,20 @@ class StoreClient:
                                f"(store {self.address})")
         return body.rest()
 
+    def get_many(self, keys: Sequence[str], timeout_s: Optional[float] = None) -> List[bytes]:
+        """The values of ``keys`` in order, in one round trip, waiting until all are set;
+        ``TimeoutError`` lists the missing keys."""
+        keys = list(keys)
+        wait_s = self._timeout_s if timeout_s is None else float(timeout_s)
+        status, body = self._request(
+            bytes([p.OP_MGET]) + p.encode_timeout_ms(wait_s) + p.encode_keys(keys),
+            wait_s + _REPLY_SLACK_S)
+        if status == p.STATUS_TIMEOUT:
+            raise TimeoutError(self._missing_text(body.keys(), wait_s))
+        values = body.values(len(keys))
+        body.end()
+        return values
+
     def wait(self, keys: Sequence[str], timeout_s: Optional[float] = None) -> None:
         """Waits until every key in ``keys`` is set; ``TimeoutError`` lists the missing keys."""
         keys = list(keys)
@@ -71,11 +85,13 @@ class StoreClient:
             bytes([p.OP_WAIT]) + p.encode_timeout_ms(wait_s) + p.encode_keys(keys),
             wait_s + _REPLY_SLACK_S)
         if status == p.STATUS_TIMEOUT:
-            missing = body.keys()
-            shown = ", ".join(f"'{k}'" for k in missing[:10])
-            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-            raise TimeoutError(f"rendezvous keys {shown}{more} were not set within {wait_s:g} s "
-                               f"(store {self.address})")
+            raise TimeoutError(self._missing_text(body.keys(), wait_s))
+
+    def _missing_text(self, missing: List[str], wait_s: float) -> str:
+        shown = ", ".join(f"'{k}'" for k in missing[:10])
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        return (f"rendezvous keys {shown}{more} were not set within {wait_s:g} s "
+                f"(store {self.address})")
 
     def add(self, key: str, delta: int) -> int:
         """Atomically adds ``delta`` to the counter ``key`` (0 if unset); returns the new value."""

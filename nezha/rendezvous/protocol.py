@@ -21,6 +21,11 @@ counter returns e.g. ``b"3"`` (as c10d's TCPStore does).
     ADD    delta (i64), key                         -> OK + new value (i64)
     CHECK  count (u16), keys...                     -> OK + all present (u8)
     DELETE key                                      -> OK + existed (u8)
+    MGET   timeout_ms (u32), count (u16), keys...   -> OK + (u32 length + value) per key
+                                                       | TIMEOUT + count (u16) + missing keys...
+
+MGET is how every rank reads all ranks' addresses in one round trip: n ranks cost the server n
+requests, not n^2.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ OP_WAIT = 3
 OP_ADD = 4
 OP_CHECK = 5
 OP_DELETE = 6
+OP_MGET = 7
 
 STATUS_OK = 0
 STATUS_TIMEOUT = 1
@@ -132,6 +138,11 @@ def encode_i64(value: int) -> bytes:
     return _I64.pack(value)
 
 
+def encode_values(values: Sequence[bytes]) -> bytes:
+    """Values as (u32 length + bytes) each; the count is the request's."""
+    return b"".join(_U32.pack(len(v)) + bytes(v) for v in values)
+
+
 def encode_bool(value: bool) -> bytes:
     """A boolean as one byte."""
     return b"\x01" if value else b"\x00"
@@ -175,6 +186,9 @@ class Reader:
 
     def keys(self) -> List[str]:
         return [self.key() for _ in range(self.u16())]
+
+    def values(self, count: int) -> List[bytes]:
+        return [self._take(self.u32()) for _ in range(count)]
 
     def rest(self) -> bytes:
         chunk = self._data[self._pos:]

@@ -3,7 +3,9 @@
 One thread per connection (connections are few: one per rank, held for the job's lifetime). A
 connection must pass the HMAC handshake within ``HANDSHAKE_TIMEOUT_S``; anything unauthenticated
 or malformed is logged at warning level and dropped, and the other connections are unaffected.
-Blocking reads (GET, WAIT) wait on one Condition with a deadline, never by polling.
+Blocking reads (GET, WAIT, MGET) wait with a deadline, never by polling, each on a Condition of
+the one key it still misses: a write wakes only that key's waiters, so n ranks each waiting for
+all n addresses cost O(n) wake-ups per rank instead of one per write per waiter.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import socket
 import socketserver
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from nezha.rendezvous import protocol as p
 
@@ -27,61 +29,90 @@ HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class _KeyValueTable:
-    """The store's data: a dict guarded by a Condition that is notified on every write."""
+    """The store's data: a dict, one lock, and a Condition per key that someone waits for."""
 
     def __init__(self) -> None:
         self._values: Dict[str, bytes] = {}
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
+        self._awaited: Dict[str, threading.Condition] = {}
         self._closed = False
 
+    def _written(self, key: str) -> None:
+        waiters = self._awaited.pop(key, None)
+        if waiters is not None:
+            waiters.notify_all()
+
     def set(self, key: str, value: bytes) -> None:
-        with self._changed:
+        with self._lock:
             self._values[key] = value
-            self._changed.notify_all()
+            self._written(key)
 
     def add(self, key: str, delta: int) -> int:
-        with self._changed:
+        with self._lock:
             current = self._values.get(key, b"0")
             try:
                 total = int(current.decode("ascii")) + delta
             except (UnicodeDecodeError, ValueError):
                 raise ValueError(f"key '{key}' holds a non-integer value; cannot add to it")
             self._values[key] = str(total).encode("ascii")
-            self._changed.notify_all()
+            self._written(key)
             return total
 
     def delete(self, key: str) -> bool:
-        with self._changed:
+        with self._lock:
             return self._values.pop(key, None) is not None
 
     def contains_all(self, keys: Iterable[str]) -> bool:
-        with self._changed:
+        with self._lock:
             return all(k in self._values for k in keys)
 
     def peek(self, key: str) -> Optional[bytes]:
-        with self._changed:
+        with self._lock:
             return self._values.get(key)
 
     def keys(self) -> List[str]:
-        with self._changed:
+        with self._lock:
             return list(self._values)
 
     def wait_for(self, keys: List[str], timeout_s: float) -> List[str]:
         """Blocks until every key exists or the timeout passes; returns the keys still missing."""
+        with self._lock:
+            return self._wait_held(keys, timeout_s)
+
+    def get_all(self, keys: List[str], timeout_s: float) -> Tuple[Optional[List[bytes]], List[str]]:
+        """(values in order, []) once every key exists, or (None, missing keys) at the timeout."""
+        with self._lock:
+            missing = self._wait_held(keys, timeout_s)
+            return (None, missing) if missing else ([self._values[k] for k in keys], [])
+
+    def _wait_held(self, keys: List[str], timeout_s: float) -> List[str]:
         deadline = time.monotonic() + timeout_s
-        with self._changed:
-            while True:
-                missing = [k for k in keys if k not in self._values]
-                remaining = deadline - time.monotonic()
-                if not missing or remaining <= 0 or self._closed:
-                    return missing
-                self._changed.wait(remaining)
+        first_missing = 0  # the keys before it were present when last looked at
+        while True:
+            while first_missing < len(keys) and keys[first_missing] in self._values:
+                first_missing += 1
+            if first_missing == len(keys):
+                # A key may have been deleted since it was passed: look once more, whole.
+                gone = [i for i, k in enumerate(keys) if k not in self._values]
+                if not gone:
+                    return []
+                first_missing = gone[0]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._closed:
+                return [k for k in keys if k not in self._values]
+            key = keys[first_missing]
+            waiters = self._awaited.get(key)
+            if waiters is None:
+                waiters = self._awaited[key] = threading.Condition(self._lock)
+            waiters.wait(remaining)
 
     def close(self) -> None:
         """Wakes every waiter so that server shutdown never waits on a blocked GET."""
-        with self._changed:
+        with self._lock:
             self._closed = True
-            self._changed.notify_all()
+            for waiters in self._awaited.values():
+                waiters.notify_all()
+            self._awaited.clear()
 
 
 class _ConnectionHandler(socketserver.BaseRequestHandler):
@@ -158,6 +189,14 @@ class _ConnectionHandler(socketserver.BaseRequestHandler):
             body.end()
             missing = table.wait_for(keys, timeout_s)
             return ok if not missing else bytes([p.STATUS_TIMEOUT]) + p.encode_keys(missing)
+        if op == p.OP_MGET:
+            timeout_s = body.u32() / 1000.0
+            keys = body.keys()
+            body.end()
+            values, missing = table.get_all(keys, timeout_s)
+            if values is None:
+                return bytes([p.STATUS_TIMEOUT]) + p.encode_keys(missing)
+            return ok + p.encode_values(values)
         if op == p.OP_ADD:
             delta = body.i64()
             key = body.key()

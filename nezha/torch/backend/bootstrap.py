@@ -23,8 +23,8 @@ from nezha import basics, environ
 
 
 class TorchStoreClient:
-    """A torch.distributed Store behind the interface of nezha's StoreClient (set, get, wait, add
-    with timeouts), which nezha's address exchange uses."""
+    """A torch.distributed Store behind the interface of nezha's StoreClient (set, get, get_many,
+    wait, add with timeouts), which nezha's address exchange uses."""
 
     def __init__(self, store: dist.Store, timeout_s: float) -> None:
         self._store = store
@@ -36,6 +36,10 @@ class TorchStoreClient:
     def get(self, key: str, timeout_s: Optional[float] = None) -> bytes:
         self.wait([key], timeout_s)
         return bytes(self._store.get(key))
+
+    def get_many(self, keys: Sequence[str], timeout_s: Optional[float] = None) -> List[bytes]:
+        self.wait(keys, timeout_s)  # multi_get itself waits only as long as the store's timeout
+        return [bytes(v) for v in self._store.multi_get(list(keys))]
 
     def wait(self, keys: Sequence[str], timeout_s: Optional[float] = None) -> None:
         limit = self._timeout_s if timeout_s is None else timeout_s
@@ -103,7 +107,7 @@ def start_engine(store: dist.Store, rank: int, size: int, timeout: timedelta) ->
     prefix = f"nezha/torch/{generation}"
     me = host_key()
     client.set(f"{prefix}/host/{rank}", me.encode())
-    hosts = [client.get(f"{prefix}/host/{r}").decode() for r in range(size)]
+    hosts = [h.decode() for h in client.get_many([f"{prefix}/host/{r}" for r in range(size)])]
     if env.get("NEZHA_SECRET"):
         secret = environ.secret_from(env)
     elif rank == 0:

@@ -137,7 +137,12 @@ void TcpRail::connect_to(int peer, const std::string& endpoint, const Deadline& 
     throw_if_aborted();
     Fd fd = tcp::open_stream_socket(config_.mptcp);
     tcp::tune_socket(fd.get(), config_.socket_buffer_bytes);
-    // Bind the source address so this rail's traffic leaves on this rail's interface.
+    // Bind the source address so this rail's traffic leaves on this rail's interface. The port is
+    // left to connect(), which may reuse one per destination: bind() choosing it scans every bound
+    // port of the address (thousands for a large job on one host; minutes of kernel time at 128
+    // ranks). Best effort: a kernel or an MPTCP socket without the option just binds as before.
+    const int no_port = 1;
+    (void)::setsockopt(fd.get(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &no_port, sizeof no_port);
     if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&from), sizeof from) != 0)
       throw NezhaError("cannot bind source address " + config_.local_addr + " to reach " + who + ": " +
                        tcp::errno_text(errno));
