@@ -7,7 +7,6 @@
 
 #include <algorithm>
 
-#include "common/epoll_add.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/thread_name.h"
@@ -190,7 +189,16 @@ void Engine::lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const s
   }
   ++leads_;
   const int watch = control_->watch_fd();
-  ::epoll_ctl(loop_epoll_, EPOLL_CTL_DEL, watch, nullptr);  // the loop thread sleeps on, unwoken
+  // The loop thread sleeps on, unwoken: the connections leave its wait. Muted and unmuted with
+  // EPOLL_CTL_MOD: an ADD of the nested epoll set would walk all of its descriptors (the kernel's
+  // loop check), O(peers) per operation.
+  auto listen_to_watch = [&](uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.fd = watch;
+    ::epoll_ctl(loop_epoll_, EPOLL_CTL_MOD, watch, &ev);
+  };
+  listen_to_watch(0);
   const Clock::time_point until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                      std::chrono::duration<double>(lead_s));
   // Led until the operations are done, or have left negotiation for the rails (their rail workers
@@ -213,7 +221,7 @@ void Engine::lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const s
       return false;
     }, /*leader=*/true);
   }
-  epoll_add_readable(loop_epoll_, watch);  // readable already: the loop thread wakes
+  listen_to_watch(EPOLLIN);  // readable already: the loop thread wakes
   // The loop thread's wait was planned before this lead: wake it if a timer is now due sooner.
   const Clock::time_point now = Clock::now();
   Clock::time_point due = next_wakeup(now);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <unordered_set>
 #include <utility>
 
 #include <cerrno>
@@ -74,21 +75,21 @@ ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, cons
 
 ControlChannel::~ControlChannel() { ::close(watch_fd_); }
 
-void ControlChannel::sync_watch(const std::vector<pollfd>& fds) {
+void ControlChannel::sync_watch(const std::vector<pollfd>& fds, const std::vector<size_t>& first_fd) {
   // In step already, the usual case on every call: no allocation, no system call.
   if (watched_.size() + 1 == fds.size() &&
       std::equal(watched_.begin(), watched_.end(), fds.begin() + 1, [](int fd, const pollfd& p) { return fd == p.fd; }))
     return;
   std::vector<int> now;
   for (size_t k = 1; k < fds.size(); ++k) now.push_back(fds[k].fd);
-  auto holds = [](const std::vector<int>& v, int fd) { return std::find(v.begin(), v.end(), fd) != v.end(); };
-  // A closed descriptor has left the epoll set by itself (the DEL then fails, harmlessly). Should
-  // a path close a socket and reuse its number between two calls, the new one goes unwatched: every
-  // recv_any still polls all descriptors first, and the loop thread's wait is at most kIdleWakeS.
+  std::unordered_set<int> before(watched_.begin(), watched_.end()), after(now.begin(), now.end());
+  // A closed descriptor has left the epoll set by itself (the DEL then fails, harmlessly). A path
+  // gains no descriptor after connect_all(), so a number reused between two calls (which this
+  // comparison could not see) is never one of ours.
   for (int fd : watched_)
-    if (fd >= 0 && !holds(now, fd)) ::epoll_ctl(watch_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    if (fd >= 0 && !after.count(fd)) ::epoll_ctl(watch_fd_, EPOLL_CTL_DEL, fd, nullptr);
   for (int fd : now) {
-    if (fd < 0 || holds(watched_, fd)) continue;
+    if (fd < 0 || before.count(fd)) continue;
     if (epoll_add_readable(watch_fd_, fd) != 0 && errno == EEXIST) {
       epoll_event ev{};
       ev.events = EPOLLIN;
@@ -96,7 +97,11 @@ void ControlChannel::sync_watch(const std::vector<pollfd>& fds) {
       ::epoll_ctl(watch_fd_, EPOLL_CTL_MOD, fd, &ev);
     }
   }
+  path_of_fd_.clear();
+  for (size_t i = 0; i + 1 < first_fd.size(); ++i)
+    for (size_t k = first_fd[i]; k < first_fd[i + 1]; ++k) path_of_fd_[fds[k].fd] = static_cast<int>(i);
   watched_ = std::move(now);
+  events_.resize(std::max<size_t>(1, watched_.size()));
 }
 
 std::vector<std::string> ControlChannel::listen_addresses() const {
@@ -327,6 +332,7 @@ std::optional<transport::MessagePath::Message> ControlChannel::recv_any(int wake
   };
   std::vector<pollfd> fds;
   std::vector<size_t> first_fd(paths_.size() + 1);  // path i's fds: [first_fd[i], first_fd[i + 1])
+  std::vector<std::vector<pollfd>> ready_fds(paths_.size());
   std::vector<transport::MessagePath::Message> got;
   // The first pass reads what has already arrived before the timers judge anything: the engine may
   // not have called for a while, and the acknowledgements may be waiting in the sockets.
@@ -338,23 +344,37 @@ std::optional<transport::MessagePath::Message> ControlChannel::recv_any(int wake
       paths_[i]->append_poll_fds(fds);
     }
     first_fd[paths_.size()] = fds.size();
-    sync_watch(fds);
+    sync_watch(fds, first_fd);
     if (wait && timeout_ms > 0) {
       if (wait(timeout_ms)) return std::nullopt;
       timeout_ms = 0;  // readiness is collected below, without blocking
     }
-    const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+    // Waits on the wake fd and the epoll set, then takes only the ready descriptors from it: a
+    // poll() over every connection costs each message O(peers) in the kernel, O(n^2) per rank
+    // for a round in which every peer sends one.
+    pollfd waits[2] = {{wake_fd, POLLIN, 0}, {watch_fd_, POLLIN, 0}};
+    const int n = ::poll(waits, 2, timeout_ms);
     if (n < 0 && errno != EINTR) throw NezhaError(std::string("control channel: poll() failed: ") + std::strerror(errno));
-    for (size_t i = 0; n > 0 && i < paths_.size(); ++i) {
-      const pollfd* begin = fds.data() + first_fd[i];
-      const pollfd* end = fds.data() + first_fd[i + 1];
-      if (std::none_of(begin, end, [](const pollfd& p) { return p.revents != 0; })) continue;
+    const int ready = n > 0 && (waits[1].revents & POLLIN)
+                          ? ::epoll_wait(watch_fd_, events_.data(), static_cast<int>(events_.size()), 0)
+                          : 0;
+    for (auto& r : ready_fds) r.clear();
+    for (int e = 0; e < ready; ++e) {
+      const auto at = path_of_fd_.find(events_[e].data.fd);
+      if (at == path_of_fd_.end()) continue;  // closed since it was registered
+      const uint32_t ev = events_[e].events;
+      const short revents = static_cast<short>(((ev & EPOLLIN) ? POLLIN : 0) | ((ev & EPOLLHUP) ? POLLHUP : 0) |
+                                               ((ev & EPOLLERR) ? POLLERR : 0));
+      ready_fds[static_cast<size_t>(at->second)].push_back({events_[e].data.fd, POLLIN, revents});
+    }
+    for (size_t i = 0; i < paths_.size(); ++i) {
+      if (ready_fds[i].empty()) continue;
       got.clear();
       int failed_peer = -1;  // its socket is closed now; the others are served next pass
       bool path_aborted = false;
       std::string why;
       try {
-        paths_[i]->read_polled(begin, static_cast<size_t>(end - begin), got);
+        paths_[i]->read_polled(ready_fds[i].data(), ready_fds[i].size(), got);
       } catch (const PeerError& e) {
         failed_peer = e.peer();
         why = e.what();
@@ -373,7 +393,7 @@ std::optional<transport::MessagePath::Message> ControlChannel::recv_any(int wake
         if (peer != rank_ && !peers_[peer].broken[i]) fail_path(static_cast<int>(i), peer, why);
     }
     if (!ready_.empty()) return pop();
-    if (n > 0 && (fds[0].revents & POLLIN)) return std::nullopt;
+    if (n > 0 && (waits[0].revents & POLLIN)) return std::nullopt;
     const Clock::time_point now = Clock::now();
     const std::optional<Clock::time_point> timer = run_timers(now);
     if (deadline.expired()) return std::nullopt;

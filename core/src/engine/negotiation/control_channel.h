@@ -33,7 +33,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
+
+#include <sys/epoll.h>
 
 #include "common/deadline.h"
 #include "transport/message_path.h"
@@ -65,8 +68,8 @@ class ControlChannel {
   using Wait = std::function<bool(int timeout_ms)>;
   // Next message in order from any peer; std::nullopt when wake_fd is readable or the deadline
   // passes. Runs the timers meanwhile. Throws PeerError when every path to a peer has failed.
-  // Blocks in poll() on wake_fd and the paths, or in `wait` when given (then only non-blocking
-  // polls here).
+  // Blocks in poll() on wake_fd and the paths' epoll set, or in `wait` when given (then only
+  // non-blocking polls here).
   std::optional<transport::MessagePath::Message> recv_any(int wake_fd, const Deadline& deadline,
                                                           const Wait& wait = nullptr);
   // An epoll descriptor readable whenever a path has something to read, kept in step with the
@@ -123,8 +126,9 @@ class ControlChannel {
   // Bare acknowledgements due, ack timeouts passed; returns when to run again.
   std::optional<Clock::time_point> run_timers(Clock::time_point now);
   std::optional<Clock::time_point> next_timer_of(const PeerState& p, Clock::time_point now) const;
-  // Registers fds[1..] (the paths' descriptors; fds[0] is the caller's wake fd) in watch_fd_.
-  void sync_watch(const std::vector<pollfd>& fds);
+  // Registers fds[1..] (the paths' descriptors; fds[0] is the caller's wake fd) in watch_fd_ and
+  // notes each one's path (path i's: [first_fd[i], first_fd[i + 1])).
+  void sync_watch(const std::vector<pollfd>& fds, const std::vector<size_t>& first_fd);
   void send_bare_ack(int peer);
   void send_on_path(int peer, std::string& envelope);  // stamps the current route first
   int pick_path(const PeerState& p, bool after_current, bool any_path = false) const;
@@ -150,6 +154,8 @@ class ControlChannel {
   std::atomic<bool> aborted_{false};
   int watch_fd_ = -1;
   std::vector<int> watched_;  // the paths' descriptors as last registered in watch_fd_, in poll order
+  std::unordered_map<int, int> path_of_fd_;  // of the watched descriptors
+  std::vector<epoll_event> events_;          // epoll_wait's buffer, one per watched descriptor
 };
 
 }  // namespace nezha::engine
