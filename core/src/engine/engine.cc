@@ -136,6 +136,12 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   Deadline deadline = Deadline::after_seconds(config_.connect_timeout_s);
   std::vector<std::vector<std::string>> control_columns;
   for (size_t i = 0; i < rails_.size(); ++i) control_columns.push_back(column(i));
+  // Negotiation is a star through rank 0 unless cache rounds run among the workers: a worker then
+  // connects to rank 0 only (n - 1 connections per path instead of n(n - 1) / 2).
+  if (!config_.cache_rounds && config_.rank != 0)
+    for (auto& col : control_columns)
+      for (int r = 1; r < config_.size; ++r)
+        if (r != config_.rank) col[static_cast<size_t>(r)].clear();
   control_->connect_all(control_columns, deadline);
   for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect(column(rails_.size() + i), deadline);
   refuse_partial_host_rails();

@@ -26,7 +26,9 @@ class MessagePath {
     std::string payload;
   };
 
-  // Lifecycle, as Rail's (rail.h): opaque address bytes, a full mesh from every rank's address.
+  // Lifecycle, as Rail's (rail.h): opaque address bytes, a mesh from every rank's address. An empty
+  // address leaves that peer out: no connection either way (both ranks must leave each other out;
+  // a star through rank 0 costs n connections where the full mesh costs n^2 / 2).
   virtual std::string local_address() const = 0;
   virtual void connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) = 0;
   virtual void close() = 0;

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -46,6 +48,15 @@ class Pair {
  private:
   std::vector<std::unique_ptr<ControlChannel>> ch_;
 };
+
+// Peer connections in the channel's epoll set (its watch fd's entries, less each path's abort fd).
+int count_watched(const ControlChannel& ch, int paths) {
+  std::ifstream info("/proc/self/fdinfo/" + std::to_string(ch.watch_fd()));
+  std::string line;
+  int entries = 0;
+  while (std::getline(info, line)) entries += line.rfind("tfd:", 0) == 0;
+  return entries - paths;
+}
 
 std::vector<std::string> numbered(int from, int to) {
   std::vector<std::string> v;
@@ -246,6 +257,58 @@ TEST(ControlChannel, EveryPathFailingIsAPeerError) {
   p[0].testing_abort_path(0, "gone");
   p[0].testing_abort_path(1, "gone too");
   EXPECT_THROW(p[0].send(1, "nowhere"), PeerError);
+}
+
+TEST(ControlChannel, AStarThroughRankZeroConnectsOnlyItsSpokes) {
+  // Workers leave each other out (empty addresses): each holds one connection per path, to rank 0;
+  // rank 0 holds n - 1. Messages go both ways on every spoke, also after a path fails on rank 0;
+  // a worker sending to another worker is refused.
+  const int n = 4, paths = 2;
+  std::vector<ControlPathConfig> cfg{{"a", "127.0.0.1"}, {"b", "127.0.0.1"}};
+  std::vector<std::unique_ptr<ControlChannel>> ch;
+  for (int r = 0; r < n; ++r) ch.push_back(std::make_unique<ControlChannel>(cfg, "s", r, n, 1 << 20));
+  run_ranks(n, [&](int r) {
+    std::vector<std::vector<std::string>> addrs(paths);
+    for (int i = 0; i < paths; ++i)
+      for (int q = 0; q < n; ++q)
+        addrs[i].push_back(r == 0 || q == 0 || q == r ? ch[q]->listen_addresses()[i] : "");
+    ch[r]->connect_all(addrs, Deadline::after_seconds(10));
+  });
+  std::vector<std::string> got_by_zero;
+  run_ranks(n, [&](int r) {
+    if (r == 0) {
+      for (int w = 1; w < n; ++w) ch[0]->send(w, "to " + std::to_string(w));
+      while (got_by_zero.size() < static_cast<size_t>(n - 1)) {
+        auto m = ch[0]->recv_any(-1, Deadline::after_seconds(3));
+        ASSERT_TRUE(m);
+        got_by_zero.push_back(m->payload);
+      }
+      return;
+    }
+    ch[r]->send(0, "from " + std::to_string(r));
+    auto m = ch[r]->recv_any(-1, Deadline::after_seconds(3));
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->peer, 0);
+    EXPECT_EQ(m->payload, "to " + std::to_string(r));
+    EXPECT_THROW(ch[r]->send(r % (n - 1) + 1, "sideways"), InvalidArgument);
+  });
+  std::sort(got_by_zero.begin(), got_by_zero.end());
+  EXPECT_EQ(got_by_zero, (std::vector<std::string>{"from 1", "from 2", "from 3"}));
+  // Every connection a rank holds is watched: rank 0 one per worker per path, a worker one per path.
+  for (int r = 0; r < n; ++r) {
+    (void)ch[r]->recv_any(-1, Deadline::after_seconds(0));
+    EXPECT_EQ(count_watched(*ch[r], paths), r == 0 ? paths * (n - 1) : paths) << "rank " << r;
+  }
+  ch[0]->avoid_path(0, true);  // rank 0's spokes move to path b; the workers follow
+  run_ranks(n, [&](int r) {
+    if (r == 0) {
+      for (int w = 1; w < n; ++w) ch[0]->send(w, "again");
+      return;
+    }
+    auto m = ch[r]->recv_any(-1, Deadline::after_seconds(3));
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->payload, "again");
+  });
 }
 
 }  // namespace

@@ -77,6 +77,30 @@ TEST(ShmRail, SixtyFourMiBThroughTheDefaultRing) {
   EXPECT_EQ(rails[0]->send_buffer_bytes(), (size_t{1} << 20) - 32);
 }
 
+TEST(ShmRail, RingsShrinkWithManyLocalRanksAndStillCarryEveryMessage) {
+  // A budget that fits two 1 MiB rings: with 6 ranks (5 peers) each ring is 1 MiB / 5 * 2, whole
+  // pages; with 2 ranks the configured ring is kept.
+  ShmRailConfig c = small_ring_config();
+  c.ring_bytes = 1 << 20;
+  c.segment_budget = 2 << 20;
+  EXPECT_EQ(make_shm_mesh(2, c)[0]->send_buffer_bytes(), (size_t{1} << 20) - 32);
+  const size_t shrunk = (size_t{2} << 20) / 5 / 4096 * 4096;
+  auto rails = make_shm_mesh(6, c);
+  for (const auto& rail : rails) EXPECT_EQ(rail->send_buffer_bytes(), shrunk - 32);
+  c.segment_budget = 4096;  // never below the floor
+  EXPECT_EQ(make_shm_mesh(3, c)[2]->send_buffer_bytes(), ShmRail::kMinRingBytes - 32);
+
+  // Every rank sends a message larger than the ring to the next one and receives from the previous.
+  const size_t bytes = 3 * shrunk + 11;
+  run_ranks(6, [&](int r) {
+    const Deadline d = Deadline::after_seconds(20);
+    const auto msg = pattern(r, 7, bytes);
+    std::vector<uint8_t> got(bytes, 0);
+    rails[r]->sendrecv_tags((r + 1) % 6, msg.data(), bytes, 7, (r + 5) % 6, got.data(), bytes, 7, d);
+    EXPECT_EQ(first_mismatch(got, (r + 5) % 6, 7), -1) << "rank " << r;
+  });
+}
+
 TEST(ShmRail, TagOrSizeMismatchIsProtocolErrorAndClosesThePair) {
   for (bool wrong_size : {false, true}) {
     auto rails = make_shm_mesh(2);

@@ -49,7 +49,7 @@ ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, cons
                                int rank, int size, size_t socket_buffer_bytes)
     : rank_(rank), size_(size), avoided_(paths.size(), false), black_hole_(paths.size(), false),
       testing_link_faults_(paths.size()), links_(paths.size()),
-      peers_(size) {
+      peers_(size), linked_(size, false) {
   if (paths.empty()) throw InvalidArgument("the control channel needs at least one rail");
   for (size_t i = 0; i < paths.size(); ++i) {
     transport::RailSpec spec;
@@ -115,6 +115,8 @@ void ControlChannel::connect_all(const std::vector<std::vector<std::string>>& ad
   if (addrs.size() != paths_.size())
     throw InvalidArgument("control channel: " + std::to_string(addrs.size()) + " address columns for " +
                           std::to_string(paths_.size()) + " paths");
+  for (int peer = 0; peer < size_; ++peer)
+    linked_[peer] = peer != rank_ && !addrs[0].at(static_cast<size_t>(peer)).empty();
   for (size_t i = 0; i < paths_.size(); ++i) paths_[i]->connect(addrs[i], deadline);
 }
 
@@ -263,6 +265,9 @@ std::optional<Clock::time_point> ControlChannel::next_timer(Clock::time_point no
 }
 
 void ControlChannel::send(int peer, const std::string& payload) {
+  if (peer < 0 || peer >= size_ || !linked_[peer])
+    throw InvalidArgument("control channel: rank " + std::to_string(rank_) + " has no connection to rank " +
+                          std::to_string(peer));
   PeerState& p = peers_[peer];
   p.ack_owed_since.reset();  // this message carries the acknowledgement
   std::string envelope;
@@ -390,7 +395,7 @@ std::optional<transport::MessagePath::Message> ControlChannel::recv_any(int wake
         for (auto& m : got) on_envelope(m.peer, static_cast<int>(i), std::move(m.payload));
       if (failed_peer >= 0) fail_path(static_cast<int>(i), failed_peer, why);
       for (int peer = 0; path_aborted && peer < size_; ++peer)
-        if (peer != rank_ && !peers_[peer].broken[i]) fail_path(static_cast<int>(i), peer, why);
+        if (linked_[peer] && !peers_[peer].broken[i]) fail_path(static_cast<int>(i), peer, why);
     }
     if (!ready_.empty()) return pop();
     if (n > 0 && (waits[0].revents & POLLIN)) return std::nullopt;
@@ -422,7 +427,7 @@ void ControlChannel::avoid_path(int path, bool avoid) {
   avoided_[path] = avoid;
   if (!avoid) return;  // peers stay where they are; the path is a candidate again
   for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_ || peers_[peer].path != path) continue;
+    if (!linked_[peer] || peers_[peer].path != path) continue;
     move_peer(peer, "rail '" + names_[path].substr(8) + "' is down", true);
     flush(peer, 0);
   }

@@ -57,7 +57,8 @@ class ControlChannel {
   ControlChannel& operator=(const ControlChannel&) = delete;
 
   std::vector<std::string> listen_addresses() const;  // one per path
-  // addrs[path][rank]: every rank's listen address of that path.
+  // addrs[path][rank]: every rank's listen address of that path; an empty one (on every path)
+  // leaves that rank out: no connection, and send() to it is an error (a star through rank 0).
   void connect_all(const std::vector<std::vector<std::string>>& addrs, const Deadline& deadline);
 
   // Queues and sends; on a failing path moves to the next one. Throws PeerError when no path to the
@@ -149,6 +150,7 @@ class ControlChannel {
   };
   std::vector<LinkCheck> links_;
   std::vector<PeerState> peers_;
+  std::vector<bool> linked_;  // per rank: connected (connect_all); never this rank itself
   std::deque<transport::MessagePath::Message> ready_;
   std::exception_ptr deferred_error_;  // a peer lost after sending what ready_ still holds
   std::atomic<bool> aborted_{false};

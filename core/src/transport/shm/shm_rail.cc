@@ -64,7 +64,7 @@ bool can_read_memory_of(int32_t pid, uint64_t segment_base) {
 }  // namespace
 
 ShmRail::ShmRail(ShmRailConfig config, int rank, int size)
-    : config_(std::move(config)), rank_(rank), size_(size) {
+    : config_(std::move(config)), ring_bytes_(config_.ring_bytes), rank_(rank), size_(size) {
   if (size <= 0 || rank < 0 || rank >= size)
     throw InvalidArgument("ShmRail: rank " + std::to_string(rank) + " is outside a job of " +
                           std::to_string(size) + " ranks");
@@ -133,8 +133,9 @@ void ShmRail::connect(const std::vector<std::string>& addresses_by_rank, const D
   const auto slot_of = [&](int r) {
     return static_cast<uint32_t>(std::find(local_ranks.begin(), local_ranks.end(), r) - local_ranks.begin());
   };
+  ring_bytes_ = ring_bytes_for(local_ranks.size());
   shm::SegmentIdentity id{job_tag_, nonce_, address_.pid, address_.start_time, rank_,
-                          static_cast<uint32_t>(local_ranks.size()), config_.ring_bytes};
+                          static_cast<uint32_t>(local_ranks.size()), ring_bytes_};
   shm::Segment own = shm::Segment::create(id);
   std::vector<shm::HandoffPeer> peers;
   for (int r : local_ranks)
@@ -148,7 +149,7 @@ void ShmRail::connect(const std::vector<std::string>& addresses_by_rank, const D
   for (size_t i = 0; i < peers.size(); ++i) {
     const int r = peers[i].rank;
     shm::SegmentIdentity expect{job_tag_, peers[i].nonce, addrs[r].pid, addrs[r].start_time, r, id.slots,
-                                config_.ring_bytes};
+                                ring_bytes_};
     try {
       attached[i] = shm::Segment::attach(fds[i], expect, where("connect to", r));
     } catch (const NezhaError& e) {
@@ -162,8 +163,8 @@ void ShmRail::connect(const std::vector<std::string>& addresses_by_rank, const D
     const int r = peers[i].rank;
     Link& l = links[r];
     l.segment = std::move(attached[i]);
-    l.out = {l.segment.ring(my_slot), l.segment.ring_data(my_slot), config_.ring_bytes, 0};
-    l.in = {own.ring(slot_of(r)), own.ring_data(slot_of(r)), config_.ring_bytes, 0};
+    l.out = {l.segment.ring(my_slot), l.segment.ring_data(my_slot), ring_bytes_, 0};
+    l.in = {own.ring(slot_of(r)), own.ring_data(slot_of(r)), ring_bytes_, 0};
     l.pid = addrs[r].pid;
     // Direct (single-copy) messages from r need this rank to read r's memory: probe it once.
     l.in.control->direct_ok.store(can_read_memory_of(l.pid, l.segment.header()->creator_base) ? 1 : 0);
@@ -219,7 +220,13 @@ void ShmRail::close() {
   listener_.close();
 }
 
-size_t ShmRail::send_buffer_bytes() const { return config_.ring_bytes - sizeof(MessageHeader); }
+size_t ShmRail::send_buffer_bytes() const { return ring_bytes_ - sizeof(MessageHeader); }
+
+size_t ShmRail::ring_bytes_for(size_t local_ranks) const {
+  const size_t peers = std::max<size_t>(1, local_ranks - 1);
+  const size_t fitting = config_.segment_budget / peers / 4096 * 4096;  // whole pages
+  return std::min(config_.ring_bytes, std::max(kMinRingBytes, fitting));
+}
 
 RailCounters ShmRail::counters() const { return {bytes_sent_.load(), bytes_received_.load()}; }
 

@@ -19,6 +19,10 @@
 // at connect) only its header goes through the ring and the receiver copies the payload straight
 // from the sender's buffer: one copy instead of two. Elsewhere it streams through the ring.
 //
+// Memory. A rank's segment holds one ring per local peer; past segment_budget / ring_bytes local
+// peers the rings shrink (never below kMinRingBytes) so that a segment, and what each rank maps of
+// each peer, stays within the budget: per host that grows as the ranks, not their square.
+//
 // Waiting (shm_ring.h). A blocked call spins for spin_us, then sleeps on its doorbell futex in slices
 // of liveness_slice_ms; after each slice it checks, through pidfds, that the peers it waits for are
 // alive, so a killed peer is named within a slice and a frozen one at the deadline (TimeoutError
@@ -48,7 +52,9 @@ struct ShmRailConfig {
   std::string name = "shm";
   std::string secret;              // job secret: job tag in the segment header, socket name
   std::string host_id;             // launcher host entry (placement); may be empty
-  size_t ring_bytes = 1 << 20;     // per ordered pair of local ranks (see benchmarks/RESULTS.md)
+  size_t ring_bytes = 1 << 20;     // per ordered pair of local ranks (see benchmarks/RESULTS.md);
+                                   // the largest: the rings of many local ranks are smaller (Memory)
+  size_t segment_budget = size_t{64} << 20;  // rings of one segment in all, where >= kMinRingBytes each
   size_t chunk_bytes = 256 << 10;  // largest copy before head/tail is published
   double spin_us = 20;             // busy-wait before sleeping on the futex
   double liveness_slice_ms = 50;   // futex sleep slice; peers' pidfds are checked after each
@@ -58,6 +64,8 @@ struct ShmRailConfig {
 
 class ShmRail : public Rail {
  public:
+  static constexpr size_t kMinRingBytes = size_t{64} << 10;
+
   ShmRail(ShmRailConfig config, int rank, int size);
   ~ShmRail() override;
   ShmRail(const ShmRail&) = delete;
@@ -119,7 +127,11 @@ class ShmRail : public Rail {
   std::string where(const char* verb, int peer) const;
   void drop_links();
 
+  // The rings of a segment for `local_ranks` ranks on this host (the same on all of them).
+  size_t ring_bytes_for(size_t local_ranks) const;
+
   ShmRailConfig config_;
+  size_t ring_bytes_;  // as connected: config_.ring_bytes or less (ring_bytes_for)
   RailProperties properties_;
   const int rank_;
   const int size_;

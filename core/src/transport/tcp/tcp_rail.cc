@@ -139,7 +139,7 @@ void TcpRail::connect_to(int peer, const std::string& endpoint, const Deadline& 
     tcp::tune_socket(fd.get(), config_.socket_buffer_bytes);
     // Bind the source address so this rail's traffic leaves on this rail's interface. The port is
     // left to connect(), which may reuse one per destination: bind() choosing it scans every bound
-    // port of the address (thousands for a large job on one host; minutes of kernel time at 128
+    // port of the address (thousands for a large job on one host: seconds of kernel time at 128
     // ranks). Best effort: a kernel or an MPTCP socket without the option just binds as before.
     const int no_port = 1;
     (void)::setsockopt(fd.get(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &no_port, sizeof no_port);
@@ -207,7 +207,10 @@ void TcpRail::connect(const std::vector<std::string>& listen_addrs_by_rank, cons
                           std::to_string(listen_addrs_by_rank.size()) + " addresses for " +
                           std::to_string(size_) + " ranks");
   std::vector<std::string> failures;  // "rank P: why"
+  // An empty address: a peer left out of the mesh (message_path.h), neither dialed nor awaited.
+  const auto left_out = [&](int peer) { return listen_addrs_by_rank[peer].empty(); };
   for (int peer = 0; peer < rank_; ++peer) {
+    if (left_out(peer)) continue;
     try {
       connect_to(peer, listen_addrs_by_rank[peer], deadline);
     } catch (const NezhaError& e) {
@@ -219,7 +222,7 @@ void TcpRail::connect(const std::vector<std::string>& listen_addrs_by_rank, cons
   std::unique_lock<std::mutex> lock(mu_);
   auto all_higher_admitted = [&] {
     for (int peer = rank_ + 1; peer < size_; ++peer)
-      if (!peers_[peer].fd.valid()) return false;
+      if (!left_out(peer) && !peers_[peer].fd.valid()) return false;
     return true;
   };
   // Bounded slices rather than wait_until(deadline): Deadline::never() is time_point::max.
@@ -227,7 +230,7 @@ void TcpRail::connect(const std::vector<std::string>& listen_addrs_by_rank, cons
     admitted_.wait_for(lock, std::chrono::milliseconds(deadline.remaining_ms()));
   admitting_ = false;
   for (int peer = rank_ + 1; peer < size_; ++peer)
-    if (!peers_[peer].fd.valid())
+    if (!left_out(peer) && !peers_[peer].fd.valid())
       failures.push_back(rank_name(peer) + " never connected to " + listen_address_);
   size_t buffer = SIZE_MAX;
   for (int peer = 0; peer < size_; ++peer) {
