@@ -114,12 +114,14 @@ std::string TcpRail::rank_name(int peer) const { return "rank " + std::to_string
 
 void TcpRail::admit(int peer, Fd fd, const std::string& remote) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!admitting_ || peer < rank_ || peers_[peer].fd.valid()) {
-    // Outside connect() (initial or after reset()) the running connection wins.
+  if (!admitting_ || peer < rank_ || peers_[peer].fd.valid() || !peers_[peer].closed_reason.empty()) {
+    // Outside connect() (initial or after reset()) the running connection wins; a connection
+    // closed by an error stays closed until reset().
     NZ_LOG(Warning) << "rail " << config_.name << ": dropped authenticated connection from rank "
                     << peer << " at " << remote << ": "
                     << (peer < rank_ ? "lower ranks are dialed by this rank, not accepted"
-                                     : "that rank is already connected");
+                        : peers_[peer].closed_reason.empty() ? "that rank is already connected"
+                                                             : "its connection failed: " + peers_[peer].closed_reason);
     return;
   }
   peers_[peer].fd = std::move(fd);
@@ -206,6 +208,19 @@ void TcpRail::connect(const std::vector<std::string>& listen_addrs_by_rank, cons
     throw InvalidArgument("rail " + config_.name + ": connect() got " +
                           std::to_string(listen_addrs_by_rank.size()) + " addresses for " +
                           std::to_string(size_) + " ranks");
+  if (config_.connect_on_first_use) {
+    std::lock_guard<std::mutex> lock(mu_);
+    endpoints_ = listen_addrs_by_rank;
+    for (int peer = 0; peer < size_; ++peer)
+      reachable_[peer].store(peer != rank_ && !endpoints_[peer].empty(), std::memory_order_release);
+    Fd probe = tcp::open_stream_socket(config_.mptcp);
+    tcp::tune_socket(probe.get(), config_.socket_buffer_bytes);
+    int bytes = 0;
+    socklen_t len = sizeof bytes;
+    if (getsockopt(probe.get(), SOL_SOCKET, SO_SNDBUF, &bytes, &len) != 0 || bytes <= 0) bytes = 0;
+    send_buffer_bytes_.store(static_cast<size_t>(bytes) / 2);
+    return;
+  }
   std::vector<std::string> failures;  // "rank P: why"
   // An empty address: a peer left out of the mesh (message_path.h), neither dialed nor awaited.
   const auto left_out = [&](int peer) { return listen_addrs_by_rank[peer].empty(); };
@@ -291,12 +306,46 @@ int TcpRail::live_fd(int peer, const char* what) {
 
 void TcpRail::close_peer(int peer, const std::string& why) {
   Peer& p = peers_[peer];
-  if (p.closed_reason.empty()) p.closed_reason = why;
-  reachable_[peer].store(false, std::memory_order_release);
-  watched_fds_[peer].store(-1, std::memory_order_release);
-  p.fd.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // admit() may be looking at it (connect_on_first_use)
+    if (p.closed_reason.empty()) p.closed_reason = why;
+    reachable_[peer].store(false, std::memory_order_release);
+    watched_fds_[peer].store(-1, std::memory_order_release);
+    p.fd.reset();
+  }
   p.control_in.drop_partial();
   NZ_LOG(Debug) << why;
+}
+
+void TcpRail::connect_on_first_use(int peer, const Deadline& deadline) {
+  if (!config_.connect_on_first_use || peer < 0 || peer >= size_ || peer == rank_) return;
+  std::string endpoint;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Peer& p = peers_[peer];
+    if (p.fd.valid() || !p.closed_reason.empty() || endpoints_.empty()) return;  // live_fd says why
+    endpoint = endpoints_[peer];
+  }
+  if (peer < rank_) {
+    try {
+      connect_to(peer, endpoint, deadline);
+    } catch (const NezhaError& e) {
+      throw_if_aborted();
+      close_peer(peer, "rail " + config_.name + ": " + e.what());
+      throw PeerError(peer, "rail " + config_.name + ": " + e.what());
+    }
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!peers_[peer].fd.valid() && !aborted_ && !deadline.expired())
+    admitted_.wait_for(lock, std::chrono::milliseconds(std::min(deadline.remaining_ms(), 100)));
+  const bool connected = peers_[peer].fd.valid();
+  lock.unlock();
+  throw_if_aborted();
+  if (!connected)
+    throw TimeoutError(peer, "rail " + config_.name + ": " + rank_name(peer) + " never connected to " +
+                                 listen_address_ + " (its first transfer with rank " +
+                                 std::to_string(rank_) + ")");
 }
 
 void TcpRail::fail_peer(int peer, const std::string& what) {
@@ -306,6 +355,12 @@ void TcpRail::fail_peer(int peer, const std::string& what) {
 
 void TcpRail::transfer(Outgoing* out, Incoming* in, const Deadline& deadline) {
   const auto start = Clock::now();
+  // Dial before waiting to be dialed: a rank waiting for a higher one never holds up a lower one
+  // that waits for it (a ring's first sendrecv would otherwise connect one pair at a time).
+  int peers[2] = {out ? out->peer : -1, in ? in->peer : -1};
+  if (peers[0] > peers[1]) std::swap(peers[0], peers[1]);  // lower ranks are the ones this rank dials
+  for (int peer : peers)
+    if (peer >= 0) connect_on_first_use(peer, deadline);
   const int out_fd = out ? live_fd(out->peer, "send to") : -1;
   const int in_fd = in ? live_fd(in->peer, "receive from") : -1;
   for (;;) {
@@ -503,6 +558,7 @@ void TcpRail::reset() {
   abort_reason_.clear();
   aborted_.store(false, std::memory_order_release);
   admitting_ = true;
+  endpoints_.clear();
 }
 
 void TcpRail::close() {

@@ -3,7 +3,11 @@
 //
 // Connections. The constructor binds and listens on local_addr:0 and starts the accept thread
 // (tcp/acceptor.h). connect() dials every lower rank and waits for every higher rank; every
-// connection is authenticated (auth.h) before it carries a byte of data. The listener stays open for
+// connection is authenticated (auth.h) before it carries a byte of data. With
+// connect_on_first_use (data rails), connect() only learns the addresses: the first data call to a
+// peer dials it (a lower rank) or waits for it to dial (a higher one; both ends of a transfer call,
+// so the dialer always comes). A job then holds the connections its algorithms use (ring
+// neighbours, log-step partners; every pair only after an alltoall), not n^2 / 2 from the start. The listener stays open for
 // the life of the rail: strangers and failed handshakes are logged and dropped there, so they never
 // disturb a running job.
 //
@@ -55,6 +59,7 @@ struct TcpRailConfig {
   size_t socket_buffer_bytes = 4 << 20;
   std::string secret;        // job secret for the HMAC handshake
   double handshake_timeout_s = 5.0;  // longest a single handshake may take (either side)
+  bool connect_on_first_use = false;  // see Connections above; control paths connect eagerly
   size_t max_share_bytes = 0;        // RailProperties::max_share_bytes (0: no limit)
 };
 
@@ -69,7 +74,8 @@ class TcpRail : public Rail, public MessagePath {
 
   // Full mesh: connect to every lower rank, accept every higher rank (authenticated). Strangers and
   // failed handshakes are dropped and logged, and accepting continues. Throws NezhaError naming the
-  // ranks still missing (and why) when the deadline passes.
+  // ranks still missing (and why) when the deadline passes. connect_on_first_use: no connection
+  // yet (Connections above).
   void connect(const std::vector<std::string>& listen_addrs_by_rank, const Deadline& deadline) override;
   bool reaches(int peer) const override;
 
@@ -83,7 +89,8 @@ class TcpRail : public Rail, public MessagePath {
                      int recv_peer, void* recv_data, size_t recv_bytes, uint64_t recv_tag,
                      const Deadline& deadline) override;
   // Half the smallest SO_SNDBUF of the connected peers' sockets (the kernel doubles what was asked
-  // for, to cover its bookkeeping; it also caps it at net.core.wmem_max), read back after connect.
+  // for, to cover its bookkeeping; it also caps it at net.core.wmem_max), read back after connect
+  // (connect_on_first_use: from a socket tuned alike).
   size_t send_buffer_bytes() const override { return send_buffer_bytes_.load(); }
 
   RailCounters counters() const override;
@@ -128,6 +135,8 @@ class TcpRail : public Rail, public MessagePath {
   void admit(int peer, tcp::Fd fd, const std::string& remote);
   void transfer(Outgoing* out, Incoming* in, const Deadline& deadline);
   int live_fd(int peer, const char* what);
+  // connect_on_first_use: makes (or waits for) the connection to peer unless it exists or failed.
+  void connect_on_first_use(int peer, const Deadline& deadline);
   void close_peer(int peer, const std::string& why);  // keeps the first reason
   [[noreturn]] void fail_peer(int peer, const std::string& what);  // close_peer + PeerError
   void throw_if_aborted() const;
@@ -152,7 +161,8 @@ class TcpRail : public Rail, public MessagePath {
 
   mutable std::mutex mu_;  // guards the fields below, and peers_[*].fd while admitting_
   std::condition_variable admitted_;
-  bool admitting_ = true;  // true until connect() returns
+  bool admitting_ = true;  // true until connect() returns (for the life of the mesh when lazy)
+  std::vector<std::string> endpoints_;  // connect_on_first_use: every rank's listen address
   std::string abort_reason_;
   std::unique_ptr<tcp::Acceptor> acceptor_;
   std::unique_ptr<tcp::LinkState> link_;  // null for MPTCP and without a local address

@@ -6,7 +6,7 @@ namespace nezha::transport {
 
 namespace {
 
-std::unique_ptr<TcpRail> make(const RailSpec& spec, const RailContext& ctx) {
+TcpRailConfig make(const RailSpec& spec, const RailContext& ctx) {
   // max_share_bytes caps the share of one operation this rail takes (RailProperties); the other
   // options tune the sockets.
   reject_unknown_options(spec, {"max_share_bytes", "socket_buffer_bytes"});
@@ -22,15 +22,19 @@ std::unique_ptr<TcpRail> make(const RailSpec& spec, const RailContext& ctx) {
   tc.secret = ctx.secret;
   tc.handshake_timeout_s = ctx.handshake_timeout_s;
   tc.max_share_bytes = rail_option_bytes(spec, "max_share_bytes", 0);
-  return std::make_unique<TcpRail>(tc, ctx.rank, ctx.size);
+  return tc;
 }
 
 }  // namespace
 
-std::unique_ptr<Rail> make_tcp_rail(const RailSpec& spec, const RailContext& ctx) { return make(spec, ctx); }
+std::unique_ptr<Rail> make_tcp_rail(const RailSpec& spec, const RailContext& ctx) {
+  TcpRailConfig tc = make(spec, ctx);
+  tc.connect_on_first_use = true;  // data: the pairs the algorithms use (tcp_rail.h)
+  return std::make_unique<TcpRail>(tc, ctx.rank, ctx.size);
+}
 
 std::unique_ptr<MessagePath> make_tcp_message_path(const RailSpec& spec, const RailContext& ctx) {
-  return make(spec, ctx);
+  return std::make_unique<TcpRail>(make(spec, ctx), ctx.rank, ctx.size);  // negotiation: at once
 }
 
 }  // namespace nezha::transport
