@@ -149,15 +149,19 @@ std::vector<int> exchange_segment_fds(const HandoffListener& listener, int my_ra
     }
     for (int fd : accepted) ::close(fd);
   };
+  // Each pass touches only what poll() reported ready (and requests not yet sent): a pass over
+  // every pending peer per wake-up costs a rank O(n^2) system calls on a host of n ranks.
+  std::vector<char> client_ready(peers.size(), 1), accepted_ready;
+  bool listener_ready = true;
+  std::vector<pollfd> fds;
+  std::vector<long> fd_owner;  // per fds entry: client i (>= 0), accepted k (-2 - k), listener (-1)
   try {
     for (;;) {
       if (aborted.load()) throw NezhaError(where + ": aborted while connecting");
-      bool all = served.size() == peers.size();
       for (size_t i = 0; i < peers.size(); ++i) {
         Client& c = clients[i];
         const std::string who = where + ": rank " + std::to_string(peers[i].rank);
         if (c.done) continue;
-        all = false;
         if (c.fd < 0) {  // (re)connect and send the request
           c.fd = unix_socket();
           sockaddr_un addr;
@@ -178,7 +182,10 @@ std::vector<int> exchange_segment_fds(const HandoffListener& listener, int my_ra
             c.fd = -1;
             continue;
           }
+          client_ready[i] = 1;
         }
+        if (!client_ready[i]) continue;
+        client_ready[i] = 0;
         const int fd = receive_fd(c.fd, who);
         if (fd >= 0) {
           c.segment_fd = fd;
@@ -187,22 +194,29 @@ std::vector<int> exchange_segment_fds(const HandoffListener& listener, int my_ra
           c.fd = -1;
         }
       }
-      if (all) break;
       // Accept and answer whatever is waiting.
-      for (;;) {
+      for (; listener_ready;) {
         const int s = ::accept4(listener.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (s < 0) break;
         accepted.push_back(s);
+        accepted_ready.push_back(1);
       }
+      listener_ready = false;
       for (size_t i = 0; i < accepted.size();) {
+        if (!accepted_ready[i]) {
+          ++i;
+          continue;
+        }
         const int r = serve(accepted[i], by_rank, my_nonce, segment_fd, rail_name);
         if (r == -1) {
+          accepted_ready[i] = 0;
           ++i;
           continue;
         }
         if (r >= 0) served[r] = true;
         ::close(accepted[i]);
         accepted.erase(accepted.begin() + static_cast<long>(i));
+        accepted_ready.erase(accepted_ready.begin() + static_cast<long>(i));
       }
       if (served.size() == peers.size()) {
         bool fetched = true;
@@ -220,11 +234,25 @@ std::vector<int> exchange_segment_fds(const HandoffListener& listener, int my_ra
         }
         throw NezhaError(where + ": shm connect timed out waiting for" + missing);
       }
-      std::vector<pollfd> fds{{listener.fd(), POLLIN, 0}};
-      for (auto& c : clients)
-        if (c.fd >= 0) fds.push_back({c.fd, POLLIN, 0});
-      for (int fd : accepted) fds.push_back({fd, POLLIN, 0});
+      fds.assign({{listener.fd(), POLLIN, 0}});
+      fd_owner.assign({-1});
+      for (size_t i = 0; i < clients.size(); ++i)
+        if (clients[i].fd >= 0 && !clients[i].done) {
+          fds.push_back({clients[i].fd, POLLIN, 0});
+          fd_owner.push_back(static_cast<long>(i));
+        }
+      for (size_t k = 0; k < accepted.size(); ++k) {
+        fds.push_back({accepted[k], POLLIN, 0});
+        fd_owner.push_back(-2 - static_cast<long>(k));
+      }
       ::poll(fds.data(), fds.size(), deadline.remaining_ms(20));
+      for (size_t j = 0; j < fds.size(); ++j) {
+        if (fds[j].revents == 0) continue;
+        const long owner = fd_owner[j];
+        if (owner == -1) listener_ready = true;
+        else if (owner >= 0) client_ready[static_cast<size_t>(owner)] = 1;
+        else accepted_ready[static_cast<size_t>(-2 - owner)] = 1;
+      }
     }
   } catch (...) {
     cleanup();
