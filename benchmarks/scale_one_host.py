@@ -8,7 +8,8 @@
 One `nezharun -np N python benchmarks/scale_worker.py` job per rank count and implementation; a job
 that fails or runs past --timeout is recorded with the tail of its output and the rest go on.
 Prints markdown tables, the growth factor between consecutive rank counts, and draws a log-log
-plot (--plot) when matplotlib imports.
+plot (--plot) when matplotlib imports. `--report A.json B.json` prints and plots from recorded runs
+(e.g. each implementation's series run alone) without running anything.
 """
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ def ratio(a, b):
 
 
 # (column, record field) of the per-job table
-JOB_COLUMNS = (("wall s", "wall_s"), ("fastest init s", "init_min_s"),
+JOB_COLUMNS = (("wall s", "wall_s"), ("slowest rank's init s", "init_s"),
+               ("start skew s", "start_skew_s"),
                ("store wait s", "store_wait_s"), ("RSS max MB", "rss_mb_max"),
                ("RSS mean MB", "rss_mb_mean"), ("RSS init MB", "rss_init_mb_max"),
                ("fds max", "fds_max"), ("fds mean", "fds_mean"), ("/dev/shm", "shm_entries"),
@@ -111,13 +113,14 @@ def print_tables(records, rank_counts, impls, sizes, ops):
             row, values = [str(n)], {}
             for impl in impls:
                 rec = by_key.get((impl, n), {})
-                values[impl] = [rec.get("init_s")] + [op_time(rec, op, s) for s in sizes]
+                values[impl] = [rec.get("init_after_last_s")] + [op_time(rec, op, s) for s in sizes]
                 row += [fmt(v) for v in values[impl]] if "error" not in rec else \
                     ["failed: " + rec["error"]] + [""] * len(sizes)
             if len(impls) == 2:
                 row += [ratio(a, b) for a, b in zip(values[impls[0]], values[impls[1]])]
             rows.append(row)
-        print_table(f"{op} (init: slowest rank; times: slowest rank's median)", header, rows)
+        print_table(f"{op} (init: from the last rank's call to the last return; times: slowest "
+                    "rank's median)", header, rows)
     rows = [[str(n), impl] + [fmt(by_key.get((impl, n), {}).get(field)) for _, field in JOB_COLUMNS]
             for n in rank_counts for impl in impls]
     print_table("per job", ["ranks", "impl"] + [c for c, _ in JOB_COLUMNS], rows)
@@ -134,8 +137,8 @@ def print_growth(records, rank_counts, impls, sizes, ops):
             if not a or not b:
                 print(f"- {impl} {small}→{large}: a run failed")
                 continue
-            parts = [f"init {ratio(b['init_s'], a['init_s'])}",
-                     f"fastest init {ratio(b['init_min_s'], a['init_min_s'])}",
+            parts = [f"init {ratio(b['init_after_last_s'], a['init_after_last_s'])}",
+                     f"slowest rank's init {ratio(b['init_s'], a['init_s'])}",
                      f"RSS {ratio(b['rss_mb_max'], a['rss_mb_max'])}",
                      f"fds {ratio(b['fds_max'], a['fds_max'])}",
                      f"shm mapped {ratio(b['shm_mapped_mb_max'], a['shm_mapped_mb_max'])}",
@@ -166,13 +169,14 @@ def plot(records, rank_counts, impls, sizes, ops, path):
                           key=lambda r: r["ranks"])
             xs = [r["ranks"] for r in done]
             if panel == "init":
-                ax.plot(xs, [r["init_s"] for r in done], style, color="C0", marker="o", label=impl)
+                ax.plot(xs, [r["init_after_last_s"] for r in done], style, color="C0", marker="o",
+                        label=impl)
                 continue
             for i, size in enumerate(sizes):
                 ax.plot(xs, [op_time(r, panel, size) for r in done], style, color=f"C{i}",
                         marker="o", label=f"{impl} {format_size(size)}B")
-        unit = "s" if panel == "init" else "µs"
-        ax.set(xscale="log", yscale="log", xlabel="ranks", ylabel=f"{unit} (slowest rank)",
+        unit = "s (last call to last return)" if panel == "init" else "µs (slowest rank)"
+        ax.set(xscale="log", yscale="log", xlabel="ranks", ylabel=unit,
                title=panel)
         ax.set_xticks(rank_counts, [str(n) for n in rank_counts])
         ax.xaxis.set_minor_formatter(NullFormatter())
@@ -181,6 +185,23 @@ def plot(records, rank_counts, impls, sizes, ops, path):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"\nplot: {path}")
+
+
+def report(args):
+    """Tables, growth and plot from the records of earlier runs (--json files of this script)."""
+    records = []
+    for path in args.report:
+        run = json.loads(Path(path).read_text())
+        print(f"{path}: started {run['started']}, load average at start {run['loadavg_at_start']}")
+        records += run["records"]
+    rank_counts = sorted({r["ranks"] for r in records})
+    impls = [i for i in ("nezha", "gloo") if any(r["impl"] == i for r in records)]
+    done = [r for r in records if "error" not in r]
+    sizes = sorted({e["bytes"] for r in done for e in r["ops"]})
+    ops = [op for op in ("allreduce", "broadcast") if any(e["op"] == op for r in done for e in r["ops"])]
+    print_tables(records, rank_counts, impls, sizes, ops)
+    print_growth(records, rank_counts, impls, sizes, ops)
+    plot(records, rank_counts, impls, sizes, ops, args.plot)
 
 
 def main():
@@ -193,7 +214,12 @@ def main():
     parser.add_argument("--json", default=str(BENCH_DIR / "out" / "scale_one_host.json"))
     parser.add_argument("--plot", default=str(BENCH_DIR / "scale_one_host.png"))
     parser.add_argument("--timeout", type=float, default=600, help="seconds per job")
+    parser.add_argument("--report", nargs="+", metavar="JSON",
+                        help="print and plot the records of these earlier runs instead of running")
     args = parser.parse_args()
+    if args.report:
+        report(args)
+        return
     rank_counts = [int(n) for n in args.ranks.split(",")]
     impls = [i for i in args.impls.split(",") if i]
     if not impls or set(impls) - {"nezha", "gloo"}:
@@ -208,7 +234,7 @@ def main():
         for n in rank_counts:
             for impl in impls:
                 record = run_job(impl, n, args, Path(tmp) / f"{impl}-{n}.json")
-                status = record.get("error") or f"init {record['init_s']:.3f} s"
+                status = record.get("error") or f"init {record['init_after_last_s']:.3f} s"
                 print(f"{impl:5} {n:4} ranks: {status} (wall {record['wall_s']:.1f} s)", flush=True)
                 records.append(record)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
