@@ -67,31 +67,28 @@ class StoreClient:
         """The values of ``keys`` in order, in one round trip, waiting until all are set;
         ``TimeoutError`` lists the missing keys."""
         keys = list(keys)
-        wait_s = self._timeout_s if timeout_s is None else float(timeout_s)
-        status, body = self._request(
-            bytes([p.OP_MGET]) + p.encode_timeout_ms(wait_s) + p.encode_keys(keys),
-            wait_s + _REPLY_SLACK_S)
-        if status == p.STATUS_TIMEOUT:
-            raise TimeoutError(self._missing_text(body.keys(), wait_s))
+        body = self._wait_for_keys(p.OP_MGET, keys, timeout_s)
         values = body.values(len(keys))
         body.end()
         return values
 
     def wait(self, keys: Sequence[str], timeout_s: Optional[float] = None) -> None:
         """Waits until every key in ``keys`` is set; ``TimeoutError`` lists the missing keys."""
-        keys = list(keys)
+        self._wait_for_keys(p.OP_WAIT, list(keys), timeout_s)
+
+    def _wait_for_keys(self, op: int, keys: List[str], timeout_s: Optional[float]) -> p.Reader:
+        """Sends a request that the server answers once every key exists (WAIT, MGET); returns the
+        reply's body, or raises ``TimeoutError`` listing the keys still missing."""
         wait_s = self._timeout_s if timeout_s is None else float(timeout_s)
         status, body = self._request(
-            bytes([p.OP_WAIT]) + p.encode_timeout_ms(wait_s) + p.encode_keys(keys),
-            wait_s + _REPLY_SLACK_S)
+            bytes([op]) + p.encode_timeout_ms(wait_s) + p.encode_keys(keys), wait_s + _REPLY_SLACK_S)
         if status == p.STATUS_TIMEOUT:
-            raise TimeoutError(self._missing_text(body.keys(), wait_s))
-
-    def _missing_text(self, missing: List[str], wait_s: float) -> str:
-        shown = ", ".join(f"'{k}'" for k in missing[:10])
-        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-        return (f"rendezvous keys {shown}{more} were not set within {wait_s:g} s "
-                f"(store {self.address})")
+            missing = body.keys()
+            shown = ", ".join(f"'{k}'" for k in missing[:10])
+            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+            raise TimeoutError(f"rendezvous keys {shown}{more} were not set within {wait_s:g} s "
+                               f"(store {self.address})")
+        return body
 
     def add(self, key: str, delta: int) -> int:
         """Atomically adds ``delta`` to the counter ``key`` (0 if unset); returns the new value."""
