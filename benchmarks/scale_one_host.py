@@ -121,6 +121,18 @@ def print_tables(records, rank_counts, impls, sizes, ops):
             rows.append(row)
         print_table(f"{op} (init: from the last rank's call to the last return; times: slowest "
                     "rank's median)", header, rows)
+    cpu_rows = []
+    for n in rank_counts:
+        for impl in impls:
+            rec = by_key.get((impl, n), {})
+            cells = []
+            for op in ops:
+                for size in sizes:
+                    entry = next((e for e in rec.get("ops", ()) if e["op"] == op and e["bytes"] == size), {})
+                    cells.append(f"{fmt(entry.get('cpu_us_rank0'))} / {fmt(entry.get('cpu_us_others_mean'))}")
+            cpu_rows.append([str(n), impl] + cells)
+    print_table("CPU µs per call, rank 0 / the other ranks' mean (process CPU time, all threads)",
+                ["ranks", "impl"] + [f"{op} {format_size(s)}B" for op in ops for s in sizes], cpu_rows)
     rows = [[str(n), impl] + [fmt(by_key.get((impl, n), {}).get(field)) for _, field in JOB_COLUMNS]
             for n in rank_counts for impl in impls]
     print_table("per job", ["ranks", "impl"] + [c for c, _ in JOB_COLUMNS], rows)

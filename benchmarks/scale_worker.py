@@ -48,8 +48,8 @@ class NezhaComm:
         values = np.asarray(values, dtype=np.float64)
         return self.nz.allreduce(values, op=self.nz.Max, name="scale.max")
 
-    def gather(self, row):
-        return self.nz.allgather(np.asarray([row], dtype=np.float64), name="scale.gather")
+    def gather(self, row, name):
+        return self.nz.allgather(np.asarray([row], dtype=np.float64), name=name)
 
     def barrier(self):
         self.nz.barrier()
@@ -92,7 +92,7 @@ class GlooComm:
         self.dist.all_reduce(tensor, op=self.dist.ReduceOp.MAX)
         return tensor.numpy()
 
-    def gather(self, row):
+    def gather(self, row, name):
         mine = self.torch.tensor([row], dtype=self.torch.float64)
         rows = [self.torch.empty_like(mine) for _ in range(self.dist.get_world_size())]
         self.dist.all_gather(rows, mine)
@@ -142,18 +142,21 @@ def dev_shm_entries():
 
 
 def time_series(comm, op, count, iters):
-    """Median seconds of `iters` calls after WARMUP, and whether the last result was right."""
+    """Median seconds of `iters` calls after WARMUP, this process's CPU seconds per timed call (all
+    its threads: the library's own included), and whether the last result was right."""
     out, reset, call = comm.series(op, count)
     samples = []
     comm.barrier()
+    cpu = 0.0
     for i in range(WARMUP + iters):
         if reset:
             reset()
-        started = time.perf_counter()
+        cpu_before, started = time.process_time(), time.perf_counter()
         call()
         if i >= WARMUP:
             samples.append(time.perf_counter() - started)
-    return statistics.median(samples), bool(np.all(out == expected(op, comm.size)))
+            cpu += time.process_time() - cpu_before
+    return statistics.median(samples), cpu / iters, bool(np.all(out == expected(op, comm.size)))
 
 
 def main():
@@ -182,15 +185,17 @@ def main():
     # One row per rank; RSS growth across init is the library's own cost, apart from its imports
     # (torch for Gloo).
     row = memory_row()
-    memory = comm.gather(row + [row[0] - rss_before_mb])
+    memory = comm.gather(row + [row[0] - rss_before_mb], "scale.memory")
     shm_entries = dev_shm_entries() if rank == 0 else 0
 
     cases = [(op, size) for op in ops for size in sizes]
-    medians, wrong = [], []
+    medians, cpus, wrong = [], [], []
     for op, size in cases:
-        median, ok = time_series(comm, op, size // 4, args.iters)
+        median, cpu, ok = time_series(comm, op, size // 4, args.iters)
         medians.append(median)
+        cpus.append(cpu)
         wrong.append(0.0 if ok else 1.0)
+    cpu_by_rank = comm.gather(cpus, "scale.cpu")  # rank 0 negotiates for all: its CPU apart
     # One reduction for everything, so a wrong result on any rank stops every rank together.
     # init waits for the last rank to arrive, so the slowest init includes the ranks' start-up skew
     # (the interpreter and imports of n processes on this host's cores); what init itself costs is
@@ -216,8 +221,10 @@ def main():
               "fds_max": int(memory[:, 1].max()), "fds_mean": float(memory[:, 1].mean()),
               "shm_entries": shm_entries, "shm_segments_max": int(memory[:, 2].max()),
               "shm_mapped_mb_max": float(memory[:, 3].max()),
-              "ops": [{"op": op, "bytes": size, "time_us": float(t) * 1e6}
-                      for (op, size), t in zip(cases, medians_max)]}
+              "ops": [{"op": op, "bytes": size, "time_us": float(t) * 1e6,
+                       "cpu_us_rank0": float(cpu_by_rank[0, k]) * 1e6,
+                       "cpu_us_others_mean": float(cpu_by_rank[1:, k].mean()) * 1e6 if n > 1 else 0.0}
+                      for k, ((op, size), t) in enumerate(zip(cases, medians_max))]}
     print(json.dumps(record), flush=True)
     if args.json:
         with open(args.json, "w") as f:
