@@ -32,6 +32,15 @@ std::string seconds_since(Clock::time_point start) {
   return buf;
 }
 
+// Half of the socket's SO_SNDBUF (the kernel doubles what was asked for, for its bookkeeping): what
+// a send can hand over without the peer reading; 0 if unknown.
+size_t usable_send_buffer(int fd) {
+  int bytes = 0;
+  socklen_t len = sizeof bytes;
+  if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, &len) != 0 || bytes <= 0) return 0;
+  return static_cast<size_t>(bytes) / 2;
+}
+
 // Errors after which retrying the connect makes sense: the peer may not be listening yet.
 bool retryable_connect_error(int err) {
   return err == ECONNREFUSED || err == ECONNRESET || err == EHOSTUNREACH || err == ENETUNREACH ||
@@ -215,10 +224,7 @@ void TcpRail::connect(const std::vector<std::string>& listen_addrs_by_rank, cons
       reachable_[peer].store(peer != rank_ && !endpoints_[peer].empty(), std::memory_order_release);
     Fd probe = tcp::open_stream_socket(config_.mptcp);
     tcp::tune_socket(probe.get(), config_.socket_buffer_bytes);
-    int bytes = 0;
-    socklen_t len = sizeof bytes;
-    if (getsockopt(probe.get(), SOL_SOCKET, SO_SNDBUF, &bytes, &len) != 0 || bytes <= 0) bytes = 0;
-    send_buffer_bytes_.store(static_cast<size_t>(bytes) / 2);
+    send_buffer_bytes_.store(usable_send_buffer(probe.get()));
     return;
   }
   std::vector<std::string> failures;  // "rank P: why"
@@ -250,11 +256,7 @@ void TcpRail::connect(const std::vector<std::string>& listen_addrs_by_rank, cons
   size_t buffer = SIZE_MAX;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_ || !peers_[peer].fd.valid()) continue;
-    int bytes = 0;
-    socklen_t len = sizeof bytes;
-    if (getsockopt(peers_[peer].fd.get(), SOL_SOCKET, SO_SNDBUF, &bytes, &len) != 0 || bytes <= 0)
-      bytes = 0;
-    buffer = std::min(buffer, static_cast<size_t>(bytes) / 2);
+    buffer = std::min(buffer, usable_send_buffer(peers_[peer].fd.get()));
   }
   send_buffer_bytes_.store(buffer == SIZE_MAX ? 0 : buffer);
   lock.unlock();
