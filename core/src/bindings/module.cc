@@ -141,6 +141,7 @@ TensorEntry make_entry(OpType type, const std::string& name, const std::optional
 namespace nezha::bindings {
 void bind_tf_engine(py::module_& m);                      // bindings/tf_engine.cc
 void bind_rails(py::module_& m, py::module_& testing);  // bindings/rails.cc
+void bind_planner(py::module_& m);                        // bindings/planner.cc
 }  // namespace nezha::bindings
 
 #ifdef NEZHA_WITH_JAX_FFI
@@ -278,6 +279,7 @@ PYBIND11_MODULE(_core, m) {
   }, "A valid encoded response list, as a seed for mutation.");
 
   bindings::bind_rails(m, testing);
+  bindings::bind_planner(m);
 
   py::class_<EngineConfig>(m, "EngineConfig")
       .def(py::init([] { return EngineConfig::from_knobs(); }), "Defaults from NEZHA_* knobs.")

@@ -1,0 +1,136 @@
+"""What the simulator models: a cluster's hosts and rails, and the software costs of its machines.
+
+A rail is one network plane: every host has one link on it (full duplex, `gbps` each way), of one
+protocol. A `Profile` holds what the network does not: the time a message step costs the transport
+and the engine beside the bytes (per rail kind), the engine's per-operation negotiation, the host's
+reduction rate, the shared-memory rate between a host's ranks, and, for a testbed whose hosts share
+one machine's cores, the bytes per second that machine moves in all.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Dict, List, Optional
+
+# Rail kinds the simulator models and how a share's collective runs on them.
+#   tcp, ofi, mptcp: point to point (ring / log-step / chain); agg: reduces in the network (one
+#   round trip through an aggregator whose link is as fast as all hosts' links together).
+RAIL_KINDS = ("tcp", "ofi", "mptcp", "agg")
+
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(k|m|g|t)?(bit|bps)?\s*$", re.IGNORECASE)
+_UNIT = {None: 1e-9, "k": 1e-6, "m": 1e-3, "g": 1.0, "t": 1e3}
+
+
+def parse_rate_gbps(text: str) -> float:
+    """'1gbit', '250mbit', '100g', '1.5gbit' -> Gbit/s (tc's units: bits per second)."""
+    m = _RATE.match(text)
+    if not m:
+        raise ValueError(f"rate '{text}' is not a number with an optional k/m/g/t unit (e.g. 1gbit, 250mbit)")
+    value = float(m.group(1)) * _UNIT[(m.group(2) or "").lower() or None]
+    if value <= 0:
+        raise ValueError(f"rate '{text}' must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class RailModel:
+    name: str
+    kind: str      # one of RAIL_KINDS
+    gbps: float    # each host's link on this plane, each direction
+
+    @property
+    def point_to_point(self) -> bool:
+        return self.kind != "agg"
+
+
+def parse_rails(spec: str) -> List[RailModel]:
+    """'1gbit,250mbit' or 'ofi:100gbit,tcp:25gbit,agg:100gbit' -> rails (default kind tcp)."""
+    rails: List[RailModel] = []
+    for i, item in enumerate(p.strip() for p in spec.split(",")):
+        if not item:
+            raise ValueError(f"rails '{spec}': empty item")
+        kind, _, rate = item.rpartition(":")
+        kind = kind or "tcp"
+        if kind not in RAIL_KINDS:
+            raise ValueError(f"rail '{item}': kind '{kind}' is not one of {', '.join(RAIL_KINDS)}")
+        rails.append(RailModel(f"rail{i}:{kind}", kind, parse_rate_gbps(rate)))
+    if not rails:
+        raise ValueError("at least one rail is needed")
+    return rails
+
+
+@dataclass(frozen=True)
+class Cluster:
+    hosts: int
+    ranks_per_host: int
+    rails: List[RailModel]
+
+    def __post_init__(self):
+        if self.hosts < 1 or self.ranks_per_host < 1:
+            raise ValueError(f"hosts ({self.hosts}) and ranks per host ({self.ranks_per_host}) must be >= 1")
+
+    @property
+    def ranks(self) -> int:
+        return self.hosts * self.ranks_per_host
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Software costs; every field in microseconds or Gbit/s. `source` says where they came from."""
+    name: str
+    source: str
+    step_us: Dict[str, float]          # per message step of a collective, by rail kind
+    op_us: float                       # one operation's negotiation and completion, beside its steps
+    per_rank_us: float                 # rank 0's work per rank per negotiated operation ...
+    range_us: float                    # one balanced range: the claim message and the ring's restart
+    reduce_gbps: float                 # one host reducing (reads two inputs, writes one)
+    shm_gbps: float                    # one rank copying through shared memory
+    # ... times (ranks - 1) to this power: 1 where every host has its own cores; above 1 where all
+    # ranks share a few cores and each wake-up waits behind more of them.
+    negotiation_exponent: float = 1.0
+    machine_gbps: Optional[float] = None  # testbed: wire bytes all hosts together move per second
+    # Links shaped by a token bucket (the testbed's `tc tbf`): its depth, as seconds of the rate but
+    # at least min_burst_bytes, sent at line_gbps. 0: a plain link at its rate.
+    burst_s: float = 0.0
+    # Payload per wire byte, by rail kind (TCP over Ethernet at MTU 1500: 1448 of 1514 bytes).
+    payload_fraction: Dict[str, float] = field(default_factory=dict)
+    min_burst_bytes: int = 0
+    line_gbps: float = 0.0
+    inline_bytes: int = 16384          # NEZHA_CONTROL_INLINE_BYTES
+    logstep_max_bytes: int = 65536     # NEZHA_LOGSTEP_MAX_BYTES
+    balance_bytes: int = 1 << 20       # NEZHA_BALANCE_BYTES
+    fusion_bytes: int = 64 << 20       # NEZHA_FUSION_THRESHOLD
+    unfused_bytes: int = 1 << 20       # NEZHA_UNFUSED_BYTES
+    cycle_ms: float = 1.0              # NEZHA_CYCLE_TIME_MS
+    stall_ms: float = 100.0            # NEZHA_RAIL_STALL_MS: a silent rail's detection
+    link_tick_ms: float = 10.0         # a lost carrier's detection (the watchdog's link tick)
+    extra: Dict[str, float] = field(default_factory=dict)
+
+    def step(self, kind: str) -> float:
+        return self.step_us.get(kind, self.step_us["tcp"])
+
+    def with_overrides(self, **kw) -> "Profile":
+        return replace(self, **kw)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A profile by name (nezha/sim/profiles/<name>.json) or by path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILE_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+        raise ValueError(f"no profile '{name_or_path}' (known: {', '.join(known)}; or give a .json path)")
+    data = json.loads(path.read_text())
+    try:
+        return Profile(**data)
+    except TypeError as e:
+        raise ValueError(f"profile {path}: {e}") from None

@@ -1,0 +1,237 @@
+"""A simulated job: the engine's own planner, balancer and rail health on modelled rails.
+
+`SimJob` keeps a simulated clock. Its rail table, share balancer and rail health are the engine's
+C++ objects (nezha._core.planner): the table starts cold, is calibrated with the engine's
+calibration payloads, learns from every share's modelled time exactly as the rail workers feed it,
+and plans every operation; a striped operation large enough to balance is re-split range by range
+by the engine's balancer at simulated times; a cut rail goes down through the engine's failover
+state machine and comes back through its probes. What is modelled: each share's time on its rail
+(schedules.py), the negotiation's cost, and how fast a cut is noticed.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from nezha._core import planner
+
+from . import schedules
+from .cluster import Cluster, Profile
+
+ELEM = 4  # float32: the dtype every simulated operation carries
+
+
+@dataclass
+class Cut:
+    rail: int
+    down_at: float
+    up_at: float = math.inf
+
+    def covers(self, t: float) -> bool:
+        return self.down_at <= t < self.up_at
+
+
+@dataclass
+class OpResult:
+    bytes: int
+    seconds: float
+    plan: str                 # the planner's one-line reason
+    shares: Dict[int, int]    # bytes carried per rail (after balancing and failover)
+    failed_rails: Tuple[int, ...] = ()
+
+
+class SimJob:
+    def __init__(self, cluster: Cluster, profile: Profile, calibrate: bool = True):
+        self.cluster, self.profile = cluster, profile
+        self.rails = cluster.rails
+        self.table = planner.RailTable([dict(name=r.name, point_to_point=r.point_to_point) for r in self.rails])
+        self.links = [self._make_link(r) for r in self.rails]
+        self.health = [planner.RailHealth(r.name) for r in self.rails]
+        self.cuts: List[Cut] = []
+        self.now = 0.0
+        self.events: List[Tuple[float, str]] = []
+        if calibrate:
+            self.calibrate()
+
+    # -- the model ---------------------------------------------------------------------------
+    def _make_link(self, rail) -> schedules.Link:
+        p = self.profile
+        rate = rail.gbps * 1e9 / 8 * p.payload_fraction.get(rail.kind, 1.0)
+        burst = max(p.min_burst_bytes, rate * p.burst_s) if p.burst_s or p.min_burst_bytes else 0.0
+        return schedules.Link(rate, p.step(rail.kind) * 1e-6, p.reduce_gbps * 1e9 / 8, burst,
+                              p.line_gbps * 1e9 / 8)
+
+    def link(self, rail: int, active: Sequence[int]) -> schedules.Link:
+        """Rail `rail`'s link while the rails in `active` carry traffic at once. On a testbed whose
+        hosts share one machine (profile.machine_gbps), the busy links share what the machine moves."""
+        link = self.links[rail]
+        machine = self.profile.machine_gbps
+        if machine:
+            busy = len(set(active) | {rail}) * self.cluster.hosts
+            link.cap = machine * 1e9 / 8 / busy
+        return link
+
+    def share_seconds(self, rail: int, nbytes: float, active: Sequence[int], at: float) -> float:
+        """One allreduce share of `nbytes` on `rail` from time `at`: hierarchical (host lane over
+        shared memory around the hosts' rings) where hosts hold several ranks, flat otherwise."""
+        c, p, r = self.cluster, self.profile, self.rails[rail]
+        link = self.link(rail, active)
+        if r.kind == "agg":
+            agg_rate = c.hosts * r.gbps * 1e9 / 8  # the aggregator's link: as fast as all hosts' links
+            return schedules.aggregation_allreduce(nbytes, c.hosts, link, at, agg_rate)
+        rph = c.ranks_per_host
+        if rph == 1:
+            return schedules.allreduce(nbytes, c.hosts, link, at, p.logstep_max_bytes)
+        shm, shm_step = p.shm_gbps * 1e9 / 8, p.step("shm") * 1e-6
+        lane = schedules.host_reduce_scatter(nbytes, rph, shm, link.reduce_rate, shm_step)
+        net = schedules.allreduce(nbytes / rph, c.hosts, link, at + lane, p.logstep_max_bytes, flows_per_link=rph)
+        return lane + net + schedules.host_allgather(nbytes, rph, shm, shm_step)
+
+    def negotiation_seconds(self) -> float:
+        p = self.profile
+        return (p.op_us + p.per_rank_us * (self.cluster.ranks - 1) ** p.negotiation_exponent) * 1e-6
+
+    # -- the engine's decisions ---------------------------------------------------------------
+    def calibrate(self) -> None:
+        """engine_execution.cc: each rail runs the calibration payloads alone before user traffic."""
+        for rail in range(len(self.rails)):
+            if not self.rails[rail].point_to_point:
+                continue  # an aggregation rail has no ring to calibrate: its model learns in use
+            for nbytes in planner.calibration_bytes():
+                secs = self.share_seconds(rail, nbytes, (rail,), self.now)
+                self.table.observe(rail, nbytes, secs)
+                self.now += secs
+
+    def cut(self, rail: int, at_s: float, restore_s: float = math.inf) -> None:
+        if not 0 <= rail < len(self.rails):
+            raise ValueError(f"no rail {rail} (the job has {len(self.rails)})")
+        self.cuts.append(Cut(rail, at_s, restore_s))
+
+    def _cut_during(self, rail: int, start: float, end: float) -> Optional[float]:
+        hits = [max(c.down_at, start) for c in self.cuts if c.rail == rail and c.down_at < end and c.up_at > start]
+        return min(hits) if hits else None
+
+    def _probe_rails(self) -> None:
+        """Before an operation: a down rail whose back-off has passed is probed (rail_health.h)."""
+        for rail, h in enumerate(self.health):
+            if h.state == "down" and h.probe_due(self.now):
+                h.begin_probe(self.now)
+                if any(c.rail == rail and c.covers(self.now) for c in self.cuts):
+                    h.probe_failed(self.now)
+                else:
+                    h.probe_succeeded(self.now)
+                    self.table.set_state(rail, "up")
+                    self.events.append((self.now, f"{self.rails[rail].name} back up"))
+
+    def _fail(self, rail: int, at: float) -> None:
+        if self.health[rail].state == "up":
+            self.health[rail].mark_failed(at)
+            self.table.set_state(rail, "down")
+            self.events.append((at, f"{self.rails[rail].name} failed over"))
+
+    def allreduce(self, nbytes: int) -> OpResult:
+        """One allreduce of `nbytes` (float32) on every rank; advances the clock by its time."""
+        n = self.cluster.ranks
+        start = self.now
+        self._probe_rails()
+        t = start + self.negotiation_seconds()
+        if n < 2 or nbytes == 0:
+            self.now = t
+            return OpResult(nbytes, t - start, "alone", {})
+        if nbytes * (n - 1) <= self.profile.inline_bytes:
+            # NEZHA_CONTROL_INLINE_BYTES: rank 0 reduces it inside the negotiation.
+            self.now = t
+            return OpResult(nbytes, t - start, "inline with negotiation", {})
+        count = max(1, nbytes // ELEM)
+        plan = self.table.plan(count, ELEM)
+        shares = [(s.rail, s.offset, s.count) for s in plan.shares] or [(0, 0, count)]
+        carried: Dict[int, int] = {}
+        failed: List[int] = []
+        if self._balances(shares, nbytes):
+            end = self._run_balanced(plan.shares, t, carried, failed)
+        else:
+            end = self._run_shares(shares, t, carried, failed)
+        if plan.shares:
+            self.table.record_plan(plan.shares)
+        self.now = end
+        return OpResult(nbytes, end - start, plan.why, carried, tuple(failed))
+
+    def _balances(self, shares, nbytes: int) -> bool:
+        """Executor::balances(): two or more point-to-point shares of at least 4 minimum ranges."""
+        p = self.profile
+        return (p.balance_bytes > 0 and len(shares) >= 2 and self.cluster.ranks >= 2
+                and nbytes >= planner.BALANCE_MIN_RANGES * p.balance_bytes
+                and all(self.rails[s[0]].point_to_point for s in shares))
+
+    def _run_shares(self, shares, t: float, carried: Dict[int, int], failed: List[int]) -> float:
+        active = [s[0] for s in shares]
+        end = t
+        redo = 0
+        for rail, _, count in shares:
+            nbytes = count * ELEM
+            secs = self.share_seconds(rail, nbytes, active, t)
+            cut = self._cut_during(rail, t, t + secs)
+            if cut is None:
+                self.table.observe(rail, nbytes, secs)
+                carried[rail] = carried.get(rail, 0) + nbytes
+                end = max(end, t + secs)
+            else:
+                noticed = cut + self.profile.link_tick_ms * 1e-3
+                self._fail(rail, noticed)
+                failed.append(rail)
+                redo += nbytes
+                end = max(end, noticed)
+        if redo:
+            end = self._redo(redo, end, carried, failed)
+        return end
+
+    def _redo(self, nbytes: int, t: float, carried: Dict[int, int], failed: List[int]) -> float:
+        """Failover: the lost shares run again over the rails still up, planned afresh."""
+        if not any(self.table.usable()):
+            raise RuntimeError("every rail is down: the simulated job fails as the engine would")
+        plan = self.table.plan(max(1, nbytes // ELEM), ELEM)
+        shares = [(s.rail, s.offset, s.count) for s in plan.shares] or [(self._first_usable(), 0, nbytes // ELEM)]
+        return self._run_shares(shares, t, carried, failed)
+
+    def _first_usable(self) -> int:
+        return next(i for i, u in enumerate(self.table.usable()) if u)
+
+    def _run_balanced(self, plan_shares, t: float, carried: Dict[int, int], failed: List[int]) -> float:
+        """Executor's balanced run: every rail claims its next range from the engine's balancer as
+        its last one ends (the leader's clock is everyone's, within a step)."""
+        p = self.profile
+        min_claim = p.balance_bytes // ELEM
+        balancer = planner.ShareBalancer(plan_shares, min_claim, max(1, 4096 // ELEM),
+                                         min_claim // planner.MIN_CLAIM_SPREAD)
+        rails = [s.rail for s in plan_shares]
+        queue = [(t, part) for part in range(len(rails))]
+        heapq.heapify(queue)
+        end, lost = t, 0
+        while queue:
+            now, part = heapq.heappop(queue)
+            rail = rails[part]
+            _, count = balancer.claim(part, now)
+            if count == 0:
+                end = max(end, now)
+                continue
+            nbytes = count * ELEM
+            secs = p.range_us * 1e-6
+            secs += self.share_seconds(rail, nbytes, rails, now + secs)
+            cut = self._cut_during(rail, now, now + secs)
+            if cut is not None:
+                # The range in flight is lost; the rail's part stops claiming and the others take
+                # what is left of its share, as they do from any share with time left.
+                noticed = cut + p.link_tick_ms * 1e-3
+                self._fail(rail, noticed)
+                failed.append(rail)
+                lost += nbytes
+                end = max(end, noticed)
+                continue
+            self.table.observe(rail, nbytes, secs)
+            carried[rail] = carried.get(rail, 0) + nbytes
+            heapq.heappush(queue, (now + secs, part))
+        if lost:
+            end = self._redo(lost, end, carried, failed)
+        return end

@@ -1,0 +1,110 @@
+"""`python -m nezha.sim validate`: the simulator against the namespace testbed's measurements.
+
+Reads the summary benchmarks/sim_validation.py writes (allreduce times per size for Nezha on both
+rails, on rail 0 alone and Gloo on rail 0; the mlp46m training step), simulates every case with the
+profile, and lists each case beside its measurement with the error. The headline counts Nezha's
+cases (allreduce and training); Gloo is listed from 1 MB up, where its time is its bandwidth (below,
+its latency on this testbed is a ~7 ms floor the model does not reproduce).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Dict, List
+
+from nezha.bench.sizes import format_size
+
+from . import baselines
+from . import train as train_model
+from .cli import allreduce_records
+from .cluster import Cluster, RailModel, load_profile, parse_rate_gbps
+from .engine import SimJob
+
+GLOO_FROM_BYTES = 1 << 20
+
+
+def _rails(rates: List[str]) -> List[RailModel]:
+    return [RailModel(f"rail{i}:tcp", "tcp", parse_rate_gbps(r)) for i, r in enumerate(rates)]
+
+
+def simulate_case(case: Dict, profile) -> Dict[int, float]:
+    rails = _rails(case["rates"])
+    impl = case["impl"]
+    if impl.endswith("rail0"):
+        rails = rails[:1]
+    cluster = Cluster(case["hosts"], case.get("ranks_per_host", 1), rails)
+    if impl.startswith("gloo"):
+        profile = baselines.gloo_profile(profile)
+    sizes = [r["bytes"] for r in case["records"]]
+    return {r["bytes"]: r["time_us"] for r in allreduce_records(cluster, profile, sizes)}
+
+
+def rows(measured: Dict, profile) -> List[Dict]:
+    out = []
+    for case in measured["cases"]:
+        if case.get("op", "allreduce") != "allreduce" or not case.get("records"):
+            continue
+        sim = simulate_case(case, profile)
+        for rec in case["records"]:
+            if case["impl"].startswith("gloo") and rec["bytes"] < GLOO_FROM_BYTES:
+                continue
+            out.append({"what": "allreduce", "hosts": case["hosts"], "rates": "+".join(case["rates"]),
+                        "impl": case["impl"], "size": format_size(rec["bytes"]),
+                        "measured": rec["time_us"], "simulated": sim[rec["bytes"]],
+                        "error": sim[rec["bytes"]] / rec["time_us"] - 1})
+    for tr in measured.get("training", []):
+        if not tr.get("nezha_step_s") or not tr.get("compute_only_step_s"):
+            continue
+        cluster = Cluster(tr["hosts"], tr.get("ranks_per_host", 1), _rails(tr["rates"]))
+        job = SimJob(cluster, profile)
+        spec = train_model.model(tr["model"])
+        _, step_s = train_model.samples_per_second(job, spec, tr["compute_only_step_s"], tr["batch_size"])
+        out.append({"what": "train", "hosts": tr["hosts"], "rates": "+".join(tr["rates"]),
+                    "impl": "nezha-2rails", "size": tr["model"], "measured": tr["nezha_step_s"] * 1e6,
+                    "simulated": step_s * 1e6, "error": step_s / tr["nezha_step_s"] - 1})
+    return out
+
+
+def summary(table: List[Dict]) -> Dict:
+    nezha = [abs(r["error"]) for r in table if r["impl"].startswith("nezha")]
+    gloo = [abs(r["error"]) for r in table if r["impl"].startswith("gloo")]
+    out = {"nezha_cases": len(nezha)}
+    if nezha:
+        out.update(nezha_median_abs_error=statistics.median(nezha), nezha_worst_abs_error=max(nezha))
+    if gloo:
+        out.update(gloo_cases=len(gloo), gloo_median_abs_error=statistics.median(gloo), gloo_worst_abs_error=max(gloo))
+    return out
+
+
+def _fmt_us(us: float) -> str:
+    return f"{us / 1e6:.3f} s" if us >= 1e6 else f"{us / 1e3:.2f} ms" if us >= 1e3 else f"{us:.0f} us"
+
+
+def markdown(table: List[Dict], summ: Dict, profile_name: str, measured_path: str) -> str:
+    lines = [f"Profile `{profile_name}`; measurements `{measured_path}`.", ""]
+    if "nezha_median_abs_error" in summ:
+        lines.append(f"Nezha, {summ['nezha_cases']} cases: median absolute error "
+                     f"{summ['nezha_median_abs_error']:.1%}, worst {summ['nezha_worst_abs_error']:.1%}.")
+    if "gloo_median_abs_error" in summ:
+        lines.append(f"Gloo (>= 1 MB), {summ['gloo_cases']} cases: median absolute error "
+                     f"{summ['gloo_median_abs_error']:.1%}, worst {summ['gloo_worst_abs_error']:.1%}.")
+    lines += ["", "| hosts | rails | impl | size | measured | simulated | error |", "|---:|---|---|---:|---:|---:|---:|"]
+    for r in table:
+        lines.append(f"| {r['hosts']} | {r['rates']} | {r['impl']} | {r['size']} | {_fmt_us(r['measured'])} | "
+                     f"{_fmt_us(r['simulated'])} | {r['error']:+.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_validation(args) -> int:
+    measured = json.loads(Path(args.measured).read_text())
+    profile = load_profile(args.profile)
+    table = rows(measured, profile)
+    summ = summary(table)
+    text = markdown(table, summ, profile.name, args.measured)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"summary": summ, "rows": table}, indent=2) + "\n")
+    print(text)
+    return 0

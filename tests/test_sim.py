@@ -1,0 +1,181 @@
+"""nezha.sim: the engine's planner objects through nezha._core.planner, the step schedules against
+closed forms, a simulated job's striping, balancing and failover, the training step, the CLI."""
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from nezha._core import planner
+from nezha.sim import Cluster, SimJob, load_profile, parse_rails
+from nezha.sim import schedules
+from nezha.sim import train as sim_train
+from nezha.sim.cluster import parse_rate_gbps
+
+MB = 1 << 20
+
+
+def test_rates_parse_like_tc():
+    assert parse_rate_gbps("1gbit") == 1.0
+    assert parse_rate_gbps("250mbit") == pytest.approx(0.25)
+    assert parse_rate_gbps("100g") == 100.0
+    with pytest.raises(ValueError, match="rate 'fast'"):
+        parse_rate_gbps("fast")
+    rails = parse_rails("ofi:100gbit,250mbit,agg:10gbit")
+    assert [(r.kind, r.gbps) for r in rails] == [("ofi", 100.0), ("tcp", 0.25), ("agg", 10.0)]
+    assert not rails[2].point_to_point
+    with pytest.raises(ValueError, match="kind 'ib'"):
+        parse_rails("ib:100gbit")
+
+
+def _known_table(betas_gbps, alpha_us=100.0):
+    table = planner.RailTable([dict(name=f"r{i}") for i in range(len(betas_gbps))])
+    for rail, beta in enumerate(betas_gbps):
+        for nbytes in planner.calibration_bytes():
+            table.observe(rail, nbytes, alpha_us * 1e-6 + nbytes * 8 / (beta * 1e9))
+    return table
+
+
+def test_rail_table_is_cold_until_measured_then_water_fills():
+    table = planner.RailTable([dict(name="a"), dict(name="b")])
+    cold = table.plan(1 << 22, 4)
+    assert not cold.striped and cold.why.startswith("cold")
+    table = _known_table([1.0, 0.25])
+    plan = table.plan(1 << 24, 4)
+    assert plan.striped
+    counts = np.array([s.count for s in plan.shares], dtype=float)
+    assert counts.sum() == 1 << 24
+    # Water filling with equal alphas: shares in proportion to the rates (4:1), within alignment.
+    assert counts[0] / counts.sum() == pytest.approx(0.8, abs=0.01)
+    table.set_state(1, "down")
+    assert table.usable() == [True, False]
+    down = table.plan(1 << 24, 4)
+    assert [s.rail for s in down.shares] == [0]
+    with pytest.raises(ValueError, match="up, down or probing"):
+        table.set_state(0, "sideways")
+
+
+def test_share_balancer_hands_out_every_element_once():
+    rng = np.random.default_rng(7)
+    table = _known_table([1.0, 0.5, 0.25])
+    total = 3 << 22
+    plan = table.plan(total, 4)
+    assert len(plan.shares) == 3
+    balancer = planner.ShareBalancer(plan.shares, 1 << 18, 1024, 1 << 15)
+    seen = np.zeros(total, dtype=np.int32)
+    clocks = [0.0, 0.0, 0.0]
+    live = {0, 1, 2}
+    while live:
+        part = min(live, key=lambda p: clocks[p])
+        offset, count = balancer.claim(part, clocks[part])
+        if count == 0:
+            live.discard(part)
+            continue
+        seen[offset:offset + count] += 1
+        clocks[part] += count / (1e8 * (0.5 ** part)) * rng.uniform(0.8, 1.2)
+    assert (seen == 1).all()
+    with pytest.raises(ValueError, match="no part 5"):
+        balancer.claim(5, 1.0)
+
+
+def test_rail_health_backs_off_on_failed_probes():
+    h = planner.RailHealth("r1", initial_backoff_ms=500)
+    h.mark_failed(10.0)
+    assert h.state == "down" and not h.probe_due(10.4) and h.probe_due(10.5)
+    h.begin_probe(10.5)
+    h.probe_failed(10.5)
+    assert h.next_probe_at_s == pytest.approx(11.5)  # doubled to 1 s
+    h.begin_probe(11.5)
+    h.probe_succeeded(11.5)
+    assert h.state == "up"
+    with pytest.raises(ValueError, match="finite"):
+        h.mark_failed(float("nan"))
+
+
+def test_ring_matches_its_closed_form_and_the_bucket_its_rate():
+    rate, step = 125e6, 50e-6
+    link = schedules.Link(rate, step, 1e12)
+    n, nbytes = 8, 64 * MB
+    expect = 2 * (n - 1) * (step + nbytes / n / rate)
+    assert schedules.ring_allreduce(nbytes, n, link, 0.0) == pytest.approx(expect, rel=1e-3)
+    # A token bucket: a burst after idle goes at line speed, a sustained stream at the rate.
+    bucket = schedules.Link(rate, 0.0, 1e12, burst=512 * 1024, line=10 * rate)
+    assert bucket.send(256 * 1024, 1.0) == pytest.approx(256 * 1024 / (10 * rate))
+    t, sent = 2.0, 0
+    for _ in range(200):
+        t += bucket.send(1 * MB, t)
+        sent += MB
+    assert sent / (t - 2.0) == pytest.approx(rate, rel=0.02)
+
+
+def test_logstep_steps_for_odd_sizes():
+    link = schedules.Link(1e9, 10e-6, 1e12)
+    assert schedules.logstep_allreduce(1024, 8, link, 0.0) == pytest.approx(3 * (10e-6 + 1024 / 1e9), rel=1e-3)
+    assert schedules.logstep_allreduce(1024, 6, link, 0.0) == pytest.approx(4 * (10e-6 + 1024 / 1e9), rel=1e-3)
+
+
+def _job(rails, hosts=4, profile="testbed"):
+    return SimJob(Cluster(hosts, 1, parse_rails(rails)), load_profile(profile))
+
+
+def test_striping_adds_the_rails_and_small_ops_travel_inline():
+    one = _job("1gbit").allreduce(64 * MB).seconds
+    job = _job("1gbit,1gbit")
+    two = [job.allreduce(64 * MB) for _ in range(3)][-1]
+    assert two.seconds == pytest.approx(one / 2, rel=0.05)
+    assert set(two.shares) == {0, 1}
+    uneven = _job("1gbit,250mbit")
+    t = [uneven.allreduce(64 * MB).seconds for _ in range(3)][-1]
+    assert one / t == pytest.approx(1.25, rel=0.05)
+    small = job.allreduce(8)
+    assert small.plan == "inline with negotiation" and small.seconds == pytest.approx(job.negotiation_seconds())
+
+
+def test_a_cut_rail_fails_over_and_comes_back_after_probing():
+    job = _job("1gbit,1gbit")
+    t0 = job.now
+    job.cut(1, t0 + 0.5, t0 + 2.0)
+    results = []
+    while job.now - t0 < 4.0:
+        results.append((job.now - t0, job.allreduce(16 * MB)))
+    failed = [r for _, r in results if r.failed_rails]
+    assert len(failed) == 1 and failed[0].failed_rails == (1,)
+    total = sum(failed[0].shares.values())
+    assert total >= 16 * MB  # nothing lost: the cut range was redone on rail 0
+    during = [r for t, r in results if 0.6 < t < 1.9]
+    assert during and all(set(r.shares) == {0} for r in during)
+    after = [r for t, r in results if t > 3.0]
+    assert after and all(set(r.shares) == {0, 1} for r in after)
+    assert any("back up" in what for _, what in job.events)
+
+
+def test_training_step_is_compute_plus_the_exposed_allreduce():
+    torch = pytest.importorskip("torch")
+    # The simulator's mlp46m is examples/pytorch_synthetic_benchmark.py's: count torch's parameters.
+    layers = [torch.nn.Linear(6144, 4096), torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 1000)]
+    params = sum(p.numel() for layer in layers for p in layer.parameters())
+    spec = sim_train.model("mlp46m")
+    assert spec.gradient_bytes == 4 * params
+    job = _job("1gbit,1gbit")
+    compute = 0.3
+    step = sim_train.step(job, spec, compute)
+    alone = _job("1gbit,1gbit").allreduce(spec.gradient_bytes).seconds
+    assert compute < step < compute + alone * 1.2
+    fast = SimJob(Cluster(4, 1, parse_rails("1000gbit")), load_profile("cluster"))
+    assert sim_train.step(fast, spec, compute) == pytest.approx(compute, rel=0.05)
+
+
+def test_cli_writes_records_and_rejects_bad_rails(tmp_path):
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "nezha.sim", "allreduce", "--hosts", "8", "--rails", "1gbit,250mbit",
+           "--sizes", "1M,64M", "--json", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    records = json.loads(out.read_text())
+    assert [r["bytes"] for r in records] == [MB, 64 * MB]
+    for r in records:
+        assert r["time_us"] > 0 and math.isfinite(r["busbw_gbps"])
+    assert records[1]["busbw_gbps"] == pytest.approx(1.25 * 0.956, rel=0.1)
+    bad = subprocess.run(cmd[:6] + ["--rails", "ib:1gbit"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "kind 'ib'" in bad.stderr
