@@ -179,3 +179,57 @@ def test_cli_writes_records_and_rejects_bad_rails(tmp_path):
     assert records[1]["busbw_gbps"] == pytest.approx(1.25 * 0.956, rel=0.1)
     bad = subprocess.run(cmd[:6] + ["--rails", "ib:1gbit"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "kind 'ib'" in bad.stderr
+
+
+def test_calibration_recovers_the_costs_that_made_the_measurements():
+    pytest.importorskip("scipy")
+    from nezha.sim.calibrate import UNSHAPED_GBPS, calibrate
+    from nezha.sim.cli import allreduce_records
+    from nezha.sim.cluster import RailModel
+
+    truth = load_profile("testbed").with_overrides(op_us=40.0, per_rank_us=12.0, contention_exponent=0.3,
+                                                   step_us={"tcp": 80.0, "shm": 5.0}, machine_gbps=30.0,
+                                                   line_gbps=30.0)
+    small = [{"ranks": n, "time_us": (truth.op_us + truth.per_rank_us * (n - 1) ** 1.3)} for n in (2, 4, 8, 16, 32)]
+    unshaped = []
+    for hosts in (2, 4):
+        rails = [RailModel("rail0:tcp", "tcp", UNSHAPED_GBPS)]
+        recs = allreduce_records(Cluster(hosts, 1, rails), truth, [8, 65536, 262144, 1 << 20, 64 << 20], iters=3, warmup=1)
+        unshaped.append({"hosts": hosts, "rails": 1, "records": recs})
+    fitted = calibrate({"one_host_small": small, "unshaped": unshaped}, load_profile("testbed"), "synthetic")
+    assert fitted.per_rank_us == pytest.approx(12.0, rel=0.05)
+    assert fitted.contention_exponent == pytest.approx(0.3, rel=0.05)
+    assert fitted.step("tcp") == pytest.approx(80.0, rel=0.05)
+    assert fitted.machine_gbps == pytest.approx(30.0, rel=0.05)
+    assert "synthetic" in fitted.source
+
+
+def test_a_shared_machine_is_split_max_min_fairly_among_busy_links():
+    profile = load_profile("testbed").with_overrides(machine_gbps=20.0)
+    job = SimJob(Cluster(16, 1, parse_rails("1gbit,250mbit")), profile, calibrate=False)
+    # 16 hosts x (1 + 0.25) Gbit/s of payload fits 20: neither link is slowed.
+    assert job.link(0, (0, 1)).cap >= job.links[0].rate
+    both_fast = SimJob(Cluster(16, 1, parse_rails("1gbit,1gbit")), profile, calibrate=False)
+    # 32 links of ~0.956 Gbit/s payload want ~30.6 of 20: each gets 20 / 32.
+    assert both_fast.link(0, (0, 1)).cap * 8 / 1e9 == pytest.approx(20 / 32)
+    assert both_fast.link(0, (0,)).cap >= both_fast.links[0].rate  # alone, 16 links fit
+
+
+def test_validation_compares_each_case_and_measures_the_spread_of_repeats():
+    from nezha.sim.cli import allreduce_records
+    from nezha.sim.validate import repeatability, rows, summary
+
+    profile = load_profile("testbed")
+    sim = allreduce_records(Cluster(4, 1, parse_rails("1gbit,1gbit")), profile, [8, 1 << 20])
+    off = [dict(r, time_us=r["time_us"] * 1.25) for r in sim]
+    measured = {"cases": [{"hosts": 4, "rates": ["1gbit", "1gbit"], "impl": "nezha-2rails", "records": sim},
+                          {"hosts": 4, "rates": ["1gbit", "250mbit"], "impl": "nezha-2rails", "records": off}],
+                "training": []}
+    table = rows(measured, profile)
+    assert [r["size"] for r in table] == ["8", "1M", "8", "1M"]
+    assert table[0]["error"] == pytest.approx(0, abs=1e-9)
+    assert table[2]["error"] == pytest.approx(1 / 1.25 - 1)  # the 8 B op is inline: rates do not matter
+    summ = summary(table)
+    assert summ["nezha_cases"] == 4 and summ["nezha_worst_abs_error"] >= 0.2
+    spread = {r["what"]: r["spread"] for r in repeatability(measured)}
+    assert spread == {"8": pytest.approx(0.25)}

@@ -3,6 +3,7 @@
     python -m nezha.sim allreduce --hosts 16 --ranks-per-host 1 --rails 1gbit,250mbit --sizes 1M,64M --json F
     python -m nezha.sim train --model mlp46m --hosts 8 --rails 1gbit,1gbit --compute-ms 400 --json F
     python -m nezha.sim cut --hosts 4 --rails 1gbit,1gbit --size 64M --rail 1 --at 2.0
+    python -m nezha.sim calibrate --measured benchmarks/out/sim_calibration.json --out F
     python -m nezha.sim validate --measured benchmarks/out/sim_validation.json --markdown F
     python -m nezha.sim predict --nodes 8,16,...,1024 --json F --plot-dir benchmarks
 
@@ -19,20 +20,25 @@ from typing import List, Optional
 
 from nezha.bench.metrics import algbw_gbps, busbw_gbps
 from nezha.bench.sizes import format_size, parse_sizes
+from nezha.bench.timing import IterationPolicy
 
 from . import train as train_model
 from .cluster import Cluster, Profile, load_profile, parse_rails
 from .engine import SimJob
 
 
-def allreduce_records(cluster: Cluster, profile: Profile, sizes: List[int], iters: int = 10,
+def allreduce_records(cluster: Cluster, profile: Profile, sizes: List[int], iters: Optional[int] = None,
                       warmup: int = 2) -> List[dict]:
-    """nezha-bench's view: one job, sizes in order, the median of `iters` after `warmup`."""
+    """nezha-bench's view: one job, sizes in order, each size's median after `warmup` calls over
+    `iters` calls (None: nezha-bench's --iters auto, about a second of calls, so a shaped link's
+    bucket drains as it does in the benchmark)."""
     job = SimJob(cluster, profile)
+    policy = IterationPolicy(iters=iters, warmup=warmup)
     out = []
     for size in sizes:
-        times = [job.allreduce(size).seconds for _ in range(warmup + iters)][warmup:]
-        t_us = statistics.median(times) * 1e6
+        warm = [job.allreduce(size).seconds for _ in range(max(1, warmup))]
+        count = policy.timed_iterations(statistics.median(warm) * 1e6)
+        t_us = statistics.median(job.allreduce(size).seconds for _ in range(count)) * 1e6
         algbw = algbw_gbps(size, t_us) if t_us > 0 else 0.0
         out.append({"bytes": size, "time_us": t_us,
                     "busbw_gbps": busbw_gbps("allreduce", algbw, cluster.ranks) if t_us > 0 else 0.0})
@@ -68,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     ar = sub.add_parser("allreduce", help="allreduce time and busbw per size")
     _add_cluster_args(ar)
     ar.add_argument("--sizes", default="8,1K,64K,1M,16M,64M", help="bytes per rank, e.g. 8,64K,1M,64M")
-    ar.add_argument("--iters", type=int, default=10)
+    ar.add_argument("--iters", type=int, default=None, help="calls per size (default: about a second's, as nezha-bench --iters auto)")
 
     tr = sub.add_parser("train", help="samples/s of data-parallel training")
     _add_cluster_args(tr)
@@ -87,10 +93,17 @@ def _parser() -> argparse.ArgumentParser:
     cut.add_argument("--duration", type=float, default=4.0)
 
     va = sub.add_parser("validate", help="the simulator against the testbed's measurements")
-    va.add_argument("--measured", required=True, help="benchmarks/sim_validation.py's summary JSON")
+    va.add_argument("--measured", required=True, nargs="+",
+                    help="benchmarks/sim_validation.py's summary JSON, and repeats of its training runs")
     va.add_argument("--profile", default="testbed")
     va.add_argument("--markdown", default=None, help="write the validation table here")
     va.add_argument("--json", default=None)
+
+    ca = sub.add_parser("calibrate", help="fit a profile's software costs to measurements (scipy)")
+    ca.add_argument("--measured", required=True,
+                    help="JSON with one_host_small [{ranks, time_us}] and unshaped [{hosts, rails, records}]")
+    ca.add_argument("--base", default="testbed", help="profile whose other fields are kept")
+    ca.add_argument("--out", default=None, help="write the fitted profile here")
 
     pr = sub.add_parser("predict", help="8 to 1024 nodes of a multi-rail cluster: nezha, Gloo, MPTCP")
     pr.add_argument("--nodes", default="8,16,32,64,128,256,512,1024")
@@ -141,6 +154,9 @@ def main(argv=None) -> int:
         elif args.command == "validate":
             from .validate import run_validation
             return run_validation(args)
+        elif args.command == "calibrate":
+            from .calibrate import run_calibration
+            return run_calibration(args)
         elif args.command == "predict":
             from .predict import run_prediction
             return run_prediction(args)

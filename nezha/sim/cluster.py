@@ -83,13 +83,15 @@ class Profile:
     source: str
     step_us: Dict[str, float]          # per message step of a collective, by rail kind
     op_us: float                       # one operation's negotiation and completion, beside its steps
-    per_rank_us: float                 # rank 0's work per rank per negotiated operation ...
+    per_rank_us: float                 # rank 0's work per rank per negotiated operation
     range_us: float                    # one balanced range: the claim message and the ring's restart
     reduce_gbps: float                 # one host reducing (reads two inputs, writes one)
     shm_gbps: float                    # one rank copying through shared memory
-    # ... times (ranks - 1) to this power: 1 where every host has its own cores; above 1 where all
-    # ranks share a few cores and each wake-up waits behind more of them.
-    negotiation_exponent: float = 1.0
+    # Where all ranks share a few cores (the testbed), a message's wake-up waits behind more of them
+    # as the job grows: every per-message cost is multiplied by (threads - 1) ** contention_exponent,
+    # threads being the ranks (rank 0's work per rank) or the ranks' workers of every busy rail (a
+    # collective's step). 0 where every host has its own cores.
+    contention_exponent: float = 0.0
     machine_gbps: Optional[float] = None  # testbed: wire bytes all hosts together move per second
     # Links shaped by a token bucket (the testbed's `tc tbf`): its depth, as seconds of the rate but
     # at least min_burst_bytes, sent at line_gbps. 0: a plain link at its rate.
@@ -104,12 +106,18 @@ class Profile:
     fusion_bytes: int = 64 << 20       # NEZHA_FUSION_THRESHOLD
     unfused_bytes: int = 1 << 20       # NEZHA_UNFUSED_BYTES
     cycle_ms: float = 1.0              # NEZHA_CYCLE_TIME_MS
+    # Training: the hosts' cores run the compute, so communication waits for the backward pass to
+    # end (the testbed: every rank shares one machine's two cores); False: they overlap (GPUs).
+    compute_blocks_communication: bool = False
     stall_ms: float = 100.0            # NEZHA_RAIL_STALL_MS: a silent rail's detection
     link_tick_ms: float = 10.0         # a lost carrier's detection (the watchdog's link tick)
     extra: Dict[str, float] = field(default_factory=dict)
 
     def step(self, kind: str) -> float:
         return self.step_us.get(kind, self.step_us["tcp"])
+
+    def contention(self, ranks: int) -> float:
+        return max(1, ranks - 1) ** self.contention_exponent
 
     def with_overrides(self, **kw) -> "Profile":
         return replace(self, **kw)

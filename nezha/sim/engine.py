@@ -65,12 +65,25 @@ class SimJob:
 
     def link(self, rail: int, active: Sequence[int]) -> schedules.Link:
         """Rail `rail`'s link while the rails in `active` carry traffic at once. On a testbed whose
-        hosts share one machine (profile.machine_gbps), the busy links share what the machine moves."""
+        hosts share one machine (profile.machine_gbps), the busy links share what the machine moves,
+        max-min fairly: a slow link keeps its rate, the fast ones split the rest."""
         link = self.links[rail]
+        busy = set(active) | {rail}
+        # Every rank's worker on every busy rail is a thread waiting for its turn on shared cores.
+        link.step_s = self.profile.step(self.rails[rail].kind) * 1e-6 * self.profile.contention(
+            self.cluster.ranks * len(busy))
         machine = self.profile.machine_gbps
         if machine:
-            busy = len(set(active) | {rail}) * self.cluster.hosts
-            link.cap = machine * 1e9 / 8 / busy
+            rates = sorted(self.links[r].rate for r in busy)
+            budget, hosts = machine * 1e9 / 8, self.cluster.hosts
+            level = float("inf")
+            for i, rate in enumerate(rates):
+                fair = budget / (hosts * (len(rates) - i))
+                if rate > fair:
+                    level = fair
+                    break
+                budget -= hosts * rate
+            link.cap = level
         return link
 
     def share_seconds(self, rail: int, nbytes: float, active: Sequence[int], at: float) -> float:
@@ -91,7 +104,8 @@ class SimJob:
 
     def negotiation_seconds(self) -> float:
         p = self.profile
-        return (p.op_us + p.per_rank_us * (self.cluster.ranks - 1) ** p.negotiation_exponent) * 1e-6
+        n = self.cluster.ranks
+        return (p.op_us + p.per_rank_us * (n - 1) * p.contention(n)) * 1e-6
 
     # -- the engine's decisions ---------------------------------------------------------------
     def calibrate(self) -> None:

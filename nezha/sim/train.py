@@ -6,7 +6,9 @@ the parameters (true of dense layers, close for convolutions). The engine takes 
 ready when it is free: tensors of NEZHA_UNFUSED_BYTES or more run alone, the smaller ones are fused
 up to NEZHA_FUSION_THRESHOLD (the engine's own rules, fusion.cc), one operation after another, each
 through SimJob.allreduce (planned, balanced and failed over by the engine's own objects). The step
-ends when both the compute and the last allreduce have.
+ends when both the compute and the last allreduce have. Where the compute holds every core the
+communication needs (profile.compute_blocks_communication), nothing overlaps: the gradients go out
+when the backward pass is over.
 """
 from __future__ import annotations
 
@@ -90,7 +92,10 @@ def step(job: SimJob, spec: ModelSpec, compute_s: float) -> float:
     """One training step from job.now; returns its length (job.now moves to its end)."""
     p = job.profile
     start = job.now
-    pending = [(start + t, b) for t, b in _ready_times(spec, compute_s)]
+    ready = _ready_times(spec, compute_s)
+    if p.compute_blocks_communication:
+        ready = [(max(t, compute_s), b) for t, b in ready]
+    pending = [(start + t, b) for t, b in ready]
     free = start
     while pending:
         free = max(free, pending[0][0])

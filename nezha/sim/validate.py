@@ -22,6 +22,7 @@ from .cluster import Cluster, RailModel, load_profile, parse_rate_gbps
 from .engine import SimJob
 
 GLOO_FROM_BYTES = 1 << 20
+INLINE_BYTES = 16384  # NEZHA_CONTROL_INLINE_BYTES at its default, as the measurements ran
 
 
 def _rails(rates: List[str]) -> List[RailModel]:
@@ -60,10 +61,39 @@ def rows(measured: Dict, profile) -> List[Dict]:
         job = SimJob(cluster, profile)
         spec = train_model.model(tr["model"])
         _, step_s = train_model.samples_per_second(job, spec, tr["compute_only_step_s"], tr["batch_size"])
+        sent = tr.get("jobs", {}).get("nezha-2rails", {}).get("tx_bytes_per_rail") or []
+        split = "/".join(f"{100 * b / sum(sent):.0f}" for b in sent) if sum(sent) else ""
         out.append({"what": "train", "hosts": tr["hosts"], "rates": "+".join(tr["rates"]),
-                    "impl": "nezha-2rails", "size": tr["model"], "measured": tr["nezha_step_s"] * 1e6,
-                    "simulated": step_s * 1e6, "error": step_s / tr["nezha_step_s"] - 1})
+                    "impl": "nezha-2rails", "size": tr["model"] + (f" (rails {split})" if split else ""),
+                    "measured": tr["nezha_step_s"] * 1e6, "simulated": step_s * 1e6,
+                    "error": step_s / tr["nezha_step_s"] - 1})
     return out
+
+
+def repeatability(measured: Dict) -> List[Dict]:
+    """How far apart the testbed's own measurements of one experiment land: the floor under any
+    model's error. Identical experiments: an allreduce small enough to travel inline with its
+    negotiation in every run of one job size (it never touches a rail); rail 0 alone in case A and
+    in case B (rail 1 idle in both); a training configuration run twice."""
+    groups: Dict[tuple, List[float]] = {}
+    for case in measured["cases"]:
+        if case["impl"].startswith("gloo"):
+            continue
+        n = case["hosts"] * case.get("ranks_per_host", 1)
+        for rec in case["records"]:
+            if rec["bytes"] * (n - 1) <= INLINE_BYTES:
+                key = (case["hosts"], "inline, every run", rec["bytes"])
+            elif case["impl"].endswith("rail0"):
+                key = (case["hosts"], "rail 0 alone, cases A and B", rec["bytes"])
+            else:
+                continue
+            groups.setdefault(key, []).append(rec["time_us"])
+    for tr in measured.get("training", []):
+        key = (tr["hosts"], "training, repeated", tr["model"] + " " + "+".join(tr["rates"]))
+        groups.setdefault(key, []).append(tr["nezha_step_s"] * 1e6)
+    return [{"hosts": k[0], "what": format_size(k[2]) if isinstance(k[2], int) else k[2], "experiment": k[1],
+             "runs": len(v), "spread": max(v) / min(v) - 1}
+            for k, v in sorted(groups.items()) if len(v) > 1]
 
 
 def summary(table: List[Dict]) -> Dict:
@@ -81,7 +111,7 @@ def _fmt_us(us: float) -> str:
     return f"{us / 1e6:.3f} s" if us >= 1e6 else f"{us / 1e3:.2f} ms" if us >= 1e3 else f"{us:.0f} us"
 
 
-def markdown(table: List[Dict], summ: Dict, profile_name: str, measured_path: str) -> str:
+def markdown(table: List[Dict], summ: Dict, profile_name: str, measured_path: str, repeats: List[Dict]) -> str:
     lines = [f"Profile `{profile_name}`; measurements `{measured_path}`.", ""]
     if "nezha_median_abs_error" in summ:
         lines.append(f"Nezha, {summ['nezha_cases']} cases: median absolute error "
@@ -93,18 +123,36 @@ def markdown(table: List[Dict], summ: Dict, profile_name: str, measured_path: st
     for r in table:
         lines.append(f"| {r['hosts']} | {r['rates']} | {r['impl']} | {r['size']} | {_fmt_us(r['measured'])} | "
                      f"{_fmt_us(r['simulated'])} | {r['error']:+.1%} |")
+    if repeats:
+        lines += ["", "Repeatability: one experiment measured more than once (max / min - 1 over its runs).", "",
+                  "| hosts | what | experiment | runs | spread |", "|---:|---|---|---:|---:|"]
+        lines += [f"| {r['hosts']} | {r['what']} | {r['experiment']} | {r['runs']} | {r['spread']:.0%} |" for r in repeats]
     return "\n".join(lines) + "\n"
 
 
+def load_measurements(paths: List[str]) -> Dict:
+    """sim_validation.py's summaries (cases and training) and repeats (a list of training runs)."""
+    merged: Dict = {"cases": [], "training": []}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if isinstance(data, list):
+            merged["training"] += data
+        else:
+            merged["cases"] += data.get("cases", [])
+            merged["training"] += data.get("training", [])
+    return merged
+
+
 def run_validation(args) -> int:
-    measured = json.loads(Path(args.measured).read_text())
+    measured = load_measurements(args.measured)
     profile = load_profile(args.profile)
     table = rows(measured, profile)
     summ = summary(table)
-    text = markdown(table, summ, profile.name, args.measured)
+    repeats = repeatability(measured)
+    text = markdown(table, summ, profile.name, ", ".join(args.measured), repeats)
     if args.markdown:
         Path(args.markdown).write_text(text)
     if args.json:
-        Path(args.json).write_text(json.dumps({"summary": summ, "rows": table}, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({"summary": summ, "rows": table, "repeatability": repeats}, indent=2) + "\n")
     print(text)
     return 0
