@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
 """Reference measurements for validating the network simulator: allreduce latency/bandwidth and an
-mlp46m training step on the network-namespace testbed, for H hosts x 1 rank per host and two rail
-configurations, (A) two 1 Gbit/s rails and (B) 1 Gbit/s + 250 Mbit/s.
+mlp46m training step on the network-namespace testbed, for H hosts x R ranks per host (default 1)
+and two rail configurations, (A) two 1 Gbit/s rails and (B) 1 Gbit/s + 250 Mbit/s.
 
     /work/main/.venv/bin/python benchmarks/sim_validation.py [--hosts 4,8,16] [--cases A,B]
-                                                          [--prefix nzsim]   # repo root, as root
+        [--ranks-per-host R] [--no-train] [--sizes LIST] [--tag T] [--out PATH]
+        [--prefix nzsim]   # repo root, as root
+
+With R > 1 every job runs R ranks on each testbed host (-np H*R, nezharun -H host:R): nezha adds a
+shared-memory rail by itself and its allreduce goes hierarchical (docs/hierarchical.md); Gloo stays
+a flat ring over rail0. Per-job files are then named h<H>r<R>-... (h<H>-... for R = 1), with
+--tag T inserted after that prefix (h<H>r<R>-T-...) so reruns with other --sizes do not collide.
 
 Per (hosts, case), on a freshly built testbed (torn down afterwards, also on errors and SIGTERM):
   bench-2rails   nezha-bench allreduce float32 on both rails, and Gloo on rail0 in the same job
@@ -15,9 +21,11 @@ The commands are those of benchmarks/run_matrix.py (matrix_cases.run_command) an
 benchmarks/train_matrix.py (run_command, WORKLOADS[0]), with the host count and rates set here.
 Per job: wall time, 1-minute load average before/after, the machine's CPU busy fraction over the
 job (/proc/stat deltas), the lowest MemAvailable seen, bytes sent per rail interface, and the log
-lines mentioning 'down', 'failover' or 'timeout' (case-insensitive).
+lines mentioning 'down', 'fail' (nezha's "rail ... failed on rank ...; continuing on ..."), 'timeout'
+or 'timed out' (case-insensitive).
 
-Raw per-job JSON and logs: benchmarks/out/sim-validation/; summary: benchmarks/out/sim_validation.json.
+Raw per-job JSON and logs: benchmarks/out/sim-validation/; summary: benchmarks/out/sim_validation.json
+(--out PATH to write it elsewhere). --no-train skips the two training jobs.
 """
 from __future__ import annotations
 
@@ -41,7 +49,7 @@ if str(REPO_ROOT) not in sys.path:  # `python benchmarks/sim_validation.py` puts
 
 import matrix_cases  # noqa: E402
 import train_matrix  # noqa: E402
-from matrix_cases import Case, Run  # noqa: E402
+from matrix_cases import Case, Run, replace_flag  # noqa: E402
 from run_matrix import interface_tx_bytes, run_job  # noqa: E402
 
 OUT_DIR = BENCH_DIR / "out" / "sim-validation"
@@ -50,7 +58,7 @@ SIZES = "8,1K,64K,256K,1M,4M,16M,64M"
 RATE_CASES = {"A": ("1gbit", "1gbit"), "B": ("1gbit", "250mbit")}
 JOB_TIMEOUT_S = 600.0          # per nezharun job (16 ranks on 2 cores are slow to start and to step)
 DDP_PORT = 29710               # train_matrix.run_command's signature wants one; nezha/compute runs ignore it
-FAILOVER_RE = re.compile(r"down|failover|timeout", re.IGNORECASE)
+FAILOVER_RE = re.compile(r"down|fail|timeout|timed out", re.IGNORECASE)  # "rail ... failed on rank"
 MAX_FAILOVER_LINES = 30
 
 
@@ -58,10 +66,10 @@ def log(message: str) -> None:
     print(f"[sim_validation {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def use_hosts(hosts: int, rates) -> None:
-    """The reused command builders read their host count (and train_matrix.bring_up its rates) from
-    module constants fixed at 4 hosts, 1 Gbit/s: point them at this run's."""
-    matrix_cases.RANKS = hosts
+def use_hosts(hosts: int, rates, ranks_per_host: int = 1) -> None:
+    """The reused command builders read their rank/host count (and train_matrix.bring_up its rates)
+    from module constants fixed at 4 hosts, 1 Gbit/s: point them at this run's."""
+    matrix_cases.RANKS = hosts * ranks_per_host
     train_matrix.HOSTS = hosts
     train_matrix.RATES = tuple(rates)
 
@@ -125,6 +133,24 @@ def failover_lines(log_path: Path) -> List[str]:
                                         if len(hits) > MAX_FAILOVER_LINES else [])
 
 
+def with_ranks(argv: List[str], testbed, ranks_per_host: int) -> List[str]:
+    """A nezharun argv built for 1 rank per host (train_matrix.run_command), made to run
+    `ranks_per_host` on each: -np H*R and -H host:R. Flags after `--` (the rank's) are untouched."""
+    if ranks_per_host == 1:
+        return argv
+    cut = argv.index("--")
+    launcher, rest = argv[:cut], argv[cut:]
+    slots = testbed.nezharun_args(ranks_per_host)
+    launcher = replace_flag(launcher, "-np", str(len(testbed.hosts) * ranks_per_host))
+    launcher = replace_flag(launcher, "-H", slots[slots.index("-H") + 1])
+    return launcher + rest
+
+
+def stem_prefix(hosts: int, ranks_per_host: int, tag: str) -> str:
+    """h8 (R = 1, as before), h8r4 for R ranks per host; '-tag' appended when given."""
+    return f"h{hosts}" + (f"r{ranks_per_host}" if ranks_per_host != 1 else "") + (f"-{tag}" if tag else "")
+
+
 def run_measured(testbed, stem: str, argv: List[str]) -> dict:
     """Runs one nezharun job (run_matrix.run_job: output to <stem>.log, bounded, stopped cleanly on
     timeout) and returns what the machine did meanwhile; 'json' is <stem>.json if the job wrote it."""
@@ -162,24 +188,25 @@ def job_fields(job: dict) -> dict:
             "failover_lines": job["failover_lines"], "error": job["error"]}
 
 
-def bench_cases(testbed, hosts: int, key: str, rates) -> List[dict]:
+def bench_cases(testbed, hosts: int, key: str, rates, opts: argparse.Namespace) -> List[dict]:
     """The two nezha-bench jobs; one summary entry per implementation."""
     from nezha.bench.records import read_json
 
     subnets = testbed.rail_subnets
     runs = (Run("nezha-2rails", ",".join(subnets), "nezha-2rails", gloo_ifnames=testbed.interface(0)),
             Run("nezha-rail0", subnets[0], "nezha-rail0"))
-    case = Case(key, f"{'+'.join(rates)} rails", tuple(rates), SIZES, runs)
+    case = Case(key, f"{'+'.join(rates)} rails", tuple(rates), opts.sizes, runs)
+    ranks_per_host = opts.ranks_per_host
     entries = []
     for run in runs:
-        stem = f"h{hosts}-{key}-bench-{run.key}"
-        argv = matrix_cases.run_command(run, case, testbed.nezharun_args(), str(OUT_DIR / f"{stem}.json"),
-                                        quick=False)
+        stem = f"{stem_prefix(hosts, ranks_per_host, opts.tag)}-{key}-bench-{run.key}"
+        argv = matrix_cases.run_command(run, case, testbed.nezharun_args(ranks_per_host),
+                                        str(OUT_DIR / f"{stem}.json"), quick=False)
         job = run_measured(testbed, stem, argv)
         records = read_json(job["json"]) if job["json"] else []
         for impl in run.impls:
             mine = sorted((r for r in records if r.impl == impl), key=lambda r: r.bytes)
-            entries.append({"hosts": hosts, "ranks_per_host": 1, "rates": list(rates), "case": key,
+            entries.append({"hosts": hosts, "ranks_per_host": ranks_per_host, "rates": list(rates), "case": key,
                             "impl": impl, "op": "allreduce", "dtype": "float32",
                             "records": [{"bytes": r.bytes, "time_us": round(r.time_us, 2),
                                          "busbw_gbps": round(r.busbw_gbps, 4),
@@ -194,19 +221,21 @@ def bench_cases(testbed, hosts: int, key: str, rates) -> List[dict]:
     return entries
 
 
-def training_case(testbed, hosts: int, key: str, rates) -> dict:
+def training_case(testbed, hosts: int, key: str, rates, opts: argparse.Namespace) -> dict:
     """mlp46m: compute-only, then nezha.torch on both rails (train_matrix's flags, batch 16)."""
     work = train_matrix.WORKLOADS[0]
     assert work.model == "mlp46m" and work.batch == 16, work
     runs = {"compute": train_matrix.TrainRun("compute-only", "compute", (0,)),
             "nezha": train_matrix.TrainRun("nezha-2rails", "nezha", (0, 1))}
-    entry = {"hosts": hosts, "ranks_per_host": 1, "rates": list(rates), "case": key, "model": work.model,
+    ranks_per_host = opts.ranks_per_host
+    entry = {"hosts": hosts, "ranks_per_host": ranks_per_host, "rates": list(rates), "case": key, "model": work.model,
              "batch_size": work.batch, "warmup_steps": work.warmup,
              "timed_steps": work.batches_per_iter * work.iters, "jobs": {}}
     results = {}
     for name, run in runs.items():
-        stem = f"h{hosts}-{key}-train-{run.key}"
-        argv = train_matrix.run_command(run, work, testbed, OUT_DIR / f"{stem}.json", DDP_PORT)
+        stem = f"{stem_prefix(hosts, ranks_per_host, opts.tag)}-{key}-train-{run.key}"
+        argv = with_ranks(train_matrix.run_command(run, work, testbed, OUT_DIR / f"{stem}.json", DDP_PORT),
+                          testbed, ranks_per_host)
         job = run_measured(testbed, stem, argv)
         entry["jobs"][run.key] = job_fields(job)
         results[name] = json.loads(Path(job["json"]).read_text(encoding="utf-8")) if job["json"] else None
@@ -229,18 +258,20 @@ def training_case(testbed, hosts: int, key: str, rates) -> dict:
     return entry
 
 
-def run_one(hosts: int, key: str, prefix: str, summary: dict) -> None:
+def run_one(hosts: int, key: str, opts: argparse.Namespace, summary: dict) -> None:
     from nezha.testbed import Testbed
 
     rates = RATE_CASES[key]
-    use_hosts(hosts, rates)
-    log(f"H={hosts} case {key} ({'+'.join(rates)}): bringing up the testbed, prefix {prefix}")
-    testbed = train_matrix.bring_up(Testbed, prefix)  # waits while another testbed is up
+    use_hosts(hosts, rates, opts.ranks_per_host)
+    log(f"H={hosts} x {opts.ranks_per_host} ranks/host, case {key} ({'+'.join(rates)}): "
+        f"bringing up the testbed, prefix {opts.prefix}")
+    testbed = train_matrix.bring_up(Testbed, opts.prefix)  # waits while another testbed is up
     try:
-        summary["cases"] += bench_cases(testbed, hosts, key, rates)
-        write_summary(summary)
-        summary["training"].append(training_case(testbed, hosts, key, rates))
-        write_summary(summary)
+        summary["cases"] += bench_cases(testbed, hosts, key, rates, opts)
+        write_summary(summary, opts.out)
+        if opts.train:
+            summary["training"].append(training_case(testbed, hosts, key, rates, opts))
+            write_summary(summary, opts.out)
     finally:
         log(f"H={hosts} case {key}: bringing the testbed down")
         testbed.down()
@@ -255,8 +286,9 @@ def git_state(path: Path) -> dict:
     return {"rev": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
-def write_summary(summary: dict) -> None:
-    SUMMARY_PATH.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+def write_summary(summary: dict, path: Path = SUMMARY_PATH) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -264,12 +296,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--hosts", default="4,8,16", help="comma list of host counts (default 4,8,16)")
     parser.add_argument("--cases", default="A,B", help="rate cases: A = 1gbit+1gbit, B = 1gbit+250mbit")
     parser.add_argument("--prefix", default="nzsim", help="testbed name prefix (default nzsim)")
+    parser.add_argument("--ranks-per-host", type=int, default=1,
+                        help="ranks on each testbed host (default 1; > 1: shm rail, hierarchical allreduce)")
+    parser.add_argument("--no-train", dest="train", action="store_false", help="skip the training jobs")
+    parser.add_argument("--sizes", default=SIZES, help=f"nezha-bench sizes (default {SIZES})")
+    parser.add_argument("--tag", default="", help="inserted into per-job file names (h8r4-TAG-A-...)")
+    parser.add_argument("--out", type=Path, default=SUMMARY_PATH,
+                        help="summary JSON (default benchmarks/out/sim_validation.json)")
     args = parser.parse_args(argv)
     args.hosts = [int(h) for h in args.hosts.split(",") if h.strip()]
     args.cases = [c.strip().upper() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in args.cases if c not in RATE_CASES]
-    if unknown or any(h < 2 for h in args.hosts):
-        parser.error(f"cases must be among {sorted(RATE_CASES)} and hosts >= 2")
+    if unknown or any(h < 2 for h in args.hosts) or args.ranks_per_host < 1:
+        parser.error(f"cases must be among {sorted(RATE_CASES)}, hosts >= 2 and ranks-per-host >= 1")
+    if not re.fullmatch(r"[A-Za-z0-9_.]*", args.tag):
+        parser.error("--tag: letters, digits, '_' and '.' only")
+    args.out = args.out.resolve()
     return args
 
 
@@ -291,16 +333,17 @@ def main(argv=None) -> int:
                "command": shlex.join([sys.executable] + sys.argv),
                "machine": {"cpus": os.cpu_count(),
                            "mem_total_mb": round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20)},
-               "sizes": SIZES, "iters": "auto (about 1 s per size, 5 to 200), warmup 2",
+               "ranks_per_host": args.ranks_per_host, "train": args.train,
+               "sizes": args.sizes, "iters": "auto (about 1 s per size, 5 to 200), warmup 2",
                "busbw": "algbw x 2(n-1)/n (nccl-tests); time_us = median over iterations, max over ranks",
                "cases": [], "training": []}
     for hosts in args.hosts:
         for key in args.cases:
-            run_one(hosts, key, args.prefix, summary)
+            run_one(hosts, key, args, summary)
     summary["duration_s"] = round(time.monotonic() - started)
     summary["nezha_code_at_end"] = git_state(nezha_repo)
-    write_summary(summary)
-    log(f"wrote {SUMMARY_PATH} in {summary['duration_s']} s")
+    write_summary(summary, args.out)
+    log(f"wrote {args.out} in {summary['duration_s']} s")
     failed = [e["job"] for e in summary["cases"] if e["error"]] + \
              [j["job"] for t in summary["training"] for j in t["jobs"].values() if j["error"]]
     if failed:
