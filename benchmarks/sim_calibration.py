@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Measures what `python -m nezha.sim calibrate` fits the testbed profile to, none of it a case of
 the validation (benchmarks/sim_validation.py): the 8 B allreduce of 2 to 32 numpy ranks on one
-host (negotiation alone), and nezha-bench on rail 0 of an unshaped 2- and 4-host testbed (the
-per-step cost and the machine's byte budget).
+host (negotiation alone), the 64 MB allreduce of 4 ranks on one host (the host lane: shared
+memory), and nezha-bench on rail 0 of an unshaped 2- and 4-host testbed (the per-step cost and the
+machine's byte budget).
 
     .venv/bin/python benchmarks/sim_calibration.py            # root; ~3 minutes
     .venv/bin/python -m nezha.sim calibrate --measured benchmarks/out/sim_calibration.json \\
@@ -31,16 +32,18 @@ UNSHAPED_SIZES = "8,64K,256K,1M,64M"
 JOB_TIMEOUT_S = 300.0
 
 
-def one_host_small(ranks: str) -> list:
-    path = OUT_DIR / "one_host_small.json"
+def one_host(ranks: str, size: str, name: str) -> list:
+    """The allreduce of `size` bytes of numpy ranks on one host (scale_one_host.py), per job size."""
+    path = OUT_DIR / f"{name}.json"
     subprocess.run([sys.executable, str(BENCH_DIR / "scale_one_host.py"), "--ranks", ranks, "--impls", "nezha",
-                    "--sizes", "8", "--iters", "30", "--json", str(path), "--timeout", "300"],
+                    "--sizes", size, "--iters", "30", "--json", str(path), "--timeout", "300",
+                    "--plot", str(OUT_DIR / f"{name}.png")],
                    check=True, cwd=REPO_ROOT)
     out = []
     for record in json.loads(path.read_text())["records"]:
         for entry in record.get("ops", ()):
-            if entry["op"] == "allreduce" and entry["bytes"] == 8:
-                out.append({"ranks": record["ranks"], "time_us": entry["time_us"]})
+            if entry["op"] == "allreduce":
+                out.append({"ranks": record["ranks"], "bytes": entry["bytes"], "time_us": entry["time_us"]})
     return out
 
 
@@ -71,7 +74,8 @@ def main() -> int:
     summary = {"generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                         cwd=REPO_ROOT).stdout.strip(),
-               "one_host_small": one_host_small(args.ranks),
+               "one_host_small": one_host(args.ranks, "8", "one_host_small"),
+               "one_host_large": one_host("4", "64M", "one_host_large"),
                "unshaped": [unshaped(int(h)) for h in args.hosts.split(",")]}
     SUMMARY.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

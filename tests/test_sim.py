@@ -189,18 +189,23 @@ def test_calibration_recovers_the_costs_that_made_the_measurements():
 
     truth = load_profile("testbed").with_overrides(op_us=40.0, per_rank_us=12.0, contention_exponent=0.3,
                                                    step_us={"tcp": 80.0, "shm": 5.0}, machine_gbps=30.0,
-                                                   line_gbps=30.0)
+                                                   line_gbps=30.0, shm_gbps=60.0)
     small = [{"ranks": n, "time_us": (truth.op_us + truth.per_rank_us * (n - 1) ** 1.3)} for n in (2, 4, 8, 16, 32)]
     unshaped = []
     for hosts in (2, 4):
         rails = [RailModel("rail0:tcp", "tcp", UNSHAPED_GBPS)]
         recs = allreduce_records(Cluster(hosts, 1, rails), truth, [8, 65536, 262144, 1 << 20, 64 << 20], iters=3, warmup=1)
         unshaped.append({"hosts": hosts, "rails": 1, "records": recs})
-    fitted = calibrate({"one_host_small": small, "unshaped": unshaped}, load_profile("testbed"), "synthetic")
+    lane = allreduce_records(Cluster(1, 4, [RailModel("rail0:tcp", "tcp", UNSHAPED_GBPS)]), truth, [64 << 20],
+                             iters=3, warmup=1)
+    large = [{"ranks": 4, "bytes": 64 << 20, "time_us": lane[0]["time_us"]}]
+    fitted = calibrate({"one_host_small": small, "unshaped": unshaped, "one_host_large": large},
+                       load_profile("testbed"), "synthetic")
     assert fitted.per_rank_us == pytest.approx(12.0, rel=0.05)
     assert fitted.contention_exponent == pytest.approx(0.3, rel=0.05)
     assert fitted.step("tcp") == pytest.approx(80.0, rel=0.05)
     assert fitted.machine_gbps == pytest.approx(30.0, rel=0.05)
+    assert fitted.shm_gbps == pytest.approx(60.0, rel=0.05)
     assert "synthetic" in fitted.source
 
 

@@ -7,7 +7,9 @@ Two sources, each fitting what it isolates:
     contention exponent every per-message cost then carries;
   * `unshaped`: nezha-bench on the testbed with its rails unshaped (each host's links as fast as
     the machine moves bytes), which is the per-step cost of a message (small and mid sizes) and the
-    machine's byte budget (64 MB), fitted through the simulator itself with the negotiation fixed.
+    machine's byte budget (64 MB), fitted through the simulator itself with the negotiation fixed;
+  * `one_host_large`: the 64 MB allreduce of a few numpy ranks on one host, which is the
+    hierarchical allreduce's host lane alone (shared memory): the machine's memory budget for it.
 The fit minimises squared log errors (every size weighs alike) with scipy's least_squares.
 """
 from __future__ import annotations
@@ -38,12 +40,13 @@ def fit_negotiation(points: List[Dict]) -> Dict[str, float]:
     return {"op_us": float(fit.x[0]), "per_rank_us": float(fit.x[1]), "contention_exponent": float(fit.x[2]) - 1}
 
 
-def fit_network(cases: List[Dict], base: Profile) -> Dict[str, float]:
+def fit_network(cases: List[Dict], one_host_large: List[Dict], base: Profile) -> Dict[str, float]:
     from scipy.optimize import least_squares
 
     def profile_of(x) -> Profile:
         steps = {**base.step_us, "tcp": float(x[0]), "mptcp": float(x[0])}
-        return base.with_overrides(step_us=steps, machine_gbps=float(x[1]), line_gbps=float(x[1]))
+        return base.with_overrides(step_us=steps, machine_gbps=float(x[1]), line_gbps=float(x[1]),
+                                   shm_gbps=float(x[2]))
 
     def residuals(x):
         out = []
@@ -53,23 +56,29 @@ def fit_network(cases: List[Dict], base: Profile) -> Dict[str, float]:
             sizes = [r["bytes"] for r in case["records"]]
             sim = allreduce_records(Cluster(case["hosts"], 1, rails), prof, sizes, iters=3, warmup=1)
             out += [math.log(s["time_us"] / r["time_us"]) for s, r in zip(sim, case["records"])]
+        for case in one_host_large:  # one host: the allreduce is the host lane alone
+            rails = [RailModel("rail0:tcp", "tcp", UNSHAPED_GBPS)]
+            sim = allreduce_records(Cluster(1, case["ranks"], rails), prof, [case["bytes"]], iters=3, warmup=1)
+            out.append(math.log(sim[0]["time_us"] / case["time_us"]))
         return out
 
-    fit = least_squares(residuals, [50.0, 30.0], bounds=([1.0, 1.0], [2000.0, 1000.0]), diff_step=1e-3)
-    return {"step_us_tcp": float(fit.x[0]), "machine_gbps": float(fit.x[1])}
+    fit = least_squares(residuals, [50.0, 30.0, 50.0], bounds=([1.0, 1.0, 1.0], [2000.0, 1000.0, 10000.0]),
+                        diff_step=1e-3)
+    return {"step_us_tcp": float(fit.x[0]), "machine_gbps": float(fit.x[1]), "shm_gbps": float(fit.x[2])}
 
 
 def calibrate(measured: Dict, base: Profile, measured_name: str) -> Profile:
     neg = fit_negotiation(measured["one_host_small"])
     prof = base.with_overrides(**neg)
-    net = fit_network(measured["unshaped"], prof)
+    net = fit_network(measured["unshaped"], measured.get("one_host_large", []), prof)
     steps = {**prof.step_us, "tcp": net["step_us_tcp"], "mptcp": net["step_us_tcp"]}
     source = (f"fitted by `python -m nezha.sim calibrate` to {measured_name}: negotiation to the one-host "
               f"8 B series ({', '.join(str(p['ranks']) for p in measured['one_host_small'])} ranks), the per-step "
               f"cost and the machine's byte budget to unshaped testbed runs "
-              f"({', '.join(str(c['hosts']) + ' hosts' for c in measured['unshaped'])})")
+              f"({', '.join(str(c['hosts']) + ' hosts' for c in measured['unshaped'])}), the host lane's memory "
+              f"budget to the one-host 64 MB allreduce ({', '.join(str(c['ranks']) + ' ranks' for c in measured.get('one_host_large', []))})")
     return prof.with_overrides(step_us=steps, machine_gbps=net["machine_gbps"], line_gbps=net["machine_gbps"],
-                               source=source)
+                               shm_gbps=net["shm_gbps"], source=source)
 
 
 def run_calibration(args) -> int:

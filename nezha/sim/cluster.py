@@ -86,7 +86,8 @@ class Profile:
     per_rank_us: float                 # rank 0's work per rank per negotiated operation
     range_us: float                    # one balanced range: the claim message and the ring's restart
     reduce_gbps: float                 # one host reducing (reads two inputs, writes one)
-    shm_gbps: float                    # one rank copying through shared memory
+    shm_gbps: float                    # a host's memory for copies between its ranks, shared by them
+                                       # (with machine_gbps: the machine's, shared by every rank)
     # Where all ranks share a few cores (the testbed), a message's wake-up waits behind more of them
     # as the job grows: every per-message cost is multiplied by (threads - 1) ** contention_exponent,
     # threads being the ranks (rank 0's work per rank) or the ranks' workers of every busy rail (a
@@ -101,6 +102,7 @@ class Profile:
     min_burst_bytes: int = 0
     line_gbps: float = 0.0
     inline_bytes: int = 16384          # NEZHA_CONTROL_INLINE_BYTES
+    hierarchical: bool = True          # NEZHA_HIERARCHICAL (False: a flat ring over every rank)
     logstep_max_bytes: int = 65536     # NEZHA_LOGSTEP_MAX_BYTES
     balance_bytes: int = 1 << 20       # NEZHA_BALANCE_BYTES
     fusion_bytes: int = 64 << 20       # NEZHA_FUSION_THRESHOLD

@@ -44,14 +44,14 @@ def predict(nodes: List[int], profile: Profile) -> Dict:
         for n in nodes:
             base = Cluster(n, 1, parse_rails(rails))
             for impl, (cluster, prof) in _impls(base, profile).items():
-                for rec in allreduce_records(cluster, prof, SIZES, iters=3, warmup=1):
+                for rec in allreduce_records(cluster, prof, SIZES, iters=5, warmup=3):
                     series["busbw"].setdefault(impl, {}).setdefault(format_size(rec["bytes"]), []).append(
                         {"nodes": n, "busbw_gbps": rec["busbw_gbps"], "time_us": rec["time_us"]})
                 for name in TRAIN_MODELS:
                     compute_s = profile.extra[f"compute_ms_{name}"] * 1e-3
                     job = SimJob(cluster, prof)
                     _, step_s = train_model.samples_per_second(job, train_model.model(name), compute_s, BATCH,
-                                                               steps=3, warmup=1)
+                                                               steps=3, warmup=2)
                     series["training"].setdefault(impl, {}).setdefault(name, []).append(
                         {"nodes": n, "step_s": step_s, "efficiency": compute_s / step_s})
         out["clusters"][title] = series

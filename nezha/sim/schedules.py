@@ -74,7 +74,7 @@ def ring_allreduce(nbytes: float, n: int, link: Link, at: float, flows_per_link:
     return t - at
 
 
-def logstep_allreduce(nbytes: float, n: int, link: Link, at: float) -> float:
+def logstep_allreduce(nbytes: float, n: int, link: Link, at: float, flows_per_link: int = 1) -> float:
     """Recursive doubling (allreduce_logstep.cc): log2(p) exchanges of the whole buffer, plus a fold
     in and a copy back when n is not a power of two."""
     if n < 2 or nbytes <= 0:
@@ -84,14 +84,14 @@ def logstep_allreduce(nbytes: float, n: int, link: Link, at: float) -> float:
     t = at
     for _ in range(steps):
         t += link.step_s
-        t += link.send(nbytes, t) + link.reduce(nbytes)
+        t += link.send(nbytes * flows_per_link, t) + link.reduce(nbytes)
     return t - at
 
 
 def allreduce(nbytes: float, n: int, link: Link, at: float, logstep_max_bytes: int, flows_per_link: int = 1) -> float:
     """allreduce.cc's choice: log-step up to logstep_max_bytes, the ring above."""
     if nbytes <= logstep_max_bytes:
-        return logstep_allreduce(nbytes, n, link, at)
+        return logstep_allreduce(nbytes, n, link, at, flows_per_link)
     return ring_allreduce(nbytes, n, link, at, flows_per_link)
 
 
