@@ -84,10 +84,14 @@ TEST(OutOfPlaceAllreduce, ALoneTensorIsReducedFromItsInputWithNothingStaged) {
 // rails start shows as an output already holding the input.
 TEST(OutOfPlaceAllreduce, TheOutputIsUntouchedWhenTheRailsStart) {
   const std::vector<RailConfig> rails = testing::memory_rails(2);
+  const size_t count = size_t{1} << 20;  // 4 MiB: ring messages of 300-700 KB on each rail
+  // The buffers outlive the cluster: after an ASSERT returns early, the ranks still write into them
+  // until the cluster shuts down.
+  std::vector<std::vector<float>> in, out;
   Cluster c = make_job(size_t{1} << 20, rails);
   const int n = c.size();
-  const size_t count = size_t{1} << 20;  // 4 MiB: ring messages of 300-700 KB on each rail
-  std::vector<std::vector<float>> in(n, std::vector<float>(count)), out(n, std::vector<float>(count, -1));
+  in.assign(n, std::vector<float>(count));
+  out.assign(n, std::vector<float>(count, -1));
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < count; ++i) in[r][i] = value(r, i);
   auto large_messages = [&] {
