@@ -398,3 +398,48 @@ TEST(RailWatchdog, ASilentRailThatStillDeliversIsReportedOnlyAtTheMaximum) {
 
 }  // namespace
 }  // namespace nezha::engine
+
+namespace nezha::engine {
+namespace {
+
+// A peer starved of CPU stalls every rail it is on; a broken path only its own. Two rails with
+// work, both silent and both delivering: neither is reported, however long; once rail 0 moves
+// again while rail 1 stays silent, rail 1 is (within the late-peer grace of two limits).
+TEST(RailWatchdog, RailsSilentTogetherAreALatePeerAndTheOddOneOutIsReported) {
+  std::atomic<uint64_t> bytes[2] = {{0}, {0}};
+  std::mutex mu;
+  std::vector<std::pair<int, std::chrono::steady_clock::time_point>> reports;
+  RailWatchdog dog{2, 0.05, [&](int r) { return bytes[r].load(); },
+                   [&](int r, const std::string&) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     reports.emplace_back(r, std::chrono::steady_clock::now());
+                   },
+                   [](int) { return std::string(); }, [](int, const std::string&) {},
+                   [](int, milliseconds) { return true; }};
+  dog.begin(0, "share 0");
+  dog.begin(1, "share 1");
+  bytes[0] += 1;  // both started: their first bytes moved
+  bytes[1] += 1;
+  std::this_thread::sleep_for(milliseconds(400));  // 8 limits of silence on both
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(reports.empty()) << "rails silent together were reported (rail " << reports.front().first << ")";
+  }
+  const auto moved_at = std::chrono::steady_clock::now();
+  for (int i = 0; i < 30; ++i) {  // rail 0 moves again for 300 ms; rail 1 stays silent
+    bytes[0] += 100;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  dog.end(0, true);
+  dog.end(1, false);
+  dog.stop();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_FALSE(reports.empty()) << "the rail silent beside a moving one was never reported";
+  EXPECT_EQ(reports.front().first, 1);
+  const double after_ms = std::chrono::duration<double, std::milli>(reports.front().second - moved_at).count();
+  EXPECT_LT(after_ms, 250.0) << "reported long after the other rail moved again (generous bound)";
+  for (const auto& [rail, when] : reports) EXPECT_EQ(rail, 1) << "the moving rail was reported";
+}
+
+}  // namespace
+}  // namespace nezha::engine

@@ -111,6 +111,17 @@ void RailWatchdog::pause(int rail) {
   s.silence_watched = false;  // still active: its link is checked on every tick
 }
 
+bool RailWatchdog::another_rail_progressed_locked(size_t rail, Clock::time_point since) const {
+  bool others = false;
+  for (size_t j = 0; j < slots_.size(); ++j) {
+    const Slot& o = slots_[j];
+    if (j == rail || !o.active || !o.silence_watched) continue;
+    others = true;
+    if (o.moved && o.last_progress > since) return true;
+  }
+  return !others;
+}
+
 void RailWatchdog::run() {
   name_this_thread("nz-watchdog");
   std::unique_lock<std::mutex> lock(mu_);
@@ -161,7 +172,8 @@ void RailWatchdog::run() {
         s.last_progress = now;
       } else if (now - s.last_progress >= limit) {
         const auto silent = now - s.last_progress;
-        if (delivering_ && silent < kLatePeerLimits * limit &&
+        if (delivering_ &&
+            (silent < kLatePeerLimits * limit || !another_rail_progressed_locked(i, s.last_progress)) &&
             delivering_(static_cast<int>(i), std::chrono::duration_cast<std::chrono::milliseconds>(limit)))
           continue;  // a late peer, not a broken path: watched on a while longer
         double ms = std::chrono::duration<double, std::milli>(now - s.last_progress).count();

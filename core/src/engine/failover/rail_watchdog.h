@@ -24,9 +24,13 @@
 //
 // A rail silent for the limit whose transport vouches that every connection still delivers
 // (Rail::delivering: TCP has nothing unacknowledged for the limit) is reported only after twice the
-// limit: its peer is most likely late (a starved CPU: 100-170 ms on 2 shared cores, the one source
-// of false failovers left), which failing the rail over would not mend. Not longer: a link
-// throttled to nothing in the direction this rank only receives on looks the same from here.
+// limit: its peer is most likely late (a starved CPU: 100-170 ms on 2 shared cores), which failing
+// the rail over would not mend. Not longer while another rail with work moves data: a link
+// throttled to nothing in the direction this rank only receives on looks the same from here. But
+// while every rail with work is as silent, it is not reported at all: a peer starved of CPU stalls
+// every rail it is on (a training job's backward pass holding every core stalled one for 200 ms
+// and more), a broken path only its own, and with every rail stalled there is nowhere better to
+// move the work (the operation's deadline still bounds the wait).
 //
 // Wakes only while some rail has work running or drains (sleeps on a condition variable
 // otherwise); a rail that stays silent is reported again every few limits.
@@ -98,6 +102,8 @@ class RailWatchdog {
     std::string what;
   };
   void learn_locked(Slot& s);  // folds the silence since the last byte into the healthy pause
+  // Whether another rail with work has moved data since `since` (true with no other rail working).
+  bool another_rail_progressed_locked(size_t rail, Clock::time_point since) const;
   Clock::duration min_silence_;
   std::function<uint64_t(int)> bytes_moved_;
   Callback on_stall_;
