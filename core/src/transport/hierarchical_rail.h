@@ -64,6 +64,9 @@ class HierarchicalRail : public Rail {
   size_t send_buffer_bytes() const override { return network_->send_buffer_bytes(); }
   RailCounters counters() const override;  // both rails' bytes (the watchdog sees lane progress)
   std::string link_fault() const override { return network_->link_fault(); }
+  // The network's connections: while the ranks work over the host lane they have nothing in
+  // flight, so a silence there is a late or starved peer unless the network leaves data unacked.
+  bool delivering(std::chrono::milliseconds quiet) const override { return network_->delivering(quiet); }
   void abort(const std::string& reason) override;
 
   // After connect(). The allreduce's two rails and the placement (the same on every rank).
