@@ -144,6 +144,14 @@ class SimJob:
                     self.table.set_state(rail, "up")
                     self.events.append((self.now, f"{self.rails[rail].name} back up"))
 
+    def _lost(self, rail: int, cut: float, failed: List[int]) -> float:
+        """A share cut at `cut` is noticed at the watchdog's link tick and its rail fails over;
+        returns when."""
+        noticed = cut + self.profile.link_tick_ms * 1e-3
+        self._fail(rail, noticed)
+        failed.append(rail)
+        return noticed
+
     def _fail(self, rail: int, at: float) -> None:
         if self.health[rail].state == "up":
             self.health[rail].mark_failed(at)
@@ -197,11 +205,8 @@ class SimJob:
                 carried[rail] = carried.get(rail, 0) + nbytes
                 end = max(end, t + secs)
             else:
-                noticed = cut + self.profile.link_tick_ms * 1e-3
-                self._fail(rail, noticed)
-                failed.append(rail)
                 redo += nbytes
-                end = max(end, noticed)
+                end = max(end, self._lost(rail, cut, failed))
         if redo:
             end = self._redo(redo, end, carried, failed)
         return end
@@ -242,11 +247,8 @@ class SimJob:
             if cut is not None:
                 # The range in flight is lost; the rail's part stops claiming and the others take
                 # what is left of its share, as they do from any share with time left.
-                noticed = cut + p.link_tick_ms * 1e-3
-                self._fail(rail, noticed)
-                failed.append(rail)
                 lost += nbytes
-                end = max(end, noticed)
+                end = max(end, self._lost(rail, cut, failed))
                 continue
             self.table.observe(rail, nbytes, secs)
             carried[rail] = carried.get(rail, 0) + nbytes

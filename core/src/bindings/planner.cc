@@ -21,7 +21,6 @@ namespace py = pybind11;
 namespace nezha::bindings {
 namespace {
 
-
 using multirail::RailEstimate;
 using multirail::RailShare;
 using multirail::RailState;
@@ -104,17 +103,14 @@ void bind_planner(py::module_& parent) {
                if (r.contains("gbps_prior")) d.gbps_prior = r["gbps_prior"].cast<double>();
                if (r.contains("max_share_bytes")) d.max_share_bytes = r["max_share_bytes"].cast<size_t>();
                if (r.contains("point_to_point")) d.point_to_point = r["point_to_point"].cast<bool>();
-               // A collective-only rail of the simulator reduces what the aggregation daemon reduces.
-               if (!d.point_to_point)
-                 d.reduces = [](DataType t, ReduceOp op) {
-                   return t == DataType::kFloat32 && (op == ReduceOp::kSum || op == ReduceOp::kAverage);
-                 };
+               // A collective-only rail reduces every dtype and op, as nezha-aggd does (AggRail::reduces).
+               if (!d.point_to_point) d.reduces = [](DataType, ReduceOp) { return true; };
                out.push_back(std::move(d));
              }
              return std::make_unique<multirail::RailTable>(std::move(out), multirail::RailCostModelOptions{});
            }), py::arg("rails"),
            "rails: dicts with name and optionally latency_us_prior, gbps_prior, max_share_bytes, "
-           "point_to_point (False: reduces float32 sum/average itself, like nezha-aggd).")
+           "point_to_point (False: reduces allreduces itself, like nezha-aggd).")
       .def("__len__", &multirail::RailTable::size)
       .def("observe", &multirail::RailTable::observe, py::arg("rail"), py::arg("bytes"), py::arg("seconds"))
       .def("estimates", &multirail::RailTable::estimates)
