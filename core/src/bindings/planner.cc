@@ -57,16 +57,18 @@ void bind_planner(py::module_& parent) {
       "planner", "The engine's rail table, share balancer and rail health, driven by a caller's clock (nezha.sim).");
 
   py::class_<RailEstimate>(m, "RailEstimate")
-      .def(py::init([](double alpha_us, double beta_gbps, uint64_t samples) {
-             return RailEstimate{alpha_us, beta_gbps, samples};
-           }), py::arg("alpha_us") = 0.0, py::arg("beta_gbps") = 0.0, py::arg("samples") = 0)
+      .def(py::init([](double alpha_us, double beta_gbps, uint64_t samples, double bulk_alpha_us) {
+             return RailEstimate{alpha_us, beta_gbps, samples, bulk_alpha_us};
+           }), py::arg("alpha_us") = 0.0, py::arg("beta_gbps") = 0.0, py::arg("samples") = 0,
+           py::arg("bulk_alpha_us") = 0.0)
       .def_readwrite("alpha_us", &RailEstimate::alpha_us)
       .def_readwrite("beta_gbps", &RailEstimate::beta_gbps)
       .def_readwrite("samples", &RailEstimate::samples)
+      .def_readwrite("bulk_alpha_us", &RailEstimate::bulk_alpha_us)
       .def_property_readonly("known", &RailEstimate::known)
       .def("__repr__", [](const RailEstimate& e) {
         return "<RailEstimate alpha_us=" + std::to_string(e.alpha_us) + " beta_gbps=" + std::to_string(e.beta_gbps) +
-               " samples=" + std::to_string(e.samples) + ">";
+               " samples=" + std::to_string(e.samples) + " bulk_alpha_us=" + std::to_string(e.bulk_alpha_us) + ">";
       });
 
   py::class_<RailShare>(m, "RailShare")
@@ -87,6 +89,8 @@ void bind_planner(py::module_& parent) {
         py::arg("ranks"), "The bandwidth a rail's cost model expects before it is measured (rail_table.h).");
   m.def("striping_threshold_bytes", &multirail::striping_threshold_bytes, py::arg("estimates"), py::arg("usable"),
         "Smallest payload striping is predicted to pay for (planner.h); 2**64-1 if never.");
+  m.def("amortized_range_bytes", &multirail::amortized_range_bytes, py::arg("estimate"),
+        "Smallest balanced range whose bulk start-up stays a small part of its time (planner.h).");
   m.def("calibration_bytes", &multirail::RailTable::calibration_bytes,
         "The payloads the engine's calibration runs on each rail at init, in order.");
   m.attr("BALANCE_MIN_RANGES") = engine::kBalanceMinRanges;

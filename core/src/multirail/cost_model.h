@@ -37,6 +37,10 @@ struct RailEstimate {
   double alpha_us = 0;   // start-up cost, microseconds
   double beta_gbps = 0;  // bandwidth, Gbit/s (1e9 bits per second); 0 while unknown
   uint64_t samples = 0;  // operations observed since construction or reset()
+  // Start-up cost of a bandwidth-bound share, microseconds: the intercept of the fit over large
+  // payloads only. A ring pays 2(n-1) steps where a latency-bound log-step pays log2(n), so at scale
+  // this is far above alpha_us; 0 while the large payloads seen cannot separate it from bandwidth.
+  double bulk_alpha_us = 0;
   // Known once the model has enough samples to give a usable alpha and beta.
   bool known() const;
 };

@@ -47,6 +47,7 @@ std::vector<uint8_t> encode_estimates(const std::vector<RailEstimate>& rails) {
     put_le(out, double_bits(e.alpha_us), 8);
     put_le(out, double_bits(e.beta_gbps), 8);
     put_le(out, e.samples, 8);
+    put_le(out, double_bits(e.bulk_alpha_us), 8);
   }
   return out;
 }
@@ -75,11 +76,13 @@ std::vector<RailEstimate> decode_estimates(const uint8_t* data, size_t size) {
     e.alpha_us = bits_double(get_le(p, 8));
     e.beta_gbps = bits_double(get_le(p + 8, 8));
     e.samples = get_le(p + 16, 8);
+    e.bulk_alpha_us = bits_double(get_le(p + 24, 8));
     if (!std::isfinite(e.alpha_us) || e.alpha_us < 0 || !std::isfinite(e.beta_gbps) ||
-        e.beta_gbps < 0)
+        e.beta_gbps < 0 || !std::isfinite(e.bulk_alpha_us) || e.bulk_alpha_us < 0)
       throw ProtocolError("rail estimates: rail " + std::to_string(i) +
                           " has invalid alpha_us=" + std::to_string(e.alpha_us) +
-                          " or beta_gbps=" + std::to_string(e.beta_gbps));
+                          ", beta_gbps=" + std::to_string(e.beta_gbps) +
+                          " or bulk_alpha_us=" + std::to_string(e.bulk_alpha_us));
   }
   return rails;
 }

@@ -16,12 +16,24 @@ namespace {
 // A usable, known rail in SI units.
 struct Lane {
   int rail;
-  double alpha_s;    // seconds
+  double alpha_s;    // start-up of a bandwidth-bound share, seconds (what striping pays per rail)
+  double latency_s;  // start-up of a latency-bound payload, seconds
   double beta_Bps;   // bytes per second
 };
 
 Lane to_lane(int rail, const RailEstimate& e) {
-  return Lane{rail, e.alpha_us * 1e-6, e.beta_gbps * 1e9 / 8};
+  // The small-payload time is a floor on any share's start-up: a fit over large payloads whose
+  // intercept comes out lower (a token bucket's burst, or one it cannot separate: 0) must not make
+  // striping look cheaper than the rail's measured latency.
+  return Lane{rail, std::max(e.alpha_us, e.bulk_alpha_us) * 1e-6, e.alpha_us * 1e-6,
+              e.beta_gbps * 1e9 / 8};
+}
+
+bool latency_bound(double bytes) { return bytes < static_cast<double>(kLatencyBoundBytes); }
+
+// Time of the whole payload on one lane, priced as latency-bound or not.
+double single_time(const Lane& l, double bytes, bool latency_priced) {
+  return (latency_priced ? l.latency_s : l.alpha_s) + bytes / l.beta_Bps;
 }
 
 // Usable, known rails sorted by alpha (ties: lower index first, so the order is deterministic).
@@ -51,15 +63,17 @@ double water_level(const std::vector<Lane>& lanes, double bytes, size_t* active 
   return level;  // not reached: lanes is never empty here
 }
 
-double best_single_time(const std::vector<Lane>& lanes, double bytes) {
+double best_single_time(const std::vector<Lane>& lanes, double bytes, bool latency_priced) {
   double best = std::numeric_limits<double>::infinity();
-  for (const Lane& l : lanes) best = std::min(best, l.alpha_s + bytes / l.beta_Bps);
+  for (const Lane& l : lanes) best = std::min(best, single_time(l, bytes, latency_priced));
   return best;
 }
 
-// >= 0 where striping saves at least kMinStripingGain over the best single rail.
-double striping_margin(const std::vector<Lane>& lanes, double bytes) {
-  return (1 - kMinStripingGain) * best_single_time(lanes, bytes) - water_level(lanes, bytes);
+// >= 0 where striping saves at least kMinStripingGain over the best single rail. The single-rail
+// price jumps at kLatencyBoundBytes, so a caller evaluating a segment's end names its pricing.
+double striping_margin(const std::vector<Lane>& lanes, double bytes, bool latency_priced) {
+  return (1 - kMinStripingGain) * best_single_time(lanes, bytes, latency_priced) -
+         water_level(lanes, bytes);
 }
 
 size_t ceil_to_size(double bytes) {
@@ -69,6 +83,11 @@ size_t ceil_to_size(double bytes) {
 }
 
 }  // namespace
+
+size_t amortized_range_bytes(const RailEstimate& rail) {
+  if (!rail.known()) return 0;
+  return ceil_to_size(kRangeAmortization * rail.bulk_alpha_us * 1e-6 * rail.beta_gbps * 1e9 / 8);
+}
 
 size_t striping_threshold_bytes(const std::vector<RailEstimate>& rails,
                                 const std::vector<bool>& usable) {
@@ -83,12 +102,14 @@ size_t striping_threshold_bytes(const std::vector<RailEstimate>& rails,
     for (size_t i = 0; i < k; ++i) p += (lanes[k].alpha_s - lanes[i].alpha_s) * lanes[i].beta_Bps;
     points.push_back(p);
   }
-  for (size_t i = 0; i < lanes.size(); ++i) {  // the best single rail changes
+  points.push_back(static_cast<double>(kLatencyBoundBytes));  // single rails switch algorithm
+  for (size_t i = 0; i < lanes.size(); ++i) {  // the best single rail changes (either price)
     for (size_t j = i + 1; j < lanes.size(); ++j) {
       const double inv_diff = 1 / lanes[i].beta_Bps - 1 / lanes[j].beta_Bps;
       if (inv_diff == 0) continue;
-      const double p = (lanes[j].alpha_s - lanes[i].alpha_s) / inv_diff;
-      if (p > 0 && std::isfinite(p)) points.push_back(p);
+      for (double p : {(lanes[j].alpha_s - lanes[i].alpha_s) / inv_diff,
+                       (lanes[j].latency_s - lanes[i].latency_s) / inv_diff})
+        if (p > 0 && std::isfinite(p)) points.push_back(p);
     }
   }
   std::sort(points.begin(), points.end());
@@ -96,11 +117,12 @@ size_t striping_threshold_bytes(const std::vector<RailEstimate>& rails,
 
   for (size_t s = 0; s < points.size(); ++s) {
     const double lo = points[s];
-    const double f_lo = striping_margin(lanes, lo);
-    if (f_lo >= 0) return ceil_to_size(lo);
     // The last segment is unbounded; it is still linear, so any second point gives its slope.
     const double hi = s + 1 < points.size() ? points[s + 1] : lo + std::max(lo, 1.0);
-    const double f_hi = striping_margin(lanes, hi);
+    const bool priced = latency_bound(lo);  // one pricing over [lo, hi): hi <= the price jump
+    const double f_lo = striping_margin(lanes, lo, priced);
+    if (f_lo >= 0) return ceil_to_size(lo);
+    const double f_hi = striping_margin(lanes, hi, priced);
     if (f_hi > f_lo && (f_hi >= 0 || s + 1 == points.size()))
       return ceil_to_size(lo + (hi - lo) * (-f_lo) / (f_hi - f_lo));
   }
@@ -195,8 +217,14 @@ Plan plan_split(const PlanRequest& req) {
                      " rails is usable");
 
   const std::vector<Lane> lanes = known_lanes(req.rails, req.usable);
-  // Lowest alpha among the usable known rails (lanes is alpha-sorted, ties by index).
-  const int cold_rail = lanes.empty() ? first_usable : lanes.front().rail;
+  // Lowest latency among the usable known rails (ties: lower index).
+  int cold_rail = first_usable;
+  double cold_latency = std::numeric_limits<double>::infinity();
+  for (const Lane& l : lanes)
+    if (l.latency_s < cold_latency || (l.latency_s == cold_latency && l.rail < cold_rail)) {
+      cold_latency = l.latency_s;
+      cold_rail = l.rail;
+    }
   const size_t bytes = req.count * req.elem_size;
   std::ostringstream why;
   if (any_unknown) {
@@ -205,12 +233,12 @@ Plan plan_split(const PlanRequest& req) {
   }
   const size_t threshold = striping_threshold_bytes(req.rails, req.usable);
   if (bytes < threshold) {
-    // Whole on the rail predicted to finish first at this size: the lowest alpha for tiny
+    // Whole on the rail predicted to finish first at this size: the lowest latency for tiny
     // payloads, the highest beta for large ones that striping would not speed up.
     int best_rail = cold_rail;
     double best_s = std::numeric_limits<double>::infinity();
     for (const Lane& l : lanes) {
-      double t = l.alpha_s + static_cast<double>(bytes) / l.beta_Bps;
+      const double t = single_time(l, static_cast<double>(bytes), latency_bound(static_cast<double>(bytes)));
       if (t < best_s) {
         best_s = t;
         best_rail = l.rail;

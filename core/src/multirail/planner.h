@@ -4,9 +4,12 @@
 // response, so every rank uses the same split; plan_split() is also deterministic (same input, same
 // output, bit for bit) so any rank recomputing it from the same estimates agrees.
 //
-//  * cold: some usable rail has no estimate yet, or the payload is below striping_threshold_bytes():
-//    the whole payload goes to the usable rail with the lowest alpha (the lowest-index usable rail
-//    when no usable rail is known).
+//  * cold: some usable rail has no estimate yet: the whole payload goes to the usable rail with the
+//    lowest alpha (the lowest-index usable rail when no usable rail is known); or the payload is
+//    below striping_threshold_bytes(): to the rail predicted to finish it first.
+//  * Prices: a latency-bound payload (below kLatencyBoundBytes) pays a rail's alpha_us; a share that
+//    moves bandwidth pays max(alpha_us, bulk_alpha_us), since a ring's step count (and so its
+//    start-up) grows with the ranks where the log-step's does not.
 //  * hot: water filling. Rails take shares so that they all finish at the same time T:
 //    share_i = max(0, (T - alpha_i) * beta_i), summing to the payload; a rail whose alpha exceeds T
 //    gets nothing. Shares are rounded down to whole elements and to align_bytes; the whole aligned
@@ -52,6 +55,18 @@ Plan plan_split(const PlanRequest& request);
 // usable known rails, or the other rails add too little bandwidth). Derived from the estimates.
 size_t striping_threshold_bytes(const std::vector<RailEstimate>& rails,
                                 const std::vector<bool>& usable);
+
+// Payloads below this run a latency-bound algorithm (log-step; the executor's default
+// logstep_max_bytes) and are priced with RailEstimate::alpha_us; larger ones, and every striped
+// share, with the bulk start-up max(alpha_us, bulk_alpha_us).
+constexpr size_t kLatencyBoundBytes = size_t{64} << 10;
+
+// A re-balanced operation (engine/execution/share_balancer.h) runs its shares as several ranges, each
+// paying the rail's bulk start-up again (a ring's 2(n-1) steps). Ranges no smaller than this keep
+// that start-up within 1/kRangeAmortization of a range's time; on few ranks or slow links it is far
+// below the balancer's own minimum and changes nothing.
+constexpr double kRangeAmortization = 8;
+size_t amortized_range_bytes(const RailEstimate& rail);
 
 // Striping must save at least this fraction of the best single rail's predicted time. Below it the
 // gain is within the model's error, and it would cost the per-rail bookkeeping the model ignores.

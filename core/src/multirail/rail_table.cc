@@ -210,7 +210,7 @@ std::vector<RailStatus> RailTable::status() const {
 }
 
 std::vector<size_t> RailTable::calibration_bytes() {
-  return {size_t{4096}, size_t{4096}, size_t{4096}, size_t{1} << 20, size_t{1} << 20, size_t{2} << 20};
+  return {size_t{4096}, size_t{4096}, size_t{4096}, size_t{512} << 10, size_t{1} << 20, size_t{2} << 20};
 }
 
 void add_probe_shares(Plan& plan, const std::vector<RailEstimate>& est, size_t count,

@@ -112,7 +112,9 @@ class RailTable {
   std::vector<RailStatus> status() const;
 
   // The payload sizes calibration runs on each rail before user traffic (alpha from the small
-  // ones, beta from the others: three samples per regime of the SplitRegimeModel).
+  // ones, beta and the bulk start-up from the others: three samples per regime of the
+  // SplitRegimeModel, the large ones a factor 4 apart so a ring's start-up can be told from its
+  // bandwidth where it matters, on fast rails and many ranks).
   static std::vector<size_t> calibration_bytes();
 
  private:

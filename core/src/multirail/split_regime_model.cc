@@ -23,8 +23,10 @@ RailEstimate SplitRegimeModel::estimate() const {
   RailEstimate e = large_.estimate();
   e.samples += small_samples_;
   if (!e.known()) return RailEstimate{0, 0, e.samples};
-  // The large-payload fit's own intercept is a poor alpha (it is extrapolated); prefer the
-  // measured small-payload time, which is what a latency-bound payload will actually see.
+  // The large-payload fit's intercept is what a bandwidth-bound share pays before its bytes move (a
+  // ring's 2(n-1) steps); a latency-bound payload runs another algorithm and sees the measured
+  // small-payload time instead. The planner needs both.
+  e.bulk_alpha_us = e.alpha_us;
   if (alpha_s_ >= 0) e.alpha_us = alpha_s_ * 1e6;
   return e;
 }

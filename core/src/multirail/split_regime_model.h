@@ -4,8 +4,9 @@
 // switch buffers or NIC coalescing let a small transfer through at line rate while a sustained one
 // runs at the provisioned rate; one fit over a few large and hundreds of small samples (a training
 // step has many small tensors) then reports the burst rate as the bandwidth and stripes large
-// payloads wrongly. So: alpha comes from small payloads (where it dominates), beta from large ones
-// (where bandwidth dominates), each adapting on its own.
+// payloads wrongly. So: alpha comes from small payloads (where it dominates), beta and the bulk
+// start-up (RailEstimate::bulk_alpha_us) from large ones (where bandwidth dominates), each adapting
+// on its own.
 #pragma once
 
 #include <cstddef>

@@ -16,8 +16,12 @@ namespace {
 RailEstimate est(double alpha_us, double beta_gbps) { return RailEstimate{alpha_us, beta_gbps, 100}; }
 RailEstimate unknown() { return RailEstimate{}; }
 
+// What a share that moves bandwidth pays before its bytes flow (planner.h: Prices).
+double bulk_start_s(const RailEstimate& e) { return std::max(e.alpha_us, e.bulk_alpha_us) * 1e-6; }
+
 double seconds_on(const RailEstimate& e, double bytes) {
-  return e.alpha_us * 1e-6 + bytes * 8 / (e.beta_gbps * 1e9);
+  const double start = bytes < double(kLatencyBoundBytes) ? e.alpha_us * 1e-6 : bulk_start_s(e);
+  return start + bytes * 8 / (e.beta_gbps * 1e9);
 }
 
 // Independent reference for the common finish time: bisection on T of sum max(0, (T - a) b) = bytes.
@@ -26,7 +30,7 @@ double reference_level(const std::vector<RailEstimate>& rails, const std::vector
   auto carried = [&](double t) {
     double sum = 0;
     for (size_t i = 0; i < rails.size(); ++i)
-      if (usable[i]) sum += std::max(0.0, (t - rails[i].alpha_us * 1e-6) * rails[i].beta_gbps * 1e9 / 8);
+      if (usable[i]) sum += std::max(0.0, (t - bulk_start_s(rails[i])) * rails[i].beta_gbps * 1e9 / 8);
     return sum;
   };
   double lo = 0, hi = 1;
@@ -210,14 +214,19 @@ TEST(StripingThreshold, EqualRailsWorkedExample) {
   EXPECT_NEAR(double(striping_threshold_bytes({est(50, 1), est(50, 1)}, {true, true})), expected, 1.0);
 }
 
-TEST(StripingThreshold, MatchesBruteForceReference) {
-  std::mt19937_64 rng(42);
-  std::uniform_real_distribution<double> alpha(0, 500), log_beta(-2, 2);
+// Random rails; with `bulk`, each also has a bulk start-up of up to 20x its latency (a ring at scale)
+// or below it (a token bucket's burst).
+void expect_threshold_matches_brute_force(uint64_t seed, bool bulk) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> alpha(0, 500), log_beta(-2, 2), bulk_factor(0, 20);
   std::uniform_int_distribution<int> n_rails(2, 5);
   for (int iter = 0; iter < 300; ++iter) {
     std::vector<RailEstimate> rails;
     int n = n_rails(rng);
-    for (int i = 0; i < n; ++i) rails.push_back(est(alpha(rng), std::pow(10.0, log_beta(rng))));
+    for (int i = 0; i < n; ++i) {
+      rails.push_back(est(alpha(rng), std::pow(10.0, log_beta(rng))));
+      if (bulk) rails.back().bulk_alpha_us = rails.back().alpha_us * bulk_factor(rng);
+    }
     std::vector<bool> usable(n, true);
     const size_t threshold = striping_threshold_bytes(rails, usable);
     SCOPED_TRACE("iteration " + std::to_string(iter));
@@ -233,6 +242,52 @@ TEST(StripingThreshold, MatchesBruteForceReference) {
       ASSERT_FALSE(reference_stripes(rails, usable, p)) << "stripes already at " << p << " B";
     }
   }
+}
+
+TEST(StripingThreshold, MatchesBruteForceReference) { expect_threshold_matches_brute_force(42, false); }
+
+TEST(StripingThreshold, MatchesBruteForceReferenceWithBulkStartUps) {
+  expect_threshold_matches_brute_force(43, true);
+}
+
+TEST(AmortizedRange, KeepsTheBulkStartUpAnEighthOfARange) {
+  RailEstimate rdma = est(40, 100);
+  EXPECT_EQ(amortized_range_bytes(rdma), 0u);  // no bulk start-up measured: no minimum
+  rdma.bulk_alpha_us = 1270;  // a ring over 128 ranks
+  const double range = double(amortized_range_bytes(rdma));
+  // start-up / (start-up + range / rate) = 1 / (1 + kRangeAmortization)
+  const double rate = 100e9 / 8, start = 1270e-6;
+  EXPECT_NEAR(start / (start + range / rate), 1 / (1 + kRangeAmortization), 1e-9);
+  EXPECT_EQ(amortized_range_bytes(unknown()), 0u);
+}
+
+TEST(PlanSplit, BandwidthBoundSharesPayTheBulkStartUp) {
+  // 32 ranks: RDMA 100 Gbit/s and TCP 25 Gbit/s, both ~40 us for a log-step payload, but a ring
+  // share pays 62 steps first (RDMA 0.6 ms, TCP 1.9 ms). 1 MB on RDMA alone takes ~0.68 ms: a TCP
+  // share could only finish after 1.9 ms, so it gets none. Priced with the latency alone the plan
+  // would have put ~20% of the payload on TCP.
+  std::vector<RailEstimate> rails{est(40, 100), est(45, 25)};
+  rails[0].bulk_alpha_us = 600;
+  rails[1].bulk_alpha_us = 1900;
+  PlanRequest req{1 << 18, 4, rails, {true, true}};
+  Plan plan = plan_split(req);
+  expect_well_formed(req, plan);
+  ASSERT_EQ(plan.shares.size(), 1u) << plan.why;
+  EXPECT_EQ(plan.shares[0].rail, 0) << plan.why;
+  // 64 MB is worth striping even so: both rails finish together after their bulk start-ups.
+  req.count = 16 << 20;
+  plan = plan_split(req);
+  expect_well_formed(req, plan);
+  ASSERT_EQ(plan.shares.size(), 2u) << plan.why;
+  const double level = reference_level(rails, req.usable, double(64 << 20));
+  for (const RailShare& sh : plan.shares)
+    EXPECT_NEAR(seconds_on(rails[sh.rail], double(sh.count) * 4), level, 2e-6) << "rail " << sh.rail;
+  // A latency-bound payload still goes on the lowest latency, whatever the bulk start-ups.
+  rails[1].alpha_us = 30;
+  req = PlanRequest{256, 4, rails, {true, true}};
+  plan = plan_split(req);
+  ASSERT_EQ(plan.shares.size(), 1u) << plan.why;
+  EXPECT_EQ(plan.shares[0].rail, 1) << plan.why;
 }
 
 TEST(PlanSplit, PropertiesHoldOverRandomRequests) {

@@ -26,6 +26,35 @@ TEST(SplitRegimeModel, ManySmallSamplesDoNotInflateTheBandwidthOfLargeOnes) {
   EXPECT_NEAR(e.alpha_us, 200, 20);     // what a tiny payload actually costs
 }
 
+TEST(SplitRegimeModel, BulkStartUpIsTheLargePayloadsInterceptNotTheLatency) {
+  // A ring over 32 ranks of 100 Gbit/s links: a 4 KB log-step costs 60 us, a bandwidth-bound ring
+  // pays 62 steps of 25 us (1.55 ms) before moving 2(n-1)/n of its bytes. The calibration's payloads
+  // (RailTable::calibration_bytes) are enough to tell the two apart.
+  auto ring_seconds = [](size_t bytes) { return 1.55e-3 + 2.0 * 31 / 32 * bytes * 8 / 100e9; };
+  SplitRegimeModel m;
+  for (int i = 0; i < 3; ++i) m.observe(4096, 60e-6);
+  for (size_t b : {size_t{512} << 10, size_t{1} << 20, size_t{2} << 20}) m.observe(b, ring_seconds(b));
+  const RailEstimate e = m.estimate();
+  ASSERT_TRUE(e.known());
+  EXPECT_NEAR(e.alpha_us, 60, 1);
+  EXPECT_NEAR(e.bulk_alpha_us, 1550, 30);
+  EXPECT_NEAR(e.beta_gbps, 100 * 32 / 62.0, 1);
+}
+
+TEST(SplitRegimeModel, BulkStartUpStaysZeroWhileTheLargePayloadsCannotSeparateIt) {
+  // 4 ranks of 1 Gbit/s: 120 us of ring steps are lost in 1-2 MB transfers of 10-30 ms (timing
+  // noise is assumed at 10% until measured), so the fit keeps alpha = 0 and the effective rate.
+  auto ring_seconds = [](size_t bytes) { return 120e-6 + 1.5 * bytes * 8 / 1e9; };
+  SplitRegimeModel m;
+  for (int i = 0; i < 3; ++i) m.observe(4096, 80e-6);
+  for (size_t b : {size_t{512} << 10, size_t{1} << 20, size_t{2} << 20}) m.observe(b, ring_seconds(b));
+  const RailEstimate e = m.estimate();
+  ASSERT_TRUE(e.known());
+  EXPECT_EQ(e.bulk_alpha_us, 0);
+  EXPECT_NEAR(e.alpha_us, 80, 1);
+  EXPECT_NEAR(e.beta_gbps, 1 / 1.5, 0.02);
+}
+
 TEST(SplitRegimeModel, UnknownUntilLargePayloadsWereSeen) {
   SplitRegimeModel m;
   for (int i = 0; i < 10; ++i) m.observe(4096, 100e-6);
