@@ -151,9 +151,9 @@ void Engine::wire_components(const std::vector<std::vector<std::string>>& addrs_
   std::vector<transport::Rail*> rails;
   for (auto& r : rails_) rails.push_back(r.get());
 
-  // The failover controller reaches the executor and the negotiator only through these closures;
-  // both exist before the loop starts, the only thread that calls them (rail workers report
-  // through report(), which only queues).
+  // The failover controller reaches the executor and the negotiator only through these closures.
+  // executor_ is set below and negotiator_ in make_negotiator(), both before the loop starts; until
+  // then nothing calls them (rail workers only queue reports, which the loop takes).
   RailWork work;
   work.completed = [this] { return executor_->completed(); };
   work.running = [this](int rail) { return executor_->running(rail); };
