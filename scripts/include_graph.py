@@ -10,6 +10,11 @@ Engine class that composes the folders (engine.h, engine_internal.h, engine*.cc)
 node they always form a circle with any folder that names a shared type; --engine-apart counts the
 Engine's top-level files as a node of their own, "Engine", which is the view where one-way
 includes mean: shared types <- execution, failover, negotiation <- Engine.
+
+With --engine-apart it also checks the layering itself, not only the absence of circles: each node
+may include only the nodes ALLOWED names (nothing upward, no component including engine.h or
+engine_internal.h, no component reaching into another's folder unless listed), and exits 1 naming
+every file edge that breaks it.
 """
 import argparse
 import pathlib
@@ -17,6 +22,16 @@ import re
 import sys
 
 ENGINE = pathlib.Path(__file__).resolve().parent.parent / "core" / "src" / "engine"
+# Which nodes each node may include (besides itself), in the --engine-apart view. The components
+# (negotiation, failover, execution) meet only through the interfaces the Engine wires; the rail
+# watchdog lives with failover but is the executor's tool, hence execution -> failover.
+ALLOWED = {
+    ".": set(),
+    "negotiation": {"."},
+    "failover": {"."},
+    "execution": {".", "failover"},
+    "Engine": {".", "negotiation", "failover", "execution"},
+}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"engine/([^"]+)"', re.M)
 
 
@@ -88,7 +103,18 @@ def main():
         for src, dst in edges:
             if node(src) != node(dst):
                 print(f"  {src} -> {dst}")
-    return 1 if found else 0
+    bad = []
+    if args.engine_apart:
+        for src, dst in edges:
+            a, b = node(src), node(dst)
+            if a != b and b not in ALLOWED.get(a, set()):
+                why = ("a component includes the Engine" if b == "Engine"
+                       else f"{a} may include only {sorted(ALLOWED.get(a, set())) or 'nothing'}")
+                bad.append(f"  {src} -> {dst} ({why})")
+        print("\nincludes against the layering:" + ("" if bad else " none"))
+        for line in bad:
+            print(line)
+    return 1 if found or bad else 0
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ class SimJob:
 
     # -- the engine's decisions ---------------------------------------------------------------
     def calibrate(self) -> None:
-        """engine_execution.cc: each rail runs the calibration payloads alone before user traffic."""
+        """Engine::calibrate_rails (engine_rails.cc): each rail runs the calibration payloads alone before user traffic."""
         for rail in range(len(self.rails)):
             if not self.rails[rail].point_to_point:
                 continue  # an aggregation rail has no ring to calibrate: its model learns in use

@@ -1,3 +1,4 @@
+// Engine: construction, wiring the components (engine.h lists them), submitting, shutting down.
 #include "engine/engine.h"
 #include "transport/collective_rail.h"
 
@@ -15,7 +16,6 @@
 #include "common/knobs.h"
 #include "common/logging.h"
 #include "engine/engine_internal.h"
-#include "engine/negotiation/control_inline.h"
 #include "engine/negotiation/message_codec.h"
 
 namespace nezha::engine {
@@ -83,14 +83,6 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
     described.push_back(std::move(d));
   }
   rail_table_ = std::make_unique<multirail::RailTable>(std::move(described), cost_opt);
-  failure_reported_.assign(rails_.size(), false);
-  CacheRoundsOptions ro;
-  ro.rank = config_.rank;
-  ro.size = config_.size;
-  ro.enabled = config_.cache_rounds;
-  ro.fusion_threshold = config_.fusion_threshold;
-  ro.unfused_bytes = config_.unfused_bytes;
-  rounds_ = std::make_unique<CacheRounds>(ro);
   std::vector<std::string> rail_names;
   for (const auto& r : rails_) rail_names.push_back(r->properties().name);
   timeline_.open(config_.timeline_path, config_.rank, rail_names);
@@ -145,8 +137,48 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   control_->connect_all(control_columns, deadline);
   for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect(column(rails_.size() + i), deadline);
   refuse_partial_host_rails();
-  addrs_by_rank_ = addrs_by_rank;
+  wire_components(addrs_by_rank);
+  calibrate_rails();
+  // After calibration: the negotiator's liveness clocks start with the loop.
+  make_negotiator();
+  if (config_.size > 1 && epoll_add_readable(loop_epoll_, control_->watch_fd()) != 0)
+    throw NezhaError(std::string("the engine loop's epoll set: ") + std::strerror(errno));
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::wire_components(const std::vector<std::vector<std::string>>& addrs_by_rank) {
   const bool failover = failover_needed();
+  std::vector<transport::Rail*> rails;
+  for (auto& r : rails_) rails.push_back(r.get());
+
+  // The failover controller reaches the executor and the negotiator only through these closures.
+  // executor_ is set below and negotiator_ in make_negotiator(), both before the loop starts; until
+  // then nothing calls them (rail workers only queue reports, which the loop takes).
+  RailWork work;
+  work.completed = [this] { return executor_->completed(); };
+  work.running = [this](int rail) { return executor_->running(rail); };
+  work.post_task = [this](int rail, std::function<void()> task) { executor_->post_task(rail, std::move(task)); };
+  work.post_probe = [this](int rail, size_t bytes, std::function<void()> prepare,
+                           std::function<void(const std::string&)> done) {
+    executor_->post_probe(rail, bytes, std::move(prepare), std::move(done));
+  };
+  work.redo = [this](int rail, uint64_t first, int target) { executor_->redo(rail, first, target); };
+  FailoverLinks flinks;
+  flinks.avoid_path = [this](int rail, bool avoid) { control_->avoid_path(rail, avoid); };
+  flinks.send_to_coordinator = [this](std::vector<RailEvent> e) { negotiator_->send_rail_events(std::move(e)); };
+  flinks.broadcast_in_order = [this](std::vector<RailEvent> e) { negotiator_->broadcast_in_order(std::move(e)); };
+  flinks.wake = [this] { wake(); };
+  FailoverOptions fo;
+  fo.rank = config_.rank;
+  fo.size = config_.size;
+  fo.enabled = failover;
+  fo.health.initial_backoff = std::chrono::milliseconds(static_cast<int64_t>(config_.rail_probe_backoff_s * 1000));
+  fo.health.max_backoff = std::chrono::milliseconds(static_cast<int64_t>(config_.rail_probe_backoff_max_s * 1000));
+  for (const auto& r : rails_) fo.redo_targets.push_back(r->properties().point_to_point);
+  for (const auto& addrs : addrs_by_rank)  // [control paths..., data rails...]: the data rails'
+    fo.rail_addrs_by_rank.emplace_back(addrs.begin() + static_cast<std::ptrdiff_t>(rails_.size()), addrs.end());
+  failover_ = std::make_unique<FailoverController>(std::move(fo), rails, *rail_table_, std::move(work),
+                                                   std::move(flinks));
 
   ExecutorOptions eo;
   eo.rank = config_.rank;
@@ -163,11 +195,9 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
     hooks.on_rail_error = [this](int rail, const std::string& what, bool stalled, uint64_t seq) {
       // A stalled rail is not aborted here: rank 0 decides (a stall can be a late peer, or the echo
       // of another rail's failure on a slower rank), and kDown aborts it everywhere.
-      report_rail_event({RailEventKind::kFailed, rail, -1, stalled ? seq + 1 : 0u, what});
+      failover_->report({RailEventKind::kFailed, rail, -1, stalled ? seq + 1 : 0u, what});
     };
   }
-  std::vector<transport::Rail*> rails;
-  for (auto& r : rails_) rails.push_back(r.get());
   // Rail workers report each share's time to the rail table (the cost models) themselves; the
   // observer only feeds the timeline.
   executor_ = std::make_unique<Executor>(
@@ -177,37 +207,40 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
       },
       std::move(hooks));
   executor_->use_hierarchical(hierarchical_);
-  if (config_.rank == 0) {
-    CoordinatorOptions co;
-    co.size = config_.size;
-    co.fusion_threshold = config_.fusion_threshold;
-    co.unfused_bytes = config_.unfused_bytes;
-    co.cycle_time_s = config_.cycle_time_ms / 1000.0;
-    co.stall_check_s = config_.stall_check_s;
-    co.stall_shutdown_s = config_.stall_shutdown_s;
-    co.process_sets = process_sets_.get();
-    coordinator_ = std::make_unique<Coordinator>(co);
-    if (failover) {
-      multirail::RailHealthOptions ho;
-      ho.initial_backoff = std::chrono::milliseconds(static_cast<int64_t>(config_.rail_probe_backoff_s * 1000));
-      ho.max_backoff = std::chrono::milliseconds(static_cast<int64_t>(config_.rail_probe_backoff_max_s * 1000));
-      std::vector<std::string> names;
-      for (const auto& r : rails_) names.push_back(r->properties().name);
-      failover_ = std::make_unique<RailFailover>(config_.size, names, ho);
-      std::vector<bool> redo_targets;
-      for (const auto& r : rails_) redo_targets.push_back(r->properties().point_to_point);
-      failover_->set_redo_targets(std::move(redo_targets));
-      completed_by_rank_.assign(config_.size, std::vector<uint64_t>(rails_.size(), 0));
-    }
-  }
-  peer_shutdown_.assign(config_.size, false);
-  calibrate_rails();
-  last_heard_.assign(config_.size, Clock::now());
-  path_switched_at_.assign(config_.size, Clock::time_point{});
-  last_sent_ = Clock::now();
-  if (config_.size > 1 && epoll_add_readable(loop_epoll_, control_->watch_fd()) != 0)
-    throw NezhaError(std::string("the engine loop's epoll set: ") + std::strerror(errno));
-  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::make_negotiator() {
+  NegotiatorOptions no;
+  no.rank = config_.rank;
+  no.size = config_.size;
+  no.timeout_s = config_.timeout_s;
+  no.stall_check_s = config_.stall_check_s;
+  no.control_inline_bytes = config_.control_inline_bytes;
+  for (const auto& r : rails_) no.rail_names.push_back(r->properties().name);
+  no.coordinator.size = config_.size;
+  no.coordinator.fusion_threshold = config_.fusion_threshold;
+  no.coordinator.unfused_bytes = config_.unfused_bytes;
+  no.coordinator.cycle_time_s = config_.cycle_time_ms / 1000.0;
+  no.coordinator.stall_check_s = config_.stall_check_s;
+  no.coordinator.stall_shutdown_s = config_.stall_shutdown_s;
+  no.coordinator.process_sets = process_sets_.get();
+  no.rounds.rank = config_.rank;
+  no.rounds.size = config_.size;
+  no.rounds.enabled = config_.cache_rounds;
+  no.rounds.fusion_threshold = config_.fusion_threshold;
+  no.rounds.unfused_bytes = config_.unfused_bytes;
+  NegotiatorLinks nlinks;
+  nlinks.execute = [this](const Response& r, std::vector<TensorEntry> e) { executor_->execute(r, std::move(e)); };
+  nlinks.skip = [this](const Response& r) { executor_->skip(r); };
+  nlinks.trim = [this](const std::vector<uint64_t>& w) { executor_->trim(w); };
+  nlinks.completed = [this] { return failover_->completed_if_enabled(); };
+  nlinks.watermark = [this] { return failover_->watermark(); };
+  nlinks.completed_from = [this](int rank, const std::vector<uint64_t>& c) { failover_->on_completed_from(rank, c); };
+  nlinks.rail_events_from = [this](int rank, const std::vector<RailEvent>& e) { failover_->on_events_from(rank, e); };
+  nlinks.apply_rail_event = [this](const RailEvent& e) { failover_->apply(e); };
+  nlinks.fail = [this](const std::string& reason) { fail_everything(reason); };
+  negotiator_ = std::make_unique<Negotiator>(std::move(no), *control_, *rail_table_, submissions_, *process_sets_,
+                                             timeline_, std::move(nlinks));
 }
 
 void Engine::refuse_partial_host_rails() const {
@@ -263,30 +296,12 @@ std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEnt
     }
     entry.req.check_scaling();
   }
-  std::vector<std::shared_ptr<OpHandle>> handles;
   std::vector<std::string> names;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!failure_.empty()) throw NezhaError(failure_);
-    if (shutdown_requested_) throw InvalidArgument("nezha has been shut down");
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const std::string& name = entries[i].req.name;
-      bool repeated = in_flight_.count(name) > 0;
-      for (size_t j = 0; j < i && !repeated; ++j) repeated = entries[j].req.name == name;
-      if (repeated)
-        throw InvalidArgument("tensor name '" + name +
-                              "' is already in flight; wait for it before reusing the name");
-    }
-    for (auto& entry : entries) {
-      entry.handle = std::make_shared<OpHandle>();
-      handles.push_back(entry.handle);
-      std::string name = entry.req.name;
-      if (lead_s > 0) names.push_back(name);
-      in_flight_.emplace(name, std::move(entry));
-      new_names_.push_back(name);
-      timeline_.negotiation_started(name);
-    }
-  }
+  std::vector<std::shared_ptr<OpHandle>> handles =
+      submissions_.add(std::move(entries), [&](const std::string& name) {
+        if (lead_s > 0) names.push_back(name);
+        timeline_.negotiation_started(name);
+      });
   if (lead_s > 0 && config_.size > 1)
     lead(handles, names, lead_s);
   else
@@ -297,13 +312,7 @@ std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEnt
 int32_t Engine::add_process_set(std::vector<int> ranks) { return process_sets_->add(std::move(ranks)); }
 
 bool Engine::remove_process_set(int32_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::string busy;
-  for (const auto& [name, entry] : in_flight_)
-    if (entry.req.process_set == id && id != 0) busy += (busy.empty() ? "'" : ", '") + name + "'";
-  if (!busy.empty())
-    throw InvalidArgument("process set " + std::to_string(id) + " still has tensors in flight: " + busy);
-  return process_sets_->remove(id);
+  return submissions_.remove_set_if_idle(id, [&] { return process_sets_->remove(id); });
 }
 
 std::vector<int> Engine::process_set_ranks(int32_t id) const {
@@ -314,10 +323,7 @@ std::vector<int> Engine::process_set_ranks(int32_t id) const {
 
 void Engine::shutdown() {
   if (!thread_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    shutdown_requested_ = true;
-  }
+  submissions_.request_shutdown();
   wake();
   thread_.join();
   if (executor_) {
@@ -325,10 +331,7 @@ void Engine::shutdown() {
     // A share lost as the rails closed is never redone now: fail it rather than leave it pending.
     executor_->fail_all("nezha shut down before it finished");
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [name, e] : in_flight_)
-    if (e.handle) e.handle->complete("nezha shut down before tensor '" + name + "' was processed");
-  in_flight_.clear();
+  submissions_.close();
   control_->close();
   for (auto& r : rails_) r->close();
   timeline_.close();
@@ -336,12 +339,7 @@ void Engine::shutdown() {
 
 void Engine::fail_everything(const std::string& reason) {
   NZ_LOG(Error) << rank_prefix(config_.rank) << reason;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (failure_.empty()) failure_ = reason;
-  for (auto& [name, e] : in_flight_)
-    if (e.handle) e.handle->complete("tensor '" + name + "': " + reason);
-  in_flight_.clear();
-  new_names_.clear();
+  submissions_.fail_all(reason);
   if (executor_) executor_->fail_all(reason);
   control_->abort(reason);
   for (auto& r : rails_) r->abort(reason);
@@ -349,12 +347,15 @@ void Engine::fail_everything(const std::string& reason) {
 
 EngineStats Engine::stats() const {
   EngineStats s;
-  s.tensors_via_rounds = tensors_via_rounds_;
-  s.tensors_via_coordinator = tensors_via_coordinator_;
-  s.tensors_done_by_coordinator = tensors_done_by_coordinator_;
-  s.operations_on_rails = operations_on_rails_;
-  s.requests_to_coordinator = requests_to_coordinator_;
-  s.rounds = rounds_completed_;
+  if (negotiator_) {  // set once, in connect_and_start()
+    const NegotiatorStats n = negotiator_->stats();
+    s.tensors_via_rounds = n.tensors_via_rounds;
+    s.tensors_via_coordinator = n.tensors_via_coordinator;
+    s.tensors_done_by_coordinator = n.tensors_done_by_coordinator;
+    s.operations_on_rails = n.operations_on_rails;
+    s.requests_to_coordinator = n.requests_to_coordinator;
+    s.rounds = n.rounds;
+  }
   s.callers_led = leads_;
   if (executor_) s.bytes_staged = executor_->bytes_staged();  // set once, in connect_and_start()
   return s;

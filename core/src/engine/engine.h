@@ -1,13 +1,18 @@
-// The per-process engine: owns the rails, the background thread and the executor. No globals: tests
-// run several engines (ranks) in one process.
+// The per-process engine: the composition root. It builds the rails, the control channel and the
+// rail table, constructs the components, wires them to each other, owns their lifetimes, and runs
+// the background loop. No globals: tests run several engines (ranks) in one process.
 //
-// Where things are (the engine's rooms):
-//   engine.cc, engine_loop.cc     lifecycle (build rails, connect, submit, shut down) and the loop
-//   negotiation/                  rank 0's coordinator, the control channel and its codec, cache
-//                                 rounds, small collectives done inside negotiation
-//   execution/                    the executor, its per-rail workers, buffers
-//   failover/                     rail failover and re-admission, the rail watchdog
-//   ../multirail/rail_table.h     per-rail cost models, states and shares; the one planner entry
+// The components, each behind its own header, meet only through what the engine wires:
+//   Submissions (submissions.h)       the tensors callers submitted and the engine has not executed
+//   Negotiator (negotiation/negotiator.h)  routing, rank 0's coordinator and dispatch, the ordered
+//                                     response stream, cache rounds, heartbeats and liveness
+//   FailoverController (failover/failover_controller.h)  rail events, the completed watermark,
+//                                     RailFailover's decisions, re-admission
+//   Executor (execution/executor.h)   runs agreed operations on the rails' workers
+//   ../multirail/rail_table.h         per-rail cost models, states and shares; the one planner entry
+// Files: engine.cc (construction, wiring, submit, shut down), engine_loop.cc (the loop and leading
+// it), engine_rails.cc (building and calibrating the rails). Includes run one way: the shared types
+// at the top level <- the component folders <- these files (scripts/include_graph.py checks it).
 //
 // Why the background loop looks the way it does:
 //  1. Callers submit from any thread and must never block on the network: enqueue() only appends
@@ -41,15 +46,14 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/negotiation/cache_rounds.h"
-#include "engine/negotiation/control_channel.h"
-#include "engine/negotiation/coordinator.h"
 #include "engine/execution/executor.h"
-#include "engine/negotiation/message_codec.h"
+#include "engine/failover/failover_controller.h"
 #include "engine/handle.h"
+#include "engine/negotiation/control_channel.h"
+#include "engine/negotiation/negotiator.h"
 #include "engine/process_sets.h"
-#include "engine/failover/rail_failover.h"
 #include "engine/request.h"
+#include "engine/submissions.h"
 #include "engine/timeline.h"
 #include "multirail/cost_model.h"
 #include "multirail/rail_table.h"
@@ -185,60 +189,32 @@ class Engine {
   void lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const std::vector<std::string>& names,
             double lead_s);
   void build_rails();  // engine_rails.cc
+  void calibrate_rails();  // engine_rails.cc
   void refuse_partial_host_rails() const;  // see connect_and_start()
-  void forward_new_work();  // route_new_work, then pump_rounds
-  void route_new_work();    // cached allreduces to the rounds, the rest to rank 0
-  void send_requests(RequestList list, bool send_shutdown);
-  void on_control_message(int peer, const std::string& payload);
-  void dispatch(std::vector<Response> responses);
-  // Rank 0: sends `list` (with the watermark) to every worker and executes it here, at the same
-  // point of the ordered stream.
-  void send_in_order(ResponseList list);
-  std::vector<multirail::RailEstimate> current_estimates() const;
-  void execute_locally(const ResponseList& list, bool from_round = false);
-  // A response rank 0 reduced already: copies its result to the tensors' outputs.
-  void complete_inline(const Response& resp, std::vector<TensorEntry>& entries);
-  // Cache rounds (cache_rounds.h): send due vectors, execute what the total order allows.
-  void pump_rounds();
-  void execute_round(RoundOutcome& outcome);
-  void send_round(const RoundMessage& msg);
-  bool control_loss_expected(int peer) const;
-  void warn_round_stalls(Clock::time_point now);
+  // connect_and_start(): the failover controller and the executor, then (after calibration) the
+  // negotiator, each wired to the others through closures over these members.
+  void wire_components(const std::vector<std::vector<std::string>>& addrs_by_rank);
+  void make_negotiator();
   void fail_everything(const std::string& reason);
   void wake();
-  // Negotiation's plan of one response (rank 0): the rail table's, from rank 0's own models.
-  std::vector<multirail::RailShare> plan_for(const Response& r);
-  void calibrate_rails();
-
-  // Rail failover (engine_failover.cc; protocol in failover/rail_failover.h).
-  void report_rail_event(RailEvent event);  // any thread: queue for the loop, which sends it
-  void handle_local_rail_events();
-  void on_rail_events_from(int rank, const std::vector<RailEvent>& events);  // rank 0
-  void apply_rail_event(const RailEvent& e);  // every rank, in stream order
-  void broadcast_rail_events(std::vector<RailEvent> events);  // rank 0
-  void apply_decision(RailFailover::Decision d);  // rank 0
-  std::vector<bool> usable_rails() const;  // in stream order
-  std::vector<uint64_t> watermark() const;  // rank 0
   bool failover_needed() const { return config_.rail_failover && rails_.size() > 1 && config_.size > 1; }
 
   EngineConfig config_;
-  std::unique_ptr<ProcessSetTable> process_sets_;  // read by the coordinator and the executor
+  std::unique_ptr<ProcessSetTable> process_sets_;  // read by the negotiator and the executor
   std::unique_ptr<ControlChannel> control_;
   std::vector<std::unique_ptr<transport::Rail>> rails_;  // built by transport::make_rail()
   std::vector<transport::HierarchicalRail*> hierarchical_;  // per rail: rails_[i] with a host lane, or null
+  // Per rail: cost models, states, shares, shared estimates, probe counters (rail_table.h). Rail
+  // workers report to it; the negotiator plans with it; failover sets the rails' states.
+  std::unique_ptr<multirail::RailTable> rail_table_;
+  Timeline timeline_;
+  Submissions submissions_;  // shared between callers and the loop
+  // Built in connect_and_start(); destroyed in reverse: the executor's workers (which report to
+  // the failover controller) first.
+  std::unique_ptr<FailoverController> failover_;
+  std::unique_ptr<Negotiator> negotiator_;
   std::unique_ptr<Executor> executor_;
-  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
-  std::unique_ptr<RailFailover> failover_;    // rank 0 only, with several rails
-  std::vector<std::vector<std::string>> addrs_by_rank_;
   int wake_fd_ = -1;
-
-  // Shared between callers and the loop.
-  std::mutex mu_;
-  std::deque<std::string> new_names_;                         // submitted, not yet forwarded
-  std::unordered_map<std::string, TensorEntry> in_flight_;   // submitted, not yet executed
-  bool shutdown_requested_ = false;
-  std::string failure_;                                       // set once the engine is unusable
-  std::vector<RailEvent> local_rail_events_;                  // from workers, for the loop to send
 
   // The loop's: under loop_mu_, held by whichever thread runs the loop (the loop thread, or a
   // caller leading it: point 5); the loop thread drops it only while it waits.
@@ -247,31 +223,8 @@ class Engine {
   std::atomic<uint64_t> leads_{0};  // times a caller led the loop (changed under loop_mu_)
   Clock::time_point loop_sleeps_until_{};  // the loop thread's current wait ends by then
   std::optional<Clock::time_point> shutdown_deadline_;
-  std::unique_ptr<CacheRounds> rounds_;  // the response cache and the cache rounds
-  std::vector<Response> held_dispatch_;  // rank 0: responses waiting behind a join (cache_rounds.h)
-  bool pumping_ = false;
-  std::vector<bool> peer_shutdown_;
-  std::vector<Clock::time_point> last_heard_;  // per peer: last control message (heartbeats too)
-  std::vector<Clock::time_point> path_switched_at_;  // per peer: last_heard_ when we last switched
-  std::vector<std::vector<uint64_t>> completed_by_rank_;  // rank 0: each rank's last report
-  std::vector<bool> failure_reported_;  // per rail: this rank already reported it failed
-  Clock::time_point last_sent_;                // last control message this rank sent
-  void send_heartbeats(Clock::time_point now);
-  void check_liveness(Clock::time_point now);
-  void send_notices(std::vector<std::string> notices);  // rank 0: stall warnings to every rank
-  void broadcast_fatal(const std::string& reason);
-  bool shutdown_sent_ = false;
   std::atomic<bool> finished_{false};
   std::thread thread_;
-
-  // Per rail: cost models, states, shares, shared estimates, probe counters (rail_table.h). Rail
-  // workers report to it; negotiation (plan_for) and cache rounds (execute_round) plan with it.
-  std::unique_ptr<multirail::RailTable> rail_table_;
-  bool last_plan_striped_ = false;  // rank 0: for cold/hot transition logs
-  std::atomic<uint64_t> tensors_via_rounds_{0}, tensors_via_coordinator_{0}, tensors_done_by_coordinator_{0};
-  std::atomic<uint64_t> operations_on_rails_{0};
-  std::atomic<uint64_t> requests_to_coordinator_{0}, rounds_completed_{0};
-  Timeline timeline_;                       // rank 0: large ops since a rail's last share
 };
 
 }  // namespace nezha::engine
