@@ -16,6 +16,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
+from nezha._core import planner
+
 from .engine import SimJob
 
 
@@ -100,7 +102,9 @@ def step(job: SimJob, spec: ModelSpec, compute_s: float) -> float:
     while pending:
         free = max(free, pending[0][0])
         ready = [x for x in pending if x[0] <= free]
-        big = [x for x in ready if p.unfused_bytes and x[1] >= p.unfused_bytes]
+        # Fusion's unfused threshold as rank 0 scales it to its rails' estimates.
+        unfused = planner.scaled_unfused_bytes(p.unfused_bytes, job.table.estimates())
+        big = [x for x in ready if unfused and x[1] >= unfused]
         if big:
             op = [big[0]]
         else:

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "engine/execution/share_balancer.h"
+#include "engine/request.h"
 #include "multirail/planner.h"
 #include "multirail/rail_health.h"
 #include "multirail/rail_table.h"
@@ -91,6 +92,8 @@ void bind_planner(py::module_& parent) {
         "Smallest payload striping is predicted to pay for (planner.h); 2**64-1 if never.");
   m.def("amortized_range_bytes", &multirail::amortized_range_bytes, py::arg("estimate"),
         "Smallest balanced range whose bulk start-up stays a small part of its time (planner.h).");
+  m.def("scaled_unfused_bytes", &engine::scaled_unfused_bytes, py::arg("unfused_bytes"), py::arg("estimates"),
+        "The unfused threshold rank 0's fusion uses given the rails' estimates (engine/request.h).");
   m.def("calibration_bytes", &multirail::RailTable::calibration_bytes,
         "The payloads the engine's calibration runs on each rail at init, in order.");
   m.attr("BALANCE_MIN_RANGES") = engine::kBalanceMinRanges;

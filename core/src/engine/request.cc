@@ -1,5 +1,6 @@
 #include "engine/request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -78,6 +79,14 @@ int64_t Request::row_elements() const {
   int64_t n = 1;
   for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
   return n;
+}
+
+size_t scaled_unfused_bytes(size_t unfused_bytes, const std::vector<multirail::RailEstimate>& estimates) {
+  if (unfused_bytes == 0) return 0;
+  const multirail::RailEstimate* fastest = nullptr;
+  for (const auto& e : estimates)
+    if (e.known() && (!fastest || e.beta_gbps > fastest->beta_gbps)) fastest = &e;
+  return fastest ? std::max(unfused_bytes, multirail::amortized_range_bytes(*fastest)) : unfused_bytes;
 }
 
 }  // namespace nezha::engine

@@ -133,4 +133,12 @@ inline bool runs_unfused(size_t bytes, size_t unfused_bytes) {
   return unfused_bytes > 0 && bytes >= unfused_bytes;
 }
 
+// The unfused threshold as the rails allow it: a lone operation pays the rail's bulk start-up (a
+// ring's 2(n-1) steps) once more, which on a few ranks is far below a fused buffer's copies and on
+// hundreds of ranks far above them. So operations run alone from max(unfused_bytes, the highest-
+// bandwidth rail's amortized_range_bytes) on, where that start-up is at most an eighth of their
+// time. `estimates`: rank 0's (for a cache round, the round's: the same on every rank); none
+// known: unfused_bytes. 0 (fuse any size) stays 0.
+size_t scaled_unfused_bytes(size_t unfused_bytes, const std::vector<multirail::RailEstimate>& estimates);
+
 }  // namespace nezha::engine

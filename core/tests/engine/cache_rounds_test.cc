@@ -50,6 +50,7 @@ class Net {
     }
     done_.resize(size);
   }
+  std::vector<multirail::RailEstimate> estimates;  // what rank 0 sends with its vectors
   int size() const { return static_cast<int>(ranks_.size()); }
   CacheRounds& operator[](int r) { return ranks_[r]; }
 
@@ -70,7 +71,7 @@ class Net {
   void pump(int rank) {
     for (;;) {
       if (ranks_[rank].round_due()) {
-        RoundMessage m = ranks_[rank].start_round(now_, {});
+        RoundMessage m = ranks_[rank].start_round(now_, estimates);
         ++messages_;
         std::string bytes = encode(m);  // through the codec, as on the wire
         for (int p = 0; p < size(); ++p)
@@ -212,6 +213,21 @@ TEST(CacheRoundsTest, TensorsOfAtLeastUnfusedBytesRunAloneAsTheCoordinatorDecide
     for (const char* n : {"a", "b", "big", "c", "d"}) net.submit(r, n);
   net.run();
   EXPECT_EQ(net.executed(0), "a+b|big|c+d");
+  EXPECT_EQ(net.executed(1), net.executed(0));
+}
+
+TEST(CacheRoundsTest, RankZerosEstimatesScaleTheUnfusedThresholdOnEveryRank) {
+  // The round's estimates say a lone operation pays 8 x 25 us x 0.1 Gbit/s = 2500 B of start-up:
+  // "big" (64 B, at unfused_bytes) is fused after all, on both ranks alike.
+  Net net(2, /*fusion_threshold=*/1024, /*seed=*/1, /*unfused_bytes=*/64);
+  net.estimates = {multirail::RailEstimate{5, 0.1, 10, 25}};
+  net.cache("a", 4, 0);
+  net.cache("big", 16, 1);
+  net.cache("c", 4, 2);
+  for (int r = 0; r < 2; ++r)
+    for (const char* n : {"a", "big", "c"}) net.submit(r, n);
+  net.run();
+  EXPECT_EQ(net.executed(0), "a+big+c");
   EXPECT_EQ(net.executed(1), net.executed(0));
 }
 

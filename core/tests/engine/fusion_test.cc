@@ -123,6 +123,33 @@ TEST(FusionTest, LargeTensorsRunAloneAndTheThresholdHolds) {
   EXPECT_EQ(names_of(c.take_ready(t0)), (Names{{"a", "b"}, {"c"}, {"d", "e"}, {"f"}}));
 }
 
+TEST(FusionTest, UnfusedThresholdGrowsWithTheFastestRailsBulkStartUp) {
+  // amortized_range_bytes = kRangeAmortization x bulk start-up x rate: 8 x 2 ms x 1 Gbit/s = 2 MB.
+  multirail::RailEstimate slow{50, 1, 10, 2000}, fast{20, 10, 10, 200};
+  EXPECT_EQ(scaled_unfused_bytes(1 << 20, {}), size_t{1} << 20);     // nothing known
+  EXPECT_EQ(scaled_unfused_bytes(1 << 20, {slow}), size_t{2000000});  // 8 x 2e-3 s x 1.25e8 B/s
+  EXPECT_EQ(scaled_unfused_bytes(0, {slow}), 0u);                     // fusion of any size stays
+  // The fastest rail decides (8 x 0.2 ms x 10 Gbit/s = 2 MB as well, from the other rail here).
+  fast.bulk_alpha_us = 100;
+  EXPECT_EQ(scaled_unfused_bytes(1 << 20, {slow, fast}), size_t{1} << 20);
+  fast.bulk_alpha_us = 400;
+  EXPECT_EQ(scaled_unfused_bytes(1 << 20, {slow, fast}), size_t{4000000});
+  EXPECT_EQ(scaled_unfused_bytes(1 << 20, {slow, multirail::RailEstimate{}}), size_t{2000000});
+
+  // The coordinator fuses what the rails' start-up makes worth fusing: 256 B alone at first, fused
+  // once rank 0's estimates say a lone operation pays 8 x 25 us x 0.1 Gbit/s = 2500 B of start-up.
+  CoordinatorOptions o = options(2, /*unfused_bytes=*/256);
+  Coordinator c(o);
+  const std::vector<Request> reqs = {request(OpType::kAllreduce, "a", {64}), request(OpType::kAllreduce, "b", {64})};
+  c.submit(0, reqs, t0);
+  c.submit(1, reqs, t0);
+  EXPECT_EQ(names_of(c.take_ready(t0)), (Names{{"a"}, {"b"}}));
+  c.set_rail_estimates({multirail::RailEstimate{5, 0.1, 10, 25}});
+  c.submit(0, reqs, t0);
+  c.submit(1, reqs, t0);
+  EXPECT_EQ(names_of(c.take_ready(t0)), (Names{{"a", "b"}}));
+}
+
 TEST(FusionTest, ProcessSetsFuseOnlyTheirOwnTensors) {
   ProcessSetTable sets(3);
   const int32_t set = sets.add({0, 2});

@@ -215,20 +215,23 @@ RoundOutcome CacheRounds::complete_round() {
       p->second.missing = std::move(missing);
     }
   }
-  out.ops = fuse(ready);
+  out.ops = fuse(ready, out.estimates);
   return out;
 }
 
-std::vector<Response> CacheRounds::fuse(const std::vector<int32_t>& ids) const {
+std::vector<Response> CacheRounds::fuse(const std::vector<int32_t>& ids,
+                                        const std::vector<multirail::RailEstimate>& estimates) const {
   // Mirrors Coordinator::fuse: consecutive allreduces of the same dtype/op/scales up to the
-  // fusion threshold; a tensor larger than the threshold, or of at least unfused_bytes, runs alone.
+  // fusion threshold; a tensor larger than the threshold, or of at least unfused_bytes (as the
+  // rails scale it), runs alone.
+  const size_t unfused_bytes = scaled_unfused_bytes(opt_.unfused_bytes, estimates);
   std::vector<Response> out;
   size_t out_bytes = 0;
   bool last_alone = false;
   for (int32_t id : ids) {
     const Entry& e = by_id_.at(id);
     size_t bytes = static_cast<size_t>(e.count) * dtype_size(e.dtype);
-    const bool alone = runs_unfused(bytes, opt_.unfused_bytes);
+    const bool alone = runs_unfused(bytes, unfused_bytes);
     if (!alone && !last_alone && !out.empty()) {
       Response& last = out.back();
       if (last.dtype == e.dtype && last.op == e.op && last.prescale == e.prescale &&

@@ -147,7 +147,9 @@ class CacheRounds {
   };
 
   RoundOutcome complete_round();
-  std::vector<Response> fuse(const std::vector<int32_t>& ids) const;
+  // `estimates`: the round's (rank 0's), which scale unfused_bytes the same way on every rank.
+  std::vector<Response> fuse(const std::vector<int32_t>& ids,
+                             const std::vector<multirail::RailEstimate>& estimates) const;
 
   CacheRoundsOptions opt_;
   std::map<int32_t, Entry> by_id_;

@@ -51,7 +51,12 @@ bool is_reduction(OpType t) { return t == OpType::kAllreduce || t == OpType::kRe
 
 }  // namespace
 
-Coordinator::Coordinator(CoordinatorOptions opt) : opt_(opt), joined_(opt.size, false) {}
+Coordinator::Coordinator(CoordinatorOptions opt)
+    : opt_(opt), unfused_bytes_(opt.unfused_bytes), joined_(opt.size, false) {}
+
+void Coordinator::set_rail_estimates(const std::vector<multirail::RailEstimate>& estimates) {
+  unfused_bytes_ = scaled_unfused_bytes(opt_.unfused_bytes, estimates);
+}
 
 void Coordinator::submit(int rank, std::vector<Request> requests, Clock::time_point now) {
   for (auto& req : requests) {
@@ -329,7 +334,7 @@ void Coordinator::remember(const std::string& name, const Pending& p, Response& 
 
 std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
   // fusion.h: consecutive responses of one kind up to the fusion threshold; one of at least
-  // unfused_bytes runs alone (runs_unfused).
+  // unfused_bytes (as the rails scale it) runs alone (runs_unfused).
   std::vector<Response> out;
   size_t out_bytes = 0;
   bool last_alone = false;
@@ -337,7 +342,7 @@ std::vector<Response> Coordinator::fuse(std::vector<Response> in) const {
     if (merged_inline(out, r)) continue;
     const bool fuses = fusable(r);
     size_t bytes = fuses ? fusion_bytes(r) : 0;
-    const bool alone = runs_unfused(bytes, opt_.unfused_bytes);
+    const bool alone = runs_unfused(bytes, unfused_bytes_);
     if (fuses && !alone && !last_alone && !out.empty() && fuses_with(out.back(), r) &&
         out_bytes + bytes <= opt_.fusion_threshold) {
       append_fused(out.back(), r);

@@ -57,6 +57,10 @@ class Coordinator {
   // Responses to execute now, in order. Empty while holding ready tensors for fusion.
   std::vector<Response> take_ready(Clock::time_point now);
 
+  // Rank 0's rail estimates as they stand: fusion lets lone operations start from
+  // scaled_unfused_bytes(unfused_bytes, estimates) (request.h).
+  void set_rail_estimates(const std::vector<multirail::RailEstimate>& estimates);
+
   // When take_ready (or check_stalls) must run again even if no message arrives.
   std::optional<Clock::time_point> next_wakeup(Clock::time_point now) const;
 
@@ -102,6 +106,7 @@ class Coordinator {
   void fail_group(const std::string& group, const std::string& error);
 
   CoordinatorOptions opt_;
+  size_t unfused_bytes_;  // opt_.unfused_bytes scaled to the rails (set_rail_estimates)
   std::map<std::string, Pending> pending_;
   std::vector<std::pair<std::string, Pending>> ready_;  // in the order they became ready
   std::optional<Clock::time_point> oldest_ready_;

@@ -107,6 +107,7 @@ void Negotiator::broadcast_in_order(std::vector<RailEvent> events) {
 
 bool Negotiator::coordinate(Clock::time_point now) {
   if (opt_.rank != 0) return false;
+  coordinator_->set_rail_estimates(table_.estimates());
   dispatch(coordinator_->take_ready(now));
   dispatch(coordinator_->check_stalls(now));
   send_notices(coordinator_->take_notices());

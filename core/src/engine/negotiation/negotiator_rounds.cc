@@ -23,7 +23,8 @@ void Negotiator::pump_rounds() {
       // miss this round and cost another one.
       route_new_work();
       std::vector<multirail::RailEstimate> est;
-      if (opt_.rank == 0 && opt_.rail_names.size() > 1) est = table_.estimates();
+      // With one rail too: they scale the unfused threshold (scaled_unfused_bytes).
+      if (opt_.rank == 0) est = table_.estimates();
       send_round(rounds_->start_round(Clock::now(), std::move(est)));
       continue;
     }
