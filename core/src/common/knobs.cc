@@ -10,7 +10,7 @@ namespace nezha {
 const std::vector<KnobSpec>& knob_table() {
   static const std::vector<KnobSpec> table = {
       {"NEZHA_FUSION_THRESHOLD", "67108864", "Largest fused buffer (allreduce, allgather, reducescatter, broadcast), in bytes (0 disables fusion)."},
-      {"NEZHA_UNFUSED_BYTES", "1048576", "Tensors of at least this many bytes are never fused: each runs alone (an allreduce reduced in its own output; fusing them costs a copy in and out of the fusion buffer and gains nothing at this size; 0: fuse any size up to NEZHA_FUSION_THRESHOLD). Must be the same on every rank."},
+      {"NEZHA_UNFUSED_BYTES", "1048576", "Tensors of at least this many bytes are never fused: each runs alone (an allreduce reduced in its own output; fusing them costs a copy in and out of the fusion buffer and gains nothing at this size; 0: fuse any size up to NEZHA_FUSION_THRESHOLD). Raised on its own where the rails' measured start-up of a large operation (a ring's 2(n-1) steps, on hundreds of ranks) would be more than an eighth of such a tensor's time. Must be the same on every rank."},
       {"NEZHA_CYCLE_TIME_MS", "1", "How long the coordinator holds ready tensors while others are partially submitted, to fuse them."},
       {"NEZHA_TIMEOUT_S", "30", "Longest wait for a peer before an operation fails with NezhaError."},
       {"NEZHA_STALL_CHECK_S", "60", "Warn on every rank when some ranks submitted a tensor and others did not for this long, naming both (0 disables)."},
