@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <thread>
@@ -113,6 +115,40 @@ TEST(ShmCollRailProcesses, NothingIsLeftInDevShmWhenEveryRankIsKilled) {
     for (int r = 0; r < 3; ++r) job.reap(r);
   }
   EXPECT_EQ(dev_shm_entries(), before);
+}
+
+// Not a check: chunk/slot sizes of the rail alone (no engine), 4 processes, median time per size.
+// Run with --gtest_also_run_disabled_tests --gtest_filter='*ShmCollSweep*'.
+TEST(ShmCollRailProcesses, DISABLED_ShmCollSweep) {
+  struct Setting {
+    size_t chunk;
+    uint32_t slots;
+  };
+  for (Setting s : {Setting{256 << 10, 4}, Setting{512 << 10, 4}, Setting{1 << 20, 4}, Setting{1 << 20, 3},
+                    Setting{512 << 10, 8}}) {
+    ShmCollRailConfig c = process_config();
+    c.chunk_bytes = s.chunk;
+    c.slots = s.slots;
+    CollJob job(4, [](ShmCollRail& rail) -> std::string {
+      std::string line;
+      for (size_t bytes : {size_t{64} << 10, size_t{1} << 20, size_t{64} << 20}) {
+        std::vector<float> buf(bytes / 4, 1.0f);
+        std::vector<double> us;
+        const int iters = bytes >= (size_t{64} << 20) ? 9 : 101;
+        for (int i = 0; i < iters; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          rail.start_allreduce(buf.data(), buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum, i)
+              ->wait(Deadline::after_seconds(60));
+          us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::sort(us.begin(), us.end());
+        line += " " + std::to_string(bytes >> 10) + "K:" + std::to_string(static_cast<int>(us[us.size() / 2])) + "us";
+      }
+      return line;
+    }, c);
+    std::printf("chunk %zuK slots %u:%s\n", s.chunk >> 10, s.slots, job.result(0).c_str());
+    for (int r = 1; r < 4; ++r) job.result(r);
+  }
 }
 
 }  // namespace

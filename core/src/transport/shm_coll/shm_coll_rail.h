@@ -53,7 +53,8 @@ struct ShmCollRailConfig {
   std::string secret;             // job secret: job tag in the segment header, socket name
   std::string host_id;            // launcher host entry (placement); may be empty
   ReduceKernel reduce_into = nullptr;  // dst op= src (collectives/reduce.h); null: reduces nothing
-  size_t chunk_bytes = 256 << 10;  // one pipeline step of the share, per rank
+  size_t chunk_bytes = 512 << 10;  // one pipeline step of the share, per rank: ranks x slots x chunk
+                                   // stay in a last-level cache (benchmarks/SHM.md)
   uint32_t slots = 4;              // chunks in flight per workspace
   size_t small_bytes = 32 << 10;   // shares up to this are reduced whole by every rank (one wait)
   double spin_us = 20;             // busy-wait before sleeping on the futex
