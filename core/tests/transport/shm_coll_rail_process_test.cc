@@ -124,8 +124,8 @@ TEST(ShmCollRailProcesses, DISABLED_ShmCollSweep) {
     size_t chunk;
     uint32_t slots;
   };
-  for (Setting s : {Setting{256 << 10, 4}, Setting{512 << 10, 4}, Setting{1 << 20, 4}, Setting{1 << 20, 3},
-                    Setting{512 << 10, 8}}) {
+  for (Setting s : {Setting{512 << 10, 4}, Setting{2 << 20, 4}, Setting{4 << 20, 2}, Setting{8 << 20, 2},
+                    Setting{512 << 10, 4}, Setting{2 << 20, 4}, Setting{4 << 20, 2}, Setting{8 << 20, 2}}) {
     ShmCollRailConfig c = process_config();
     c.chunk_bytes = s.chunk;
     c.slots = s.slots;

@@ -61,7 +61,7 @@ class ShmCollRail::Request final : public CollectiveRequest {
   // The first rank whose counter is below `steps`; -1 if none.
   int behind(shm_coll::StepCounter shm_coll::WorkspaceControl::*counter, uint64_t steps) const {
     for (int r = 0; r < rail_.size_; ++r)
-      if ((ws(r).control->*counter).steps.load(std::memory_order_acquire) < steps) return r;
+      if ((ws(r).control->*counter).steps.load(std::memory_order_seq_cst) < steps) return r;
     return -1;
   }
 
@@ -88,7 +88,7 @@ class ShmCollRail::Request final : public CollectiveRequest {
     shm_coll::SlotDescriptor& d = me.descriptor(g);
     d = {g, seq_, count_, static_cast<uint32_t>(dtype_), static_cast<uint32_t>(op_)};
     std::memcpy(me.slot(g), in_ + k * chunk_elems_ * esize_, n * esize_);
-    me.control->copied.steps.store(g + 1, std::memory_order_release);
+    me.control->copied.steps.store(g + 1, std::memory_order_seq_cst);
     rail_.bytes_sent_ += n * esize_;
     rail_.notify_peers();
   }
@@ -122,7 +122,7 @@ class ShmCollRail::Request final : public CollectiveRequest {
     Workspace& me = ws(rail_.rank_);
     reduce_sources(me.slot(g) + begin * esize_, sources(g), begin * esize_, n * esize_, esize_, dtype_, op_,
                    rail_.config_.reduce_into);
-    me.control->reduced.steps.store(g + 1, std::memory_order_release);
+    me.control->reduced.steps.store(g + 1, std::memory_order_seq_cst);
     rail_.notify_peers();
   }
 
@@ -139,7 +139,7 @@ class ShmCollRail::Request final : public CollectiveRequest {
         std::memcpy(out_ + offset + begin * esize_, ws(r).slot(g) + begin * esize_, len * esize_);
       }
     }
-    ws(rail_.rank_).control->consumed.steps.store(g + 1, std::memory_order_release);
+    ws(rail_.rank_).control->consumed.steps.store(g + 1, std::memory_order_seq_cst);
     rail_.bytes_received_ += n * esize_;
     rail_.notify_peers();
   }

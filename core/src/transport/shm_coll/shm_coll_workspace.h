@@ -8,8 +8,10 @@
 // reduced = g + 1 once this rank's slice of chunk g is reduced in place, consumed = g + 1 once this
 // rank has read everything it needs of chunk g from every workspace. A rank writes slot s for step g
 // only when every rank's consumed >= g + 1 - slots (nobody still reads what was there).
-// The owner writes a descriptor before its release-store of copied; peers read it after an acquire
-// load of copied, so the plain fields are ordered by the counter.
+// The owner writes a descriptor before its store of copied; peers read it after loading copied, so
+// the plain fields are ordered by the counter. Counters are stored and loaded seq_cst: the sleep
+// protocol (shm_ring.h) needs a publisher's counter store ordered before its load of the waiter's
+// `sleeping` flag, or a wake-up is lost and the waiter sleeps a whole liveness slice.
 #pragma once
 
 #include <atomic>
