@@ -95,8 +95,8 @@ class ShmCollRail final : public Rail, public CollectiveRail {
  private:
   class Request;
   friend class Request;
-  struct Peer {  // this rank's view of one rank (itself included: its own segment)
-    shm::Segment segment;  // for this rank: a second handle on nothing; own_ holds its segment
+  struct Peer {  // this rank's view of one rank, itself included
+    shm::Segment segment;  // that rank's mapped segment (empty for this rank: own_ holds it)
     shm_coll::Workspace ws;
     int pidfd = -1;        // -1: this rank, a thread of this process, or pidfd unsupported
     int32_t pid = 0;
