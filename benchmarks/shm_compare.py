@@ -1,7 +1,8 @@
 """One host, 4 ranks: allreduce with Nezha's defaults (no rails given: the loopback TCP rail with the
 automatic shm lane, and the automatic shm collective rail) vs the same without the collective rail
 (NEZHA_AUTO_SHM_COLL=0) vs Nezha over loopback TCP alone (NEZHA_AUTO_SHM=0; --skip-loopback leaves
-it out) vs Gloo on lo, in one run; --with-shm-rail adds `--rails shm` (the shm rail alone). Gloo is
+it out) vs Gloo on lo, in one run; --with-shm-rail adds `--rails shm` (the shm rail alone),
+--with-shmcoll-rail `--rails shmcoll` with NEZHA_AUTO_SHM=0 (the collective rail alone). Gloo is
 timed inside the default job's processes (--baseline gloo); the other jobs run right after. Prints
 a markdown table for benchmarks/SHM.md.
 
@@ -40,6 +41,8 @@ def main():
     p.add_argument("--out", default=tempfile.mkdtemp(prefix="shm-compare-"))
     p.add_argument("--with-shm-rail", action="store_true", help="also time --rails shm")
     p.add_argument("--skip-loopback", action="store_true", help="leave out NEZHA_AUTO_SHM=0")
+    p.add_argument("--with-shmcoll-rail", action="store_true",
+                   help="also time --rails shmcoll with NEZHA_AUTO_SHM=0 (the collective rail alone)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     records = run("nezha-default", os.path.join(args.out, "default.json"), args.sizes, gloo=True)
@@ -50,6 +53,10 @@ def main():
         records += run("nezha-loopback", os.path.join(args.out, "tcp.json"), args.sizes,
                        env={"NEZHA_AUTO_SHM": "0"})
         impls.insert(2, "nezha-loopback")
+    if args.with_shmcoll_rail:
+        records += run("nezha-shmcoll", os.path.join(args.out, "shmcoll.json"), args.sizes,
+                       rails="shmcoll", env={"NEZHA_AUTO_SHM": "0"})
+        impls.insert(2, "nezha-shmcoll")
     if args.with_shm_rail:
         records += run("nezha-shm", os.path.join(args.out, "shm.json"), args.sizes, rails="shm")
         impls.insert(2, "nezha-shm")
