@@ -1,7 +1,7 @@
 """One host, 4 ranks: allreduce with Nezha's defaults (no rails given: the loopback TCP rail with the
-automatic shm lane, and the automatic shm collective rail) vs the same without the collective rail
-(NEZHA_AUTO_SHM_COLL=0) vs Nezha over loopback TCP alone (NEZHA_AUTO_SHM=0; --skip-loopback leaves
-it out) vs Gloo on lo, in one run; --with-shm-rail adds `--rails shm` (the shm rail alone),
+automatic shm lane) vs the same with the automatic shm collective rail (NEZHA_AUTO_SHM_COLL=1) vs
+Nezha over loopback TCP alone (NEZHA_AUTO_SHM=0; --skip-loopback leaves it out) vs Gloo on lo, in
+one run; --with-shm-rail adds `--rails shm` (the shm rail alone),
 --with-shmcoll-rail `--rails shmcoll` with NEZHA_AUTO_SHM=0 (the collective rail alone). Gloo is
 timed inside the default job's processes (--baseline gloo); the other jobs run right after. Prints
 a markdown table for benchmarks/SHM.md.
@@ -46,9 +46,9 @@ def main():
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     records = run("nezha-default", os.path.join(args.out, "default.json"), args.sizes, gloo=True)
-    records += run("nezha-no-shmcoll", os.path.join(args.out, "no_shmcoll.json"), args.sizes,
-                   env={"NEZHA_AUTO_SHM_COLL": "0"})
-    impls = ["nezha-default", "nezha-no-shmcoll", "gloo-lo"]
+    records += run("nezha-auto-shmcoll", os.path.join(args.out, "auto_shmcoll.json"), args.sizes,
+                   env={"NEZHA_AUTO_SHM_COLL": "1"})
+    impls = ["nezha-default", "nezha-auto-shmcoll", "gloo-lo"]
     if not args.skip_loopback:
         records += run("nezha-loopback", os.path.join(args.out, "tcp.json"), args.sizes,
                        env={"NEZHA_AUTO_SHM": "0"})
@@ -63,7 +63,7 @@ def main():
     by = {(r["impl"], r["bytes"]): r for r in records}
     sizes = sorted({r["bytes"] for r in records})
     print("\n| size | " + " | ".join(f"{i} time" for i in impls) + " | " +
-          " | ".join(f"{i} busbw" for i in impls) + " | default vs gloo | no-shmcoll vs gloo |")
+          " | ".join(f"{i} busbw" for i in impls) + " | default vs gloo | auto-shmcoll vs gloo |")
     print("|---:|" + "---:|" * (2 * len(impls) + 2))
     for b in sizes:
         row = [by.get((i, b)) for i in impls]

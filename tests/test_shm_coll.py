@@ -27,17 +27,24 @@ def test_every_collective_with_shmcoll_beside_shm_matches_numpy(job):
         assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
 
 
-def test_a_one_host_job_gets_shmcoll_by_default_and_the_knob_removes_it():
+def test_the_knob_adds_shmcoll_to_a_one_host_job_and_the_default_does_not():
     code = ("import nezha; nezha.init(); "
             "print('KINDS', sorted(s['kind'] for s in nezha.rail_stats()))")
-    result = run_job(2, [sys.executable, "-c", code], timeout=60)
+    result = run_job(2, [sys.executable, "-c", code], env={"NEZHA_AUTO_SHM_COLL": "1"}, timeout=60)
     assert result.returncode == 0, result.output[-2000:]
     for r in range(2):
         assert "KINDS ['shmcoll', 'tcp+shm']" in "\n".join(result.lines(r)), result.output[-2000:]
-    result = run_job(2, [sys.executable, "-c", code], env={"NEZHA_AUTO_SHM_COLL": "0"}, timeout=60)
+    result = run_job(2, [sys.executable, "-c", code], timeout=60)
     assert result.returncode == 0, result.output[-2000:]
     for r in range(2):
         assert "KINDS ['tcp+shm']" in "\n".join(result.lines(r)), result.output[-2000:]
+
+
+def test_allreduces_with_the_automatic_shmcoll_match_numpy(job):
+    result = job(4, "shm_coll_check.py", env={"NEZHA_AUTO_SHM_COLL": "1"}, timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(4):
+        assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
 
 
 def test_killed_rank_is_named_on_every_other_rank():
