@@ -1,10 +1,12 @@
 """One host, 4 ranks: allreduce with Nezha's defaults (no rails given: the loopback TCP rail with the
-automatic shm lane carrying the allreduces) vs Nezha over loopback TCP alone (NEZHA_AUTO_SHM=0) vs
-Gloo on lo, in one run (issue 17); --with-shm-rail adds `--rails shm` (the shm rail alone). Gloo is
+automatic shm lane) vs the same with the automatic shm collective rail (NEZHA_AUTO_SHM_COLL=1) vs
+Nezha over loopback TCP alone (NEZHA_AUTO_SHM=0; --skip-loopback leaves it out) vs Gloo on lo, in
+one run; --with-shm-rail adds `--rails shm` (the shm rail alone),
+--with-shmcoll-rail `--rails shmcoll` with NEZHA_AUTO_SHM=0 (the collective rail alone). Gloo is
 timed inside the default job's processes (--baseline gloo); the other jobs run right after. Prints
 a markdown table for benchmarks/SHM.md.
 
-    .venv/bin/python benchmarks/shm_compare.py [--sizes 8,1K,64K,1M,16M,64M] [--out DIR]
+    .venv/bin/python benchmarks/shm_compare.py [--sizes 8,64K,1M,64M] [--out DIR]
 """
 import argparse
 import json
@@ -38,27 +40,38 @@ def main():
     p.add_argument("--sizes", default="8,1K,64K,1M,16M,64M")
     p.add_argument("--out", default=tempfile.mkdtemp(prefix="shm-compare-"))
     p.add_argument("--with-shm-rail", action="store_true", help="also time --rails shm")
+    p.add_argument("--skip-loopback", action="store_true", help="leave out NEZHA_AUTO_SHM=0")
+    p.add_argument("--with-shmcoll-rail", action="store_true",
+                   help="also time --rails shmcoll with NEZHA_AUTO_SHM=0 (the collective rail alone)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     records = run("nezha-default", os.path.join(args.out, "default.json"), args.sizes, gloo=True)
-    records += run("nezha-loopback", os.path.join(args.out, "tcp.json"), args.sizes,
-                   env={"NEZHA_AUTO_SHM": "0"})
-    impls = ["nezha-default", "nezha-loopback", "gloo-lo"]
+    records += run("nezha-auto-shmcoll", os.path.join(args.out, "auto_shmcoll.json"), args.sizes,
+                   env={"NEZHA_AUTO_SHM_COLL": "1"})
+    impls = ["nezha-default", "nezha-auto-shmcoll", "gloo-lo"]
+    if not args.skip_loopback:
+        records += run("nezha-loopback", os.path.join(args.out, "tcp.json"), args.sizes,
+                       env={"NEZHA_AUTO_SHM": "0"})
+        impls.insert(2, "nezha-loopback")
+    if args.with_shmcoll_rail:
+        records += run("nezha-shmcoll", os.path.join(args.out, "shmcoll.json"), args.sizes,
+                       rails="shmcoll", env={"NEZHA_AUTO_SHM": "0"})
+        impls.insert(2, "nezha-shmcoll")
     if args.with_shm_rail:
         records += run("nezha-shm", os.path.join(args.out, "shm.json"), args.sizes, rails="shm")
         impls.insert(2, "nezha-shm")
     by = {(r["impl"], r["bytes"]): r for r in records}
     sizes = sorted({r["bytes"] for r in records})
     print("\n| size | " + " | ".join(f"{i} time" for i in impls) + " | " +
-          " | ".join(f"{i} busbw" for i in impls) + " | default vs gloo |")
-    print("|---:|" + "---:|" * (2 * len(impls) + 1))
+          " | ".join(f"{i} busbw" for i in impls) + " | default vs gloo | auto-shmcoll vs gloo |")
+    print("|---:|" + "---:|" * (2 * len(impls) + 2))
     for b in sizes:
         row = [by.get((i, b)) for i in impls]
         times = [fmt_time(r["time_us"]) if r else "-" for r in row]
         bws = [f"{r['busbw_gbps']:.3f}" if r else "-" for r in row]
         gloo = row[impls.index("gloo-lo")]
-        ratio = f"{gloo['time_us'] / row[0]['time_us']:.2f}x" if row[0] and gloo else "-"
-        print(f"| {b} | " + " | ".join(times) + " | " + " | ".join(bws) + f" | {ratio} |")
+        ratios = [f"{gloo['time_us'] / r['time_us']:.2f}x" if r and gloo else "-" for r in row[:2]]
+        print(f"| {b} | " + " | ".join(times) + " | " + " | ".join(bws) + " | " + " | ".join(ratios) + " |")
 
 
 if __name__ == "__main__":

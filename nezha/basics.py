@@ -102,18 +102,29 @@ def _start(info: environ.WorldInfo, rails: Optional[str], timeout_s: Optional[fl
 
 
 def _automatic_rails(specs: List[rails_mod.RailSpec], info: environ.WorldInfo) -> List[Any]:
-    """The shared-memory rail nezha adds by itself (``NEZHA_AUTO_SHM``) where the launcher places
-    several ranks on some host (fewer hosts than ranks: decided alike on every rank, which must
-    agree on the rails, a rank alone on its host included) and no rail of the spec is host-local
-    already. The core makes it the network rails' host lane (hierarchical allreduce; on one host it
-    carries the allreduces); the shm rail itself checks who really shares a host."""
+    """The shared-memory rails nezha adds by itself. ``shm`` (``NEZHA_AUTO_SHM``) where the
+    launcher places several ranks on some host (fewer hosts than ranks: decided alike on every
+    rank, which must agree on the rails, a rank alone on its host included) and no rail of the spec
+    is host-local already: the core makes it the network rails' host lane (hierarchical allreduce;
+    on one host it carries the allreduces); the shm rail itself checks who really shares a host.
+    ``shmcoll`` with ``NEZHA_AUTO_SHM_COLL=1`` where the whole job is on one host. ``NEZHA_AUTO_SHM=0``
+    turns both off (only the rails listed)."""
     if info.size <= 1 or info.cross_size >= info.size or _core.knob_value("NEZHA_AUTO_SHM") == "0":
         return []
-    if "shm" not in _core.rail_kinds() or any(s.kind == "shm" for s in specs):
-        return []
-    lane = _core.RailConfig("shm", "", "shm", {})
-    lane.automatic = True
-    return [lane]
+    added = []
+    if "shm" in _core.rail_kinds() and not any(s.kind == "shm" for s in specs):
+        lane = _core.RailConfig("shm", "", "shm", {})
+        lane.automatic = True
+        added.append(lane)
+    # Every rank on one host, when asked: the collective shm rail too, for the allreduces the cost
+    # model finds it fastest for (the shm lane keeps what needs messages). It joins the whole job or
+    # fails at connect, so it is added only where the launcher puts the whole job on one host.
+    if (info.local_size >= info.size and _core.knob_value("NEZHA_AUTO_SHM_COLL") == "1"
+            and "shmcoll" in _core.rail_kinds() and not any(s.kind == "shmcoll" for s in specs)):
+        coll = _core.RailConfig("shmcoll", "", "shmcoll", {})
+        coll.automatic = True
+        added.append(coll)
+    return added
 
 
 def _meet_peers(engine: Any, info: environ.WorldInfo, timeout_s: float) -> None:

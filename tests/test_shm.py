@@ -10,7 +10,8 @@ import sys
 
 from conftest import assert_victim_named, launch_direct, run_job
 
-SHM = {"NEZHA_RAILS": "shm"}
+# The p2p shm rail alone: the automatic collective rail (test_shm_coll.py) would take allreduce shares.
+SHM = {"NEZHA_RAILS": "shm", "NEZHA_AUTO_SHM_COLL": "0"}
 TIMEOUT_S = 4
 
 
@@ -51,8 +52,9 @@ def test_nothing_left_in_dev_shm_after_a_killed_job(job):
 def test_a_one_host_job_uses_shm_by_default(job):
     """No rails given, every rank on this host: the default TCP rail gets the automatic shm lane,
     which carries the allreduces (every dtype x op against numpy, bit-identical; the bytes checked
-    to go through shared memory)."""
-    result = job(3, "hierarchical_check.py", timeout=300)
+    to go through shared memory). The automatic collective rail is off here: it would take shares
+    of the allreduces (test_shm_coll.py)."""
+    result = job(3, "hierarchical_check.py", env={"NEZHA_AUTO_SHM_COLL": "0"}, timeout=300)
     assert result.returncode == 0, result.output[-4000:]
     for r in range(3):
         assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]

@@ -30,6 +30,7 @@ const std::vector<KnobSpec>& knob_table() {
       {"NEZHA_RAIL_STALL_MS", "100", "With several rails: a rail that moves no data this long while it has work fails over to the other rails (the limit grows to 3x the longest pause seen on healthy operations)."},
       {"NEZHA_HIERARCHICAL", "1", "Where hosts hold several ranks and a host-local rail (shm) is listed or automatic: allreduce reduce-scatters inside each host over shared memory, allreduces each slice across hosts over the network rails, and allgathers inside each host (0: flat over the network rails; a listed shm rail is then refused on a multi-host job, an automatic one dropped)."},
       {"NEZHA_AUTO_SHM", "1", "Where the launcher places several ranks on a host, add a shared-memory rail by itself (with no rails given on one host it carries the allreduces; across hosts it is the hierarchical allreduce's host lane). 0: only the rails listed."},
+      {"NEZHA_AUTO_SHM_COLL", "0", "1: a job whose ranks the launcher places all on one host also gets a shared-memory collective rail by itself (shmcoll: every rank reduces its slice of each allreduce share straight from the others' memory); the cost model gives it the allreduce shares it is fastest for (never striped with the shm ring: they share the host's memory). Off by default: on a 2-core host it was not faster than the ring, and a second rail adds start-up calibration and failover copies (benchmarks/SHM.md). NEZHA_AUTO_SHM=0 turns it off too."},
   };
   return table;
 }

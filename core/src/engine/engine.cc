@@ -78,6 +78,7 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
     d.gbps_prior = multirail::share_gbps_prior(p.gbps_prior, p.in_network_reduce, config_.size);
     d.max_share_bytes = p.max_share_bytes;
     d.point_to_point = p.point_to_point;
+    d.host_memory = p.host_memory;
     if (transport::CollectiveRail* coll = r->collective())
       d.reduces = [coll](DataType t, ReduceOp o) { return coll->reduces(t, o); };
     described.push_back(std::move(d));

@@ -2,6 +2,7 @@
 // host-local rail goes: host lanes of the network rails (hierarchical allreduce), a rail of its own
 // (a one-host job), or nowhere (an automatic lane that cannot serve); calibrating them before any
 // user traffic.
+#include "collectives/reduce.h"
 #include "common/logging.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
@@ -30,6 +31,7 @@ void Engine::build_rails() {
     ctx.secret = config_.secret;
     ctx.host_id = config_.host_id;
     ctx.socket_buffer_bytes = config_.socket_buffer_bytes;
+    ctx.reduce_into = &collectives::reduce_into;  // for rails that reduce on this host (shmcoll)
     return ctx;
   };
   std::vector<std::unique_ptr<transport::Rail>> built;
@@ -43,7 +45,7 @@ void Engine::build_rails() {
   for (size_t i = 0; i < built.size(); ++i) {
     if (built[i]->properties().reach == transport::RailReach::kHost) {
       if (lane < 0) lane = static_cast<int>(i);
-    } else {
+    } else if (built[i]->properties().point_to_point) {  // a collective-only rail is neither
       ++network;
     }
   }
@@ -74,7 +76,7 @@ void Engine::build_rails() {
     }
     std::unique_ptr<transport::Rail> rail = std::move(built[i]);
     transport::HierarchicalRail* hier = nullptr;
-    if (use_lanes && rail->properties().reach == transport::RailReach::kJob) {
+    if (use_lanes && rail->properties().reach == transport::RailReach::kJob && rail->properties().point_to_point) {
       // Each network rail its own lane (own segments): rails' workers never share one.
       auto lane_rail = transport::make_rail(spec_of(config_.rails[static_cast<size_t>(lane)]),
                                             context(static_cast<int>(config_.rails.size() + i)));

@@ -115,11 +115,17 @@ Plan RailTable::plan(const OpToPlan& op, PlanSource source,
     const int rail = pick_single_rail(est, ok, op.count * op.elem_size);
     return Plan{{RailShare{rail, 0, op.count}}, false, "single rail " + std::to_string(rail)};
   }
+  // Rails through this host's memory share its CPUs and memory bandwidth: a collective one striped
+  // with a point-to-point one (shmcoll beside the shm ring) makes both slower, where rails on
+  // separate links add up. Only the faster kind of the two takes the allreduce; probes (below) still
+  // lend the other kind a share now and then, so its estimate stays current.
+  std::vector<bool> split_ok = ok;
+  if (op.allreduce) keep_one_host_memory_kind(est, split_ok, op.count * op.elem_size);
   PlanRequest pr;
   pr.count = op.count;
   pr.elem_size = op.elem_size;
   pr.rails = est;
-  pr.usable = ok;
+  pr.usable = split_ok;
   Plan plan = plan_split(pr);
   std::vector<int> counters;
   {
@@ -131,8 +137,27 @@ Plan RailTable::plan(const OpToPlan& op, PlanSource source,
     std::lock_guard<std::mutex> lock(mu_);
     idle_large_ops_[source_index(source)] = counters;
   }
-  cap_shares(plan, ok, op.count, op.elem_size);
+  cap_shares(plan, split_ok, op.count, op.elem_size);
   return plan;
+}
+
+void RailTable::keep_one_host_memory_kind(const std::vector<RailEstimate>& est, std::vector<bool>& usable,
+                                          size_t bytes) const {
+  constexpr double kUnknown = std::numeric_limits<double>::infinity();
+  double best[2] = {kUnknown, kUnknown};  // [collective, point to point]: predicted us alone
+  bool present[2] = {false, false};
+  for (size_t i = 0; i < rails_.size() && i < usable.size() && i < est.size(); ++i) {
+    if (!usable[i] || !rails_[i].host_memory) continue;
+    const int kind = rails_[i].point_to_point ? 1 : 0;
+    present[kind] = true;
+    if (est[i].known() && est[i].beta_gbps > 0)
+      best[kind] = std::min(best[kind], est[i].alpha_us + static_cast<double>(bytes) * 8 / (est[i].beta_gbps * 1e3));
+  }
+  // Both kinds, both estimated: otherwise the plan's cold rule (one rail, lowest alpha) decides.
+  if (!present[0] || !present[1] || best[0] == kUnknown || best[1] == kUnknown) return;
+  const bool collective_wins = best[0] <= best[1];
+  for (size_t i = 0; i < rails_.size() && i < usable.size(); ++i)
+    if (usable[i] && rails_[i].host_memory && rails_[i].point_to_point == collective_wins) usable[i] = false;
 }
 
 void RailTable::cap_shares(Plan& plan, const std::vector<bool>& usable, size_t count,

@@ -42,6 +42,8 @@ struct RailDescription {
   // not point to point carries only allreduces it reduces itself (reduces may be empty: none).
   bool point_to_point = true;
   std::function<bool(DataType, ReduceOp)> reduces;
+  // transport::RailProperties::host_memory: the rail's data moves through this host's memory.
+  bool host_memory = false;
 };
 
 // The bandwidth a rail's cost model should expect before it is measured, from the speed of its
@@ -101,6 +103,10 @@ class RailTable {
   Plan plan(const OpToPlan& op, PlanSource source,
                               const std::vector<RailEstimate>& round_estimates = {},
                               const std::function<void(int rail, size_t bytes)>& on_probe = {});
+  // Of the host-memory rails usable for an allreduce of `bytes`, keeps the collective ones or the
+  // point-to-point ones, whichever is predicted faster alone (see plan()).
+  void keep_one_host_memory_kind(const std::vector<RailEstimate>& est, std::vector<bool>& usable,
+                                 size_t bytes) const;
   // The single-rail pick for an operation that is not split: the usable rail with the lowest
   // start-up cost whose max_share_bytes admits `bytes` (any usable one if none does).
   int pick_single_rail(const std::vector<RailEstimate>& estimates, const std::vector<bool>& usable,

@@ -38,6 +38,7 @@ HierarchicalRail::HierarchicalRail(std::unique_ptr<Rail> network, std::unique_pt
                           "': a hierarchical rail pairs a network rail with a host-local one");
   properties_ = network_->properties();
   properties_.kind += "+" + host_lane_->properties().kind;
+  properties_.host_memory = network_->properties().host_memory && host_lane_->properties().host_memory;
 }
 
 HierarchicalRail::~HierarchicalRail() { close(); }

@@ -63,6 +63,10 @@ struct RailProperties {
   // Carries send/recv between ranks (the ring, log-step and one-rail collectives run on it). False for
   // a collective-only rail (aggregation): its data calls are never made (the rail table sees to it).
   bool point_to_point = true;
+  // Moves its data through this host's memory with this host's CPUs (shared memory, TCP over
+  // loopback): such rails draw on one resource, so striping one operation over several of them adds
+  // no bandwidth. The rail table never stripes a collective rail of this kind with another one.
+  bool host_memory = false;
 };
 
 class CollectiveRail;

@@ -10,11 +10,17 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
 #include "transport/message_path.h"
 #include "transport/rail.h"
 #include "transport/rail_spec.h"
 
 namespace nezha::transport {
+
+// dst[i] = dst[i] (op) src[i] for i < count: the elementwise kernel a rail that reduces on this host
+// runs (collectives/reduce.h's reduce_into; the transport layer sits below the kernels, so whoever
+// builds rails hands it in).
+using ReduceKernel = void (*)(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
 
 struct RailContext {
   int rank = 0, size = 1;
@@ -23,6 +29,7 @@ struct RailContext {
   std::string host_id;         // the launcher's host entry for this rank (placement); may be empty
   size_t socket_buffer_bytes = 4 << 20;
   double handshake_timeout_s = 5;
+  ReduceKernel reduce_into = nullptr;  // for rails that reduce on this host (shmcoll); null: none
 };
 
 using RailMaker = std::unique_ptr<Rail> (*)(const RailSpec&, const RailContext&);

@@ -199,5 +199,38 @@ TEST(RailTable, ACollectiveOnlyRailCarriesOnlyAllreducesItReduces) {
   EXPECT_EQ(t.usable_for({1, 4, false}), (std::vector<bool>{true, false}));
 }
 
+RailDescription host_rail(const char* name, double alpha_us, double gbps, bool collective) {
+  RailDescription d{name, alpha_us, gbps};
+  d.host_memory = true;
+  if (collective) {
+    d.point_to_point = false;
+    d.reduces = [](DataType, ReduceOp) { return true; };
+  }
+  return d;
+}
+
+TEST(RailTable, HostMemoryRailsOfBothKindsAreNotStripedTogether) {
+  // shm ring (8 Gbit/s) beside shmcoll (16 Gbit/s) beside a real NIC (2 Gbit/s).
+  RailDescription nic{"eth1", 50, 2};
+  RailTable t({host_rail("shm", 20, 8, false), host_rail("shmcoll", 20, 16, true), nic}, options());
+  const size_t count = 16 << 20;
+  Plan p = t.plan({count, 4, true, true, DataType::kFloat32, ReduceOp::kSum}, PlanSource::kNegotiation);
+  expect_tiles(p.shares, count);
+  std::vector<size_t> by_rail(3, 0);
+  for (const auto& s : p.shares) by_rail[static_cast<size_t>(s.rail)] += s.count;
+  EXPECT_EQ(by_rail[0], 0u) << "the slower host-memory kind took a share";
+  EXPECT_GT(by_rail[1], 0u);
+  EXPECT_GT(by_rail[2], 0u) << "a rail on its own link still stripes";
+  // The point-to-point kind predicted faster: the collective rail is left out instead.
+  RailTable u({host_rail("shm", 20, 32, false), host_rail("shmcoll", 20, 16, true)}, options());
+  p = u.plan({count, 4, true, true, DataType::kFloat32, ReduceOp::kSum}, PlanSource::kNegotiation);
+  ASSERT_EQ(p.shares.size(), 1u);
+  EXPECT_EQ(p.shares[0].rail, 0);
+  // Rails off the host's memory stripe as before, and non-allreduce operations are unaffected.
+  RailTable v({{"a", 20, 8}, host_rail("shmcoll", 20, 16, true)}, options());
+  p = v.plan({count, 4, true, true, DataType::kFloat32, ReduceOp::kSum}, PlanSource::kNegotiation);
+  EXPECT_EQ(p.shares.size(), 2u);
+}
+
 }  // namespace
 }  // namespace nezha::multirail

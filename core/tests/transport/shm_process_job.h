@@ -1,4 +1,4 @@
-// Test helper: a shm job of real processes (fork). Each child creates its ShmRail, the parent relays
+// Test helper: a shm job of real processes (fork). Each child creates its rail, the parent relays
 // the addresses over pipes, the children connect and run a body whose result line the parent reads.
 #pragma once
 
@@ -40,10 +40,12 @@ inline bool read_all(int fd, std::string* s) {
   return true;
 }
 
-class ProcessJob {
+// RailT(config, rank, size) is any rail of one host's ranks (ShmRail, ShmCollRail).
+template <class RailT, class ConfigT>
+class BasicProcessJob {
  public:
   // body(rail) runs in each child; its result line is what it returns, or the exception text.
-  ProcessJob(int n, const std::function<std::string(ShmRail&)>& body, ShmRailConfig config)
+  BasicProcessJob(int n, const std::function<std::string(RailT&)>& body, ConfigT config)
       : n_(n), children_(n) {
     for (int r = 0; r < n; ++r) {
       int down[2], up[2];
@@ -55,7 +57,7 @@ class ProcessJob {
         ::close(up[0]);
         std::string line;
         try {
-          ShmRail rail(config, r, n);
+          RailT rail(config, r, n);
           write_all(up[1], rail.local_address());
           std::vector<std::string> addrs(n);
           for (auto& a : addrs)
@@ -83,7 +85,7 @@ class ProcessJob {
       EXPECT_EQ(line, "connected") << "rank " << r;
     }
   }
-  ~ProcessJob() {
+  ~BasicProcessJob() {
     for (auto& c : children_) {
       if (c.pid > 0) {
         ::kill(c.pid, SIGKILL);
@@ -109,5 +111,7 @@ class ProcessJob {
   int n_;
   std::vector<Child> children_;
 };
+
+using ProcessJob = BasicProcessJob<ShmRail, ShmRailConfig>;
 
 }  // namespace nezha::transport::testing

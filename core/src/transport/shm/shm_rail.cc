@@ -74,6 +74,7 @@ ShmRail::ShmRail(ShmRailConfig config, int rank, int size)
   properties_.local_addr = "shm:" + (config_.host_id.empty() ? hostname() : config_.host_id);
   properties_.kind = "shm";
   properties_.reach = RailReach::kHost;
+  properties_.host_memory = true;
   // Priors until the cost model has measured: a futex wake-up and two copies through memory.
   properties_.latency_us_prior = 5;
   properties_.gbps_prior = 40;

@@ -78,6 +78,7 @@ TcpRail::TcpRail(TcpRailConfig config, int rank, int size)
   properties_.bind_ip = config_.local_addr;
   properties_.kind = config_.mptcp ? "mptcp" : "tcp";
   properties_.reach = RailReach::kJob;
+  properties_.host_memory = config_.local_addr.rfind("127.", 0) == 0;  // loopback: the kernel copies
   properties_.max_share_bytes = config_.max_share_bytes;
   if (!config_.mptcp && !config_.local_addr.empty())
     link_ = std::make_unique<tcp::LinkState>(config_.local_addr);

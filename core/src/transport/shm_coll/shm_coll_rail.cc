@@ -1,0 +1,275 @@
+#include "transport/shm_coll/shm_coll_rail.h"
+
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <new>
+#include <type_traits>
+
+#include "common/error.h"
+#include "transport/shm/shm_ring.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+namespace nezha::transport {
+
+namespace {
+
+std::string sha256(const std::string& data) {
+  unsigned char out[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), out);
+  return std::string(reinterpret_cast<char*>(out), sizeof out);
+}
+
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+bool process_exited(int pidfd, int32_t pid, uint64_t start_time) {
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0;
+  }
+  if (pid == ::getpid()) return false;
+  return shm::process_start_time(pid) != start_time;  // gone, or the pid was reused
+}
+
+}  // namespace
+
+ShmCollRail::ShmCollRail(ShmCollRailConfig config, int rank, int size)
+    : config_(std::move(config)), rank_(rank), size_(size) {
+  if (size <= 0 || rank < 0 || rank >= size)
+    throw InvalidArgument("rail '" + config_.name + "': rank " + std::to_string(rank) + " is outside a job of " +
+                          std::to_string(size) + " ranks");
+  if (config_.chunk_bytes < 4096 || config_.chunk_bytes % 64 || config_.slots < 2 || config_.slots > 64 ||
+      config_.small_bytes > config_.chunk_bytes)
+    throw InvalidArgument("rail '" + config_.name + "': chunk_bytes must be a multiple of 64 of at least 4096, "
+                          "slots in [2, 64] and small_bytes at most chunk_bytes");
+  properties_.name = config_.name;
+  properties_.kind = "shmcoll";
+  properties_.local_addr = "shmcoll:" + config_.host_id;
+  properties_.reach = RailReach::kJob;  // the whole job, all on this host (connect checks)
+  // Priors until calibration: two futex round trips at worst, and each byte crossing memory three
+  // times per rank (copy in, reduce, copy out) against a ring's copies through the p2p shm rail.
+  properties_.latency_us_prior = 5;
+  properties_.gbps_prior = 60;
+  properties_.max_share_bytes = config_.max_share_bytes;
+  properties_.point_to_point = false;
+  properties_.in_network_reduce = true;
+  properties_.host_memory = true;
+  job_tag_ = sha256("nezha-shmcoll-job\n" + config_.secret).substr(0, 16);
+  nonce_.assign(16, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce_.data()), 16) != 1)
+    throw NezhaError("rail '" + config_.name + "': RAND_bytes failed");
+  address_ = shm::local_identity(config_.host_id);
+  address_.nonce_hex = shm::to_hex(nonce_);
+  // Unguessable without the secret, tied to this instance; abstract, so it vanishes with us.
+  address_.socket_name = "nezha-shmcoll-" + shm::to_hex(sha256(config_.secret + "\n" + nonce_).substr(0, 16));
+  listener_ = shm::HandoffListener(address_.socket_name);
+}
+
+ShmCollRail::~ShmCollRail() { close(); }
+
+std::string ShmCollRail::who() const { return "rail '" + config_.name + "', rank " + std::to_string(rank_); }
+
+std::string ShmCollRail::local_address() const { return shm::encode_address(address_); }
+
+void ShmCollRail::send(int peer, uint64_t, const void*, size_t, const Deadline&) {
+  throw ProtocolError(who() + " is collective-only: no message to rank " + std::to_string(peer));
+}
+void ShmCollRail::recv(int peer, uint64_t, void*, size_t, const Deadline&) {
+  throw ProtocolError(who() + " is collective-only: no message from rank " + std::to_string(peer));
+}
+void ShmCollRail::sendrecv_tags(int peer, const void*, size_t, uint64_t, int, void*, size_t, uint64_t,
+                                const Deadline&) {
+  throw ProtocolError(who() + " is collective-only: no message to rank " + std::to_string(peer));
+}
+
+RailCounters ShmCollRail::counters() const { return {bytes_sent_.load(), bytes_received_.load()}; }
+
+bool ShmCollRail::reduces(DataType dtype, ReduceOp op) const {
+  // Every dtype x op the kernels take (kAverage as kSum: the caller scales).
+  return config_.reduce_into != nullptr && is_valid_dtype(static_cast<int>(dtype)) &&
+         is_valid_reduce_op(static_cast<int>(op));
+}
+
+void ShmCollRail::connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) {
+  if (static_cast<int>(addresses_by_rank.size()) != size_)
+    throw InvalidArgument(who() + ": connect() got " + std::to_string(addresses_by_rank.size()) + " addresses for " +
+                          std::to_string(size_) + " ranks");
+  throw_if_unusable();
+  drop_segments();
+  failed_ = false;
+  std::vector<shm::ShmAddress> addrs(static_cast<size_t>(size_));
+  std::vector<shm::HandoffPeer> others;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) {
+      addrs[r] = address_;
+      continue;
+    }
+    addrs[r] = shm::decode_address(addresses_by_rank[r], who() + ": connect to rank " + std::to_string(r));
+    const std::string mismatch = shm::same_host_mismatch(address_, addrs[r]);
+    if (!mismatch.empty())
+      throw InvalidArgument(who() + ": rank " + std::to_string(r) + " is not on this host (" + mismatch +
+                            "); a shmcoll rail joins only jobs whose ranks all share one host");
+    others.push_back({r, addrs[r], from_hex(addrs[r].nonce_hex)});
+  }
+  const uint64_t ws_bytes = shm_coll::workspace_bytes(config_.chunk_bytes, config_.slots);
+  shm::SegmentIdentity id{job_tag_, nonce_, address_.pid, address_.start_time, rank_, 1, ws_bytes};
+  shm::Segment own = shm::Segment::create(id);
+  new (own.ring_data(0)) shm_coll::WorkspaceControl();
+  std::vector<int> fds = shm::exchange_segment_fds(listener_, rank_, nonce_, own.fd(), others, aborted_, deadline,
+                                                   config_.name);
+  own.release_fd();
+  std::vector<Peer> peers(static_cast<size_t>(size_));
+  std::string failure;
+  for (size_t i = 0; i < others.size(); ++i) {  // each fd is owned by its Segment from here on
+    const int r = others[i].rank;
+    shm::SegmentIdentity expect{job_tag_, others[i].nonce, addrs[r].pid, addrs[r].start_time, r, 1, ws_bytes};
+    try {
+      peers[r].segment = shm::Segment::attach(fds[i], expect, who() + ": connect to rank " + std::to_string(r));
+    } catch (const NezhaError& e) {
+      for (size_t j = i + 1; j < others.size(); ++j) ::close(fds[j]);
+      throw ProtocolError(e.what());
+    }
+  }
+  for (int r = 0; r < size_; ++r) {
+    Peer& p = peers[r];
+    uint8_t* base = r == rank_ ? own.ring_data(0) : p.segment.ring_data(0);
+    p.ws = shm_coll::Workspace::at(base, config_.chunk_bytes, config_.slots);
+    p.pid = addrs[r].pid;
+    p.start_time = addrs[r].start_time;
+    if (r == rank_ || p.pid == address_.pid) continue;
+    p.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, p.pid, 0));
+    // The pid may have been reused since the address was made: the start time must still match.
+    if (shm::process_start_time(p.pid) != p.start_time) {
+      for (Peer& opened : peers)
+        if (opened.pidfd >= 0) ::close(opened.pidfd);
+      throw PeerError(r, who() + ": connect to rank " + std::to_string(r) + ": its process (pid " +
+                             std::to_string(p.pid) + ") is gone");
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  own_ = std::move(own);
+  peers_ = std::move(peers);
+  step_ = 0;
+  failure_.clear();
+  connected_ = true;
+}
+
+void ShmCollRail::drop_segments() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (own_.valid()) {
+    own_.header()->closed.store(1);
+    shm::ring_doorbell(own_.header());
+  }
+  for (Peer& p : peers_) {
+    if (p.segment.valid()) shm::ring_doorbell(p.segment.header());  // peers waiting on us see closed
+    if (p.pidfd >= 0) ::close(p.pidfd);
+    p.pidfd = -1;
+  }
+  peers_.clear();
+  own_.unmap();
+  connected_ = false;
+}
+
+void ShmCollRail::reset() {
+  drop_segments();
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = false;
+  failed_ = false;
+  abort_reason_.clear();
+  failure_.clear();
+}
+
+void ShmCollRail::close() {
+  drop_segments();
+  listener_.close();
+}
+
+void ShmCollRail::abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (abort_reason_.empty()) abort_reason_ = reason;
+  aborted_ = true;
+  if (own_.valid()) {
+    own_.header()->closed.store(1);
+    shm::ring_doorbell(own_.header());  // our own waiter
+  }
+  for (Peer& p : peers_)
+    if (p.segment.valid()) shm::ring_doorbell(p.segment.header());  // peers blocked on us
+}
+
+void ShmCollRail::throw_if_unusable() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_) throw NezhaError(who() + " aborted: " + abort_reason_);
+  if (failed_) throw PeerError(size_, who() + " failed earlier (" + failure_ + "); awaiting re-admission");
+}
+
+template <class E>
+void ShmCollRail::fail(int blame, const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_ = true;
+    if (failure_.empty()) failure_ = what;
+    if (own_.valid()) {
+      own_.header()->closed.store(1);
+      if (blame >= 0 && blame != rank_) peers_[rank_].ws.control->blame.store(blame);
+    }
+  }
+  for (int r = 0; r < static_cast<int>(peers_.size()); ++r)  // wake them all: they fail too
+    if (r != rank_) shm::ring_doorbell(peers_[r].segment.header());
+  if (aborted_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    throw NezhaError(who() + " aborted: " + abort_reason_);
+  }
+  if constexpr (std::is_same_v<E, ProtocolError>) throw ProtocolError(what);
+  else throw E(blame < 0 ? size_ : blame, what);
+}
+
+template void ShmCollRail::fail<PeerError>(int, const std::string&);
+template void ShmCollRail::fail<TimeoutError>(int, const std::string&);
+template void ShmCollRail::fail<ProtocolError>(int, const std::string&);
+
+void ShmCollRail::notify_peers() {
+  for (int r = 0; r < static_cast<int>(peers_.size()); ++r)
+    if (r != rank_) shm::ring_doorbell_if_sleeping(peers_[r].segment.header());
+}
+
+void ShmCollRail::check_peers() {
+  // A rank that failed closes its segment and names the rank it failed on, then may exit: the root
+  // cause is a rank that is gone without closing, else the rank a closed one blames.
+  int gone = -1, blamed = -1, blamer = -1, left = -1;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const Peer& p = peers_[r];
+    const bool closed = p.segment.header()->closed.load() != 0;
+    const int blame = closed ? p.ws.control->blame.load() : -1;
+    if (!closed && process_exited(p.pidfd, p.pid, p.start_time)) {
+      gone = r;
+      break;
+    }
+    if (closed && blame >= 0 && blame != rank_ && blamed < 0) {
+      blamed = blame;
+      blamer = r;
+    }
+    if (closed && left < 0) left = r;
+  }
+  if (gone >= 0)
+    fail<PeerError>(gone, who() + ": rank " + std::to_string(gone) + " (pid " + std::to_string(peers_[gone].pid) +
+                              ") exited");
+  if (blamed >= 0)
+    fail<PeerError>(blamed, who() + ": rank " + std::to_string(blamed) + " is gone or stuck (reported by rank " +
+                                std::to_string(blamer) + ")");
+  if (left >= 0)
+    fail<PeerError>(left, who() + ": rank " + std::to_string(left) + " left the rail (aborted, failed or closed)");
+}
+
+}  // namespace nezha::transport

@@ -1,0 +1,144 @@
+// ShmCollRail: a collective-only rail (collective_rail.h) for the ranks of one host, reducing through
+// shared memory the way DeepSpeed's CPU shm allreduce and oneCCL's do: every rank copies its share,
+// chunk by chunk, into a workspace in its own segment that every peer maps; each rank reduces ITS
+// slice of the chunk (1/n of it) straight from all ranks' workspaces, in rank order, into its own
+// workspace; then every rank copies all reduced slices into its output. A chunk crosses memory three
+// times per rank whatever n is (a ring moves 2(n-1)/n of the share through each pair, plus copies).
+// Small shares skip the slicing: every rank reduces the whole chunk from all workspaces into its
+// output (the same arithmetic in the same order on every rank, so the same bits), one wait instead of
+// two.
+//
+// Pipelining. A workspace holds `slots` chunks; a rank copies chunk k+1 in while peers still reduce
+// chunk k, and reuses a slot only after every rank has read it (the `consumed` counter), so copy-in,
+// reduce and copy-out of consecutive chunks overlap across ranks.
+//
+// Synchronisation (shm_coll_workspace.h). Each rank publishes three monotonic step counters in its own
+// segment (copied, reduced, consumed); a waiter spins for spin_us, then sleeps on its own segment's
+// doorbell futex (shm_ring.h's protocol: no lost wake-ups, no syscall while everyone is busy) in slices
+// of liveness_slice_ms, checking after each slice that every peer's process is alive (pidfd) and has not
+// closed its segment. A dead peer is named by rank on every rank (a rank that finds one writes its rank
+// into its own segment as it fails, so ranks woken by that failure name the dead rank too); the
+// deadline gives a TimeoutError naming the rank that is behind.
+//
+// Connecting reuses the shm rail's pieces (transport/shm/): the same address and same-host rule (host
+// entry, boot id, network namespace: namespaced testbed "hosts" never share memory), sealed memfd
+// segments (nothing is ever named in /dev/shm, so nothing can leak there, even under SIGKILL) and the
+// fd handoff over abstract unix sockets. Unlike the shm rail it joins the whole job or nothing: every
+// rank must be on this host (connect throws naming the first rank that is not), because an allreduce
+// on it is the job's.
+//
+// Reduction. The transport layer sits below the kernels (collectives/reduce.h); whoever builds the rail
+// hands it the elementwise kernel (RailContext::reduce_into). Without one, reduces() is false.
+//
+// Threads. As rail.h: one data thread; abort(), counters(), properties() from any thread.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "transport/collective_rail.h"
+#include "transport/rail.h"
+#include "transport/rail_factory.h"
+#include "transport/shm/shm_address.h"
+#include "transport/shm/shm_handoff.h"
+#include "transport/shm/shm_segment.h"
+#include "transport/shm_coll/shm_coll_workspace.h"
+
+namespace nezha::transport {
+
+struct ShmCollRailConfig {
+  std::string name = "shmcoll";
+  std::string secret;             // job secret: job tag in the segment header, socket name
+  std::string host_id;            // launcher host entry (placement); may be empty
+  ReduceKernel reduce_into = nullptr;  // dst op= src (collectives/reduce.h); null: reduces nothing
+  size_t chunk_bytes = 512 << 10;  // one pipeline step of the share, per rank: ranks x slots x chunk
+                                   // stay in a last-level cache (benchmarks/SHM.md)
+  uint32_t slots = 4;              // chunks in flight per workspace
+  size_t small_bytes = 32 << 10;   // shares up to this are reduced whole by every rank (one wait)
+  double spin_us = 20;             // busy-wait before sleeping on the futex
+  double liveness_slice_ms = 50;   // futex sleep slice; peers' processes are checked after each
+  size_t max_share_bytes = 0;      // RailProperties/CollectiveRail::max_share_bytes (0: no limit)
+};
+
+class ShmCollRail final : public Rail, public CollectiveRail {
+ public:
+  ShmCollRail(ShmCollRailConfig config, int rank, int size);
+  ~ShmCollRail() override;
+  ShmCollRail(const ShmCollRail&) = delete;
+  ShmCollRail& operator=(const ShmCollRail&) = delete;
+
+  const RailProperties& properties() const override { return properties_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string local_address() const override;
+  void connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) override;
+  void reset() override;
+  void close() override;
+  bool reaches(int) const override { return false; }  // collective-only: no peer point to point
+  // Never called (properties().point_to_point is false): a ProtocolError if they are.
+  void send(int peer, uint64_t tag, const void*, size_t, const Deadline&) override;
+  void recv(int peer, uint64_t tag, void*, size_t, const Deadline&) override;
+  void sendrecv_tags(int, const void*, size_t, uint64_t, int, void*, size_t, uint64_t,
+                     const Deadline&) override;
+  RailCounters counters() const override;
+  void abort(const std::string& reason) override;
+  CollectiveRail* collective() override { return this; }
+
+  bool reduces(DataType dtype, ReduceOp op) const override;
+  size_t max_share_bytes() const override { return config_.max_share_bytes; }
+  std::unique_ptr<CollectiveRequest> start_allreduce(const void* input, void* output, size_t count,
+                                                      DataType dtype, ReduceOp op, uint64_t seq,
+                                                      OverwriteHook before_overwrite = {}) override;
+
+ private:
+  class Request;
+  friend class Request;
+  struct Peer {  // this rank's view of one rank, itself included
+    shm::Segment segment;  // that rank's mapped segment (empty for this rank: own_ holds it)
+    shm_coll::Workspace ws;
+    int pidfd = -1;        // -1: this rank, a thread of this process, or pidfd unsupported
+    int32_t pid = 0;
+    uint64_t start_time = 0;
+  };
+
+  // Sleeps until ready() returns -1 (it returns the rank still behind otherwise), spinning first.
+  // Throws as CollectiveRequest::wait does; *phase names what the rank behind has not done yet.
+  template <class Ready>
+  void wait_until(Ready ready, const char* const* phase, const Deadline& deadline);
+  // After a sleep: throws PeerError if a peer's process is gone or it closed its segment.
+  void check_peers();
+  // Rings every other rank's doorbell if it may sleep (after this rank published a counter).
+  void notify_peers();
+  // Poisons the rail: marks this rank's segment closed (with the rank to blame, -1 if none) so
+  // peers fail too, and throws `error`.
+  template <class E>
+  [[noreturn]] void fail(int blame, const std::string& what);
+  void throw_if_unusable() const;
+  std::string who() const;  // "rail 'shmcoll', rank R"
+  void drop_segments();
+
+  ShmCollRailConfig config_;
+  RailProperties properties_;
+  const int rank_;
+  const int size_;
+  shm::ShmAddress address_;
+  std::string nonce_;    // raw 16 bytes
+  std::string job_tag_;  // raw 16 bytes
+  shm::HandoffListener listener_;
+  shm::Segment own_;
+  std::vector<Peer> peers_;  // by rank, after connect
+  uint64_t step_ = 0;        // chunks this rank has started on the rail since connect (all ranks agree)
+  bool connected_ = false;
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> failed_{false};
+  std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0};
+  mutable std::mutex mu_;  // abort() vs connect/reset/close changing the mappings; the reasons
+  std::string abort_reason_;
+  std::string failure_;
+};
+
+std::unique_ptr<Rail> make_shm_coll_rail(const RailSpec& spec, const RailContext& ctx);
+
+}  // namespace nezha::transport

@@ -1,0 +1,25 @@
+// make_shm_coll_rail: the factory's entry for kind "shmcoll" (registered in rail_kinds.cc).
+//   shmcoll[;chunk_bytes=N][;slots=S][;small_bytes=N][;spin_us=U][;max_share_bytes=N]
+#include <algorithm>
+
+#include "common/error.h"
+#include "transport/shm_coll/shm_coll_rail.h"
+
+namespace nezha::transport {
+
+std::unique_ptr<Rail> make_shm_coll_rail(const RailSpec& spec, const RailContext& ctx) {
+  reject_unknown_options(spec, {"chunk_bytes", "slots", "small_bytes", "spin_us", "max_share_bytes"});
+  ShmCollRailConfig c;
+  c.name = spec.name.empty() ? "shmcoll" : spec.name;
+  c.secret = ctx.secret;
+  c.host_id = ctx.host_id;
+  c.reduce_into = ctx.reduce_into;
+  c.chunk_bytes = rail_option_bytes(spec, "chunk_bytes", c.chunk_bytes);
+  c.slots = static_cast<uint32_t>(rail_option_bytes(spec, "slots", c.slots));
+  c.small_bytes = rail_option_bytes(spec, "small_bytes", std::min(c.small_bytes, c.chunk_bytes));
+  c.spin_us = static_cast<double>(rail_option_bytes(spec, "spin_us", static_cast<size_t>(c.spin_us)));
+  c.max_share_bytes = rail_option_bytes(spec, "max_share_bytes", 0);
+  return std::make_unique<ShmCollRail>(c, ctx.rank, ctx.size);
+}
+
+}  // namespace nezha::transport

@@ -1,0 +1,344 @@
+// ShmCollRail with ranks as threads of one process: allreduces of every dtype x op against a serial
+// reference written here (rank order, the C++ type's own arithmetic; float16/bfloat16 against the
+// kernel applied serially), bits identical on every rank, sizes not divisible by the ranks or the
+// chunk, the slot ring wrapping, in place and out of place; the overwrite hook; a rank behind named
+// at the deadline; abort waking a waiter; a mismatched allreduce refused; another host refused.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "collectives/reduce.h"
+#include "common/error.h"
+#include "rank_threads.h"
+#include "transport/rail_factory.h"
+#include "transport/shm_coll/shm_coll_rail.h"
+
+namespace nezha::transport {
+namespace {
+
+using testing::run_ranks;
+
+// Small chunks and few slots, so that a few KB take the pipelined path and wrap the slots.
+ShmCollRailConfig small_config() {
+  ShmCollRailConfig c;
+  c.name = "shmcoll-test";
+  c.secret = "shmcoll-test-secret";
+  c.reduce_into = &collectives::reduce_into;
+  c.chunk_bytes = 4096;
+  c.slots = 2;
+  c.small_bytes = 512;
+  c.liveness_slice_ms = 20;
+  return c;
+}
+
+std::vector<std::unique_ptr<ShmCollRail>> make_mesh(int n, const ShmCollRailConfig& config = small_config()) {
+  std::vector<std::unique_ptr<ShmCollRail>> rails;
+  for (int r = 0; r < n; ++r) rails.push_back(std::make_unique<ShmCollRail>(config, r, n));
+  std::vector<std::string> addrs;
+  for (const auto& r : rails) addrs.push_back(r->local_address());
+  const Deadline deadline = Deadline::after_seconds(10);
+  run_ranks(n, [&](int r) { rails[r]->connect(addrs, deadline); });
+  return rails;
+}
+
+// Values that make rank order matter for floats and stay in range for small integers' products.
+double value(int rank, size_t i) { return static_cast<double>((i * 7 + rank * 13) % 5) + 0.1 * ((i + rank) % 3); }
+
+template <class T>
+std::vector<uint8_t> typed_input(int rank, size_t count) {
+  std::vector<uint8_t> out(count * sizeof(T));
+  for (size_t i = 0; i < count; ++i) {
+    const T v = std::is_floating_point_v<T> ? static_cast<T>(value(rank, i))
+                                            : static_cast<T>(static_cast<int>(value(rank, i)));
+    std::memcpy(out.data() + i * sizeof(T), &v, sizeof(T));
+  }
+  return out;
+}
+
+std::vector<uint8_t> input_of(DataType t, int rank, size_t count) {
+  switch (t) {
+    case DataType::kUInt8: return typed_input<uint8_t>(rank, count);
+    case DataType::kInt8: return typed_input<int8_t>(rank, count);
+    case DataType::kInt16: return typed_input<int16_t>(rank, count);
+    case DataType::kUInt16: return typed_input<uint16_t>(rank, count);
+    case DataType::kInt32: return typed_input<int32_t>(rank, count);
+    case DataType::kInt64: return typed_input<int64_t>(rank, count);
+    case DataType::kFloat32: return typed_input<float>(rank, count);
+    case DataType::kFloat64: return typed_input<double>(rank, count);
+    case DataType::kBool: {
+      std::vector<uint8_t> out(count);
+      for (size_t i = 0; i < count; ++i) out[i] = (i + static_cast<size_t>(rank)) % 3 != 0;
+      return out;
+    }
+    case DataType::kFloat16:
+    case DataType::kBFloat16: {  // small integers and halves: exact in both formats
+      std::vector<uint8_t> out(count * 2);
+      for (size_t i = 0; i < count; ++i) {
+        const float f = static_cast<float>((i * 7 + static_cast<size_t>(rank) * 13) % 5) * 0.5f;
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        const uint16_t half = t == DataType::kBFloat16 ? static_cast<uint16_t>(bits >> 16) : [&] {
+          // float16 of a small exact value: sign 0, exponent and mantissa from the float's.
+          if (f == 0) return uint16_t{0};
+          const int exp = static_cast<int>((bits >> 23) & 0xff) - 127 + 15;
+          return static_cast<uint16_t>((exp << 10) | ((bits >> 13) & 0x3ff));
+        }();
+        std::memcpy(out.data() + i * 2, &half, 2);
+      }
+      return out;
+    }
+  }
+  return {};
+}
+
+template <class T>
+T apply(T a, T b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: return static_cast<T>(a + b);
+    case ReduceOp::kMin: return std::min(a, b);
+    case ReduceOp::kMax: return std::max(a, b);
+    case ReduceOp::kProduct: return static_cast<T>(a * b);
+  }
+  return a;
+}
+
+template <class T>
+std::vector<uint8_t> typed_reference(const std::vector<std::vector<uint8_t>>& inputs, size_t count, ReduceOp op) {
+  std::vector<uint8_t> out(count * sizeof(T));
+  for (size_t i = 0; i < count; ++i) {
+    T acc;
+    std::memcpy(&acc, inputs[0].data() + i * sizeof(T), sizeof(T));
+    for (size_t r = 1; r < inputs.size(); ++r) {
+      T v;
+      std::memcpy(&v, inputs[r].data() + i * sizeof(T), sizeof(T));
+      acc = apply(acc, v, op);
+    }
+    std::memcpy(out.data() + i * sizeof(T), &acc, sizeof(T));
+  }
+  return out;
+}
+
+std::vector<uint8_t> reference(DataType t, const std::vector<std::vector<uint8_t>>& inputs, size_t count, ReduceOp op) {
+  switch (t) {
+    case DataType::kUInt8: return typed_reference<uint8_t>(inputs, count, op);
+    case DataType::kInt8: return typed_reference<int8_t>(inputs, count, op);
+    case DataType::kInt16: return typed_reference<int16_t>(inputs, count, op);
+    case DataType::kUInt16: return typed_reference<uint16_t>(inputs, count, op);
+    case DataType::kInt32: return typed_reference<int32_t>(inputs, count, op);
+    case DataType::kInt64: return typed_reference<int64_t>(inputs, count, op);
+    case DataType::kFloat32: return typed_reference<float>(inputs, count, op);
+    case DataType::kFloat64: return typed_reference<double>(inputs, count, op);
+    case DataType::kBool: {
+      std::vector<uint8_t> out(count);
+      const bool any = op == ReduceOp::kSum || op == ReduceOp::kAverage || op == ReduceOp::kMax;
+      for (size_t i = 0; i < count; ++i) {
+        bool acc = inputs[0][i] != 0;
+        for (size_t r = 1; r < inputs.size(); ++r) acc = any ? (acc || inputs[r][i]) : (acc && inputs[r][i]);
+        out[i] = acc;
+      }
+      return out;
+    }
+    case DataType::kFloat16:
+    case DataType::kBFloat16: {  // the kernel itself, serially in rank order
+      std::vector<uint8_t> out = inputs[0];
+      for (size_t r = 1; r < inputs.size(); ++r) collectives::reduce_into(out.data(), inputs[r].data(), count, t, op);
+      return out;
+    }
+  }
+  return {};
+}
+
+std::string first_difference(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want) {
+  if (got.size() != want.size()) return "size " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i]) return "byte " + std::to_string(i);
+  return "";
+}
+
+// Runs one allreduce on every rank and checks each rank's output against the reference, bit for bit.
+void check_allreduce(std::vector<std::unique_ptr<ShmCollRail>>& rails, DataType t, ReduceOp op, size_t count,
+                     bool in_place, uint64_t seq) {
+  const int n = static_cast<int>(rails.size());
+  std::vector<std::vector<uint8_t>> inputs;
+  for (int r = 0; r < n; ++r) inputs.push_back(input_of(t, r, count));
+  const std::vector<uint8_t> want = reference(t, inputs, count, op);
+  std::vector<std::vector<uint8_t>> outputs(n);
+  run_ranks(n, [&](int r) {
+    std::vector<uint8_t> buf = inputs[r];
+    outputs[r].assign(buf.size(), 0xee);
+    void* out = in_place ? buf.data() : outputs[r].data();
+    rails[r]->start_allreduce(buf.data(), out, count, t, op, seq)->wait(Deadline::after_seconds(20));
+    if (in_place) outputs[r] = buf;
+  });
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(first_difference(outputs[r], want), "")
+        << dtype_name(t) << " " << reduce_op_name(op) << " count " << count << " rank " << r
+        << (in_place ? " in place" : " out of place");
+}
+
+TEST(ShmCollRail, EveryDtypeAndOpMatchesTheSerialReference) {
+  for (int n : {2, 3, 4}) {
+    auto rails = make_mesh(n);
+    uint64_t seq = 0;
+    for (int t = 0; t < kNumDataTypes; ++t)
+      for (int o = 0; o < kNumReduceOps; ++o) {
+        const auto dtype = static_cast<DataType>(t);
+        const auto op = static_cast<ReduceOp>(o);
+        ASSERT_TRUE(rails[0]->reduces(dtype, op));
+        // Whole-chunk (small) path, one pipelined chunk, several chunks wrapping the slots; odd sizes.
+        for (size_t count : {size_t{1}, size_t{13}, size_t{4096 / dtype_size(dtype)} - 3, size_t{5003}})
+          check_allreduce(rails, dtype, op, count, /*in_place=*/seq % 2 == 0, seq++);
+      }
+  }
+}
+
+TEST(ShmCollRail, OneRankAndEmptySharesAreTheirOwnResult) {
+  auto one = make_mesh(1);
+  check_allreduce(one, DataType::kFloat32, ReduceOp::kSum, 3000, true, 1);
+  auto rails = make_mesh(3);
+  check_allreduce(rails, DataType::kFloat32, ReduceOp::kSum, 0, true, 1);
+  check_allreduce(rails, DataType::kFloat32, ReduceOp::kSum, 777, false, 2);  // steps still agree after
+}
+
+TEST(ShmCollRail, LargeSharesWithTheDefaultPipeline) {
+  ShmCollRailConfig c = small_config();
+  c.chunk_bytes = ShmCollRailConfig().chunk_bytes;
+  c.slots = ShmCollRailConfig().slots;
+  c.small_bytes = ShmCollRailConfig().small_bytes;
+  auto rails = make_mesh(4, c);
+  check_allreduce(rails, DataType::kFloat32, ReduceOp::kSum, (3 << 20) / 4 + 5, true, 1);
+  check_allreduce(rails, DataType::kFloat64, ReduceOp::kMax, 1000, false, 2);
+  check_allreduce(rails, DataType::kInt32, ReduceOp::kSum, (1 << 20) + 1, true, 3);
+}
+
+TEST(ShmCollRail, TheOverwriteHookCoversTheOutputOnceInChunkOrder) {
+  auto rails = make_mesh(2);
+  const size_t count = 5000;  // 20000 bytes: five chunks of 4096
+  std::vector<std::vector<std::pair<size_t, size_t>>> calls(2);
+  run_ranks(2, [&](int r) {
+    std::vector<float> buf(count, 1.0f);
+    rails[r]->start_allreduce(buf.data(), buf.data(), count, DataType::kFloat32, ReduceOp::kSum, 1,
+                              [&](size_t off, size_t bytes) { calls[r].push_back({off, bytes}); })
+        ->wait(Deadline::after_seconds(10));
+  });
+  for (int r = 0; r < 2; ++r) {
+    size_t next = 0;
+    for (auto [off, bytes] : calls[r]) {
+      EXPECT_EQ(off, next);
+      next = off + bytes;
+    }
+    EXPECT_EQ(next, count * 4);
+    EXPECT_EQ(calls[r].size(), 5u);
+  }
+}
+
+TEST(ShmCollRail, ARankBehindIsNamedAtTheDeadline) {
+  auto rails = make_mesh(3);
+  std::vector<std::string> errors(2);
+  const auto start = std::chrono::steady_clock::now();
+  run_ranks(2, [&](int r) {  // rank 2 never starts
+    std::vector<float> buf(100, 1.0f);
+    try {
+      rails[r]->start_allreduce(buf.data(), buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum, 1)
+          ->wait(Deadline::after_seconds(0.3));
+    } catch (const PeerError& e) {  // a TimeoutError, or the other waiter's report of it
+      EXPECT_EQ(e.peer(), 2);
+      errors[r] = e.what();
+    }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  for (const auto& e : errors) EXPECT_NE(e.find("rank 2"), std::string::npos) << e;
+}
+
+TEST(ShmCollRail, AbortWakesAWaiterAtOnce) {
+  auto rails = make_mesh(2);
+  auto waiter = std::async(std::launch::async, [&] {
+    std::vector<float> buf(100000, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      rails[0]->start_allreduce(buf.data(), buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum, 1)
+          ->wait(Deadline::after_seconds(30));
+    } catch (const NezhaError& e) {
+      return std::make_pair(std::string(e.what()), std::chrono::steady_clock::now() - start);
+    }
+    return std::make_pair(std::string("no error"), std::chrono::steady_clock::now() - start);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // past the spin: asleep on the futex
+  rails[0]->abort("test abort");
+  const auto [what, took] = waiter.get();
+  EXPECT_NE(what.find("test abort"), std::string::npos) << what;
+  EXPECT_LT(took, std::chrono::seconds(2));
+  // The peer, starting later, fails at once too (the aborted rank closed its segment) and names it.
+  std::vector<float> buf(100000, 1.0f);
+  try {
+    rails[1]->start_allreduce(buf.data(), buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum, 1)
+        ->wait(Deadline::after_seconds(10));
+    ADD_FAILURE() << "the peer of an aborted rank completed";
+  } catch (const PeerError& e) {
+    EXPECT_EQ(e.peer(), 0) << e.what();
+  }
+  // reset + connect re-forms the rail.
+  for (auto& r : rails) r->reset();
+  std::vector<std::string> addrs{rails[0]->local_address(), rails[1]->local_address()};
+  run_ranks(2, [&](int r) { rails[r]->connect(addrs, Deadline::after_seconds(10)); });
+  check_allreduce(rails, DataType::kFloat32, ReduceOp::kSum, 3000, true, 2);
+}
+
+TEST(ShmCollRail, AMismatchedAllreduceFailsOnEveryRank) {
+  auto rails = make_mesh(3);
+  std::vector<std::string> errors(3);
+  run_ranks(3, [&](int r) {
+    std::vector<float> buf(2000, 1.0f);
+    const size_t count = r == 1 ? 1999 : 2000;
+    try {
+      rails[r]->start_allreduce(buf.data(), buf.data(), count, DataType::kFloat32, ReduceOp::kSum, 7)
+          ->wait(Deadline::after_seconds(10));
+    } catch (const NezhaError& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_NE(errors[r].find("rank"), std::string::npos) << "rank " << r << ": " << errors[r];
+  EXPECT_NE(errors[0].find("rank 1 runs allreduce #7 of 1999"), std::string::npos) << errors[0];
+}
+
+TEST(ShmCollRail, ARankOfAnotherHostIsRefusedByName) {
+  ShmCollRailConfig a = small_config(), b = small_config();
+  a.host_id = "host-a";
+  b.host_id = "host-b";
+  ShmCollRail r0(a, 0, 2), r1(b, 1, 2);
+  try {
+    r0.connect({r0.local_address(), r1.local_address()}, Deadline::after_seconds(2));
+    FAIL() << "connected across hosts";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 is not on this host"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ShmCollRail, TheFactoryBuildsItCollectiveOnly) {
+  RailSpec spec;
+  spec.kind = "shmcoll";
+  spec.options = {{"chunk_bytes", "8192"}, {"slots", "3"}};
+  RailContext ctx;
+  ctx.secret = "s";
+  auto without_kernel = make_rail(spec, ctx);
+  ASSERT_NE(without_kernel->collective(), nullptr);
+  EXPECT_FALSE(without_kernel->collective()->reduces(DataType::kFloat32, ReduceOp::kSum));
+  ctx.reduce_into = &collectives::reduce_into;
+  auto rail = make_rail(spec, ctx);
+  EXPECT_FALSE(rail->properties().point_to_point);
+  EXPECT_TRUE(rail->properties().in_network_reduce);
+  EXPECT_EQ(rail->properties().kind, "shmcoll");
+  EXPECT_TRUE(rail->collective()->reduces(DataType::kBFloat16, ReduceOp::kProduct));
+  spec.options = {{"slots", "1"}};
+  EXPECT_THROW(make_rail(spec, ctx), InvalidArgument);
+  spec.options = {{"ring_bytes", "8192"}};
+  EXPECT_THROW(make_rail(spec, ctx), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace nezha::transport

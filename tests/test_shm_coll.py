@@ -1,0 +1,66 @@
+"""The shared-memory collective rail (kind shmcoll) in real jobs through nezharun: allreduces of
+several dtypes and ops against numpy, bit-identical on every rank, the bytes on the rail; every
+collective against numpy with it beside the p2p shm rail; the default rails of a one-host job; a
+rank SIGKILLed named on the others; nothing left in /dev/shm."""
+import os
+import signal
+import sys
+
+from conftest import assert_victim_named, launch_direct, run_job
+
+TIMEOUT_S = 4
+
+
+def test_allreduces_over_shmcoll_alone_match_numpy(job):
+    # shm_coll_check runs only allreduces (and allgathers of digests, small enough for negotiation).
+    result = job(4, "shm_coll_check.py", "expect_all_on_shmcoll",
+                 env={"NEZHA_RAILS": "shmcoll", "NEZHA_AUTO_SHM": "0"}, timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(4):
+        assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
+
+
+def test_every_collective_with_shmcoll_beside_shm_matches_numpy(job):
+    result = job(4, "collectives_check.py", env={"NEZHA_RAILS": "shm,shmcoll"}, timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(4):
+        assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
+
+
+def test_the_knob_adds_shmcoll_to_a_one_host_job_and_the_default_does_not():
+    code = ("import nezha; nezha.init(); "
+            "print('KINDS', sorted(s['kind'] for s in nezha.rail_stats()))")
+    result = run_job(2, [sys.executable, "-c", code], env={"NEZHA_AUTO_SHM_COLL": "1"}, timeout=60)
+    assert result.returncode == 0, result.output[-2000:]
+    for r in range(2):
+        assert "KINDS ['shmcoll', 'tcp+shm']" in "\n".join(result.lines(r)), result.output[-2000:]
+    result = run_job(2, [sys.executable, "-c", code], timeout=60)
+    assert result.returncode == 0, result.output[-2000:]
+    for r in range(2):
+        assert "KINDS ['tcp+shm']" in "\n".join(result.lines(r)), result.output[-2000:]
+
+
+def test_allreduces_with_the_automatic_shmcoll_match_numpy(job):
+    result = job(4, "shm_coll_check.py", env={"NEZHA_AUTO_SHM_COLL": "1"}, timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(4):
+        assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
+
+
+def test_killed_rank_is_named_on_every_other_rank():
+    victim, survivors = 1, [0, 2]
+    results = launch_direct(3, "dead_peer.py", "kill", str(victim),
+                            env={"NEZHA_RAILS": "shmcoll", "NEZHA_AUTO_SHM": "0",
+                                 "NEZHA_TIMEOUT_S": str(TIMEOUT_S)},
+                            timeout=TIMEOUT_S + 20, wait_for=survivors)
+    assert_victim_named(results, victim, survivors, within_s=TIMEOUT_S)
+
+
+def test_nothing_left_in_dev_shm_after_a_killed_job(job):
+    before = set(os.listdir("/dev/shm"))
+    result = job(3, "dead_peer.py", "kill", "2",
+                 env={"NEZHA_RAILS": "shmcoll", "NEZHA_AUTO_SHM": "0", "NEZHA_TIMEOUT_S": str(TIMEOUT_S)},
+                 timeout=90)
+    assert result.returncode == 128 + signal.SIGKILL, result.output[-2000:]
+    left = [n for n in set(os.listdir("/dev/shm")) - before if "nezha" in n]
+    assert not left, left
