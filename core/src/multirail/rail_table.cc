@@ -150,8 +150,10 @@ void RailTable::keep_one_host_memory_kind(const std::vector<RailEstimate>& est, 
     if (!usable[i] || !rails_[i].host_memory) continue;
     const int kind = rails_[i].point_to_point ? 1 : 0;
     present[kind] = true;
-    if (est[i].known() && est[i].beta_gbps > 0)
-      best[kind] = std::min(best[kind], est[i].alpha_us + static_cast<double>(bytes) * 8 / (est[i].beta_gbps * 1e3));
+    if (!est[i].known()) continue;
+    const double start_us =
+        bytes < kLatencyBoundBytes ? est[i].alpha_us : std::max(est[i].alpha_us, est[i].bulk_alpha_us);
+    best[kind] = std::min(best[kind], start_us + static_cast<double>(bytes) * 8 / (est[i].beta_gbps * 1e3));
   }
   // Both kinds, both estimated: otherwise the plan's cold rule (one rail, lowest alpha) decides.
   if (!present[0] || !present[1] || best[0] == kUnknown || best[1] == kUnknown) return;
