@@ -91,10 +91,7 @@ void Executor::skip(const Response& resp) {
 void Executor::post(std::shared_ptr<ShareTask> task, bool may_inline) {
   const int r = task->rail();
   task->seq = seq_[r]++;
-  if (opt_.failover) {
-    std::lock_guard<std::mutex> lock(ctx_->ledger_mu);
-    ctx_->ledger[r].push_back(task);
-  }
+  if (opt_.failover) ctx_->ledger.enter(task);
   post_entered(std::move(task), may_inline);
 }
 

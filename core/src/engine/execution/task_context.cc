@@ -1,6 +1,5 @@
 #include "engine/execution/task_context.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -22,14 +21,10 @@ TaskContext::TaskContext(ExecutorOptions opt_in, std::vector<transport::Rail*> r
       table(table_in),
       observer(std::move(observer_in)),
       hooks(std::move(hooks_in)),
+      ledger(rails.size(), opt.rank),
       completed(new std::atomic<uint64_t>[rails.size()]),
-      running(new std::atomic<uint64_t>[rails.size()]),
-      ledger(rails.size()),
-      lost_(new std::atomic<bool>[rails.size()]) {
-  for (size_t i = 0; i < rails.size(); ++i) {
-    completed[i] = running[i] = 0;
-    lost_[i] = false;
-  }
+      running(new std::atomic<uint64_t>[rails.size()]) {
+  for (size_t i = 0; i < rails.size(); ++i) completed[i] = running[i] = 0;
   if (!(opt.failover && hooks.on_rail_error)) return;
   watchdog = std::make_unique<RailWatchdog>(
       rails.size(), opt.stall_s,
@@ -86,45 +81,25 @@ void TaskContext::observe(int rail, size_t bytes, Clock::time_point start, const
 
 void TaskContext::started(ShareTask& task) {
   running[task.rail()] = task.seq + 1;
-  if (!opt.failover) return;
-  std::lock_guard<std::mutex> lock(ledger_mu);
-  task.state = ShareTask::State::kRunning;
+  if (opt.failover) ledger.set_state(task, ShareTask::State::kRunning);
 }
 
 void TaskContext::done(ShareTask& task) {
   completed[task.rail()] = task.seq + 1;
   running[task.rail()] = 0;
-  if (!opt.failover) return;
-  std::lock_guard<std::mutex> lock(ledger_mu);
-  task.state = ShareTask::State::kDone;
+  if (opt.failover) ledger.set_state(task, ShareTask::State::kDone);
 }
 
 bool TaskContext::lost(ShareTask& task, const std::string& what) {
   running[task.rail()] = 0;
-  if (!opt.failover || fatal_) return false;
-  {
-    std::lock_guard<std::mutex> lock(ledger_mu);
-    task.state = ShareTask::State::kLost;
-    lost_[task.rail()] = true;
-  }
+  if (!opt.failover || !ledger.mark_lost(task)) return false;
   hooks.on_rail_error(task.rail(), what, /*stalled=*/false, task.seq);
   return true;
 }
 
 std::string TaskContext::fatal_error(const Response& resp) const {
-  if (!fatal_) return {};
-  std::lock_guard<std::mutex> lock(ledger_mu);
-  return std::string(op_type_name(resp.type)) + " of " + names_str(resp) + ": " + fatal_reason_;
-}
-
-void TaskContext::set_fatal(const std::string& reason) {
-  if (!fatal_) fatal_reason_ = reason;
-  fatal_ = true;
-}
-
-void TaskContext::update_lost(int rail) {
-  const auto& q = ledger[rail];
-  lost_[rail] = std::any_of(q.begin(), q.end(), [](const auto& t) { return t->state == ShareTask::State::kLost; });
+  if (!ledger.failed()) return {};
+  return std::string(op_type_name(resp.type)) + " of " + names_str(resp) + ": " + ledger.reason();
 }
 
 }  // namespace nezha::engine
