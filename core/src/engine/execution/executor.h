@@ -154,6 +154,7 @@ class Executor {
   // Numbers `task` on its rail and, with failover, enters it in the rail's ledger; then hands it to
   // the rail's worker, or runs it on this thread when `may_inline` and the worker is idle.
   void post(std::shared_ptr<ShareTask> task, bool may_inline = false);
+  // Hands a task already numbered and entered (a redo) to its rail's worker, as post() does.
   void post_entered(std::shared_ptr<ShareTask> task, bool may_inline);
 
   const ExecutorOptions opt_;

@@ -37,15 +37,14 @@ class TaskContext {
   // Input copies kept for redo: one per operation in flight, reused step after step (a fresh 100 MB
   // allocation per step costs more in page faults than the copy itself).
   BufferPool originals{64, size_t{1} << 30};
-  std::unique_ptr<RailWatchdog> watchdog;  // with failover and a hook to report to; else null
 
   collectives::CollectiveOptions collective_options(uint64_t seq, double timeout_s) const;
   // An allreduce of `in` into `out` (the same buffer: in place) on one rail: flat, or hierarchical
   // where Executor::use_hierarchical() said so.
   void allreduce_on(int rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                     const collectives::CollectiveOptions& copt);
-  // Tells the rail table (allreduce patterns only: its cost models fit the ring) and the observer
-  // what a share on `rail` carried.
+  // Tells the observer, and with `measure` the rail table (allreduce patterns only: its cost models
+  // fit the ring), what a share on `rail` carried since `start`.
   void observe(int rail, size_t bytes, Clock::time_point start, const std::string& what, bool measure);
 
   // --- Progress and the ledger (executor.h explains failover) ---
@@ -62,6 +61,8 @@ class TaskContext {
   TaskLedger ledger;  // holds tasks with failover on only
   std::unique_ptr<std::atomic<uint64_t>[]> completed;  // per rail: Executor::completed()
   std::unique_ptr<std::atomic<uint64_t>[]> running;    // per rail: Executor::running()
+  // With failover and a hook to report to; else null. Last: its thread reads the members above.
+  std::unique_ptr<RailWatchdog> watchdog;
 };
 
 // "'a', 'b' and 3 more": names an operation in errors and the timeline.
