@@ -1,4 +1,4 @@
-// Balanced broadcast, allgather, reducescatter and alltoall end to end (executor_striped.cc): ranks
+// Balanced broadcast, allgather, reducescatter and alltoall end to end (striped_part_task.cc): ranks
 // as threads, two in-memory rails paced alike and warmed up, then rail 1 slowed 8x after the plan
 // was made. The slowed rail must end up carrying less than its planned half of each operation,
 // every rank must get exactly the reference result, and with balancing off the same run keeps the

@@ -1,4 +1,4 @@
-// Broadcast, allgather, reducescatter and alltoall striped over several rails (executor_striped.cc):
+// Broadcast, allgather, reducescatter and alltoall striped over several rails (striped_part_task.cc):
 // the parts of every block tile it exactly, results equal references computed here (uneven blocks,
 // every rank bit-identical), both rails carry each operation, a process set's operations stripe
 // too, and a rail lost while striped operations are in flight costs nothing but time; each with

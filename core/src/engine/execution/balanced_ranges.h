@@ -1,6 +1,6 @@
 // How the ranks of one rail agree on the ranges a balanced operation's part runs (share_balancer.h
-// says why): shared by balanced allreduces (executor_balanced.cc) and balanced striped broadcast,
-// allgather, reducescatter and alltoall (executor_striped.cc).
+// says why): shared by balanced allreduces (BalancedRange, allreduce_tasks.cc) and balanced
+// striped broadcast, allgather, reducescatter and alltoall (StripedPart, striped_part_task.cc).
 //
 // A first run: the leader (one rank of the rail, or of the process set's view of it) takes the
 // part's next range from the pool when its last range ended there, and sends {offset, count} to

@@ -1,5 +1,4 @@
 #include "engine/execution/executor.h"
-#include "engine/execution/executor_jobs.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,65 +6,34 @@
 #include <cstring>
 #include <future>
 #include <mutex>
-#include <optional>
 
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
 #include "common/error.h"
-#include "common/logging.h"
+#include "engine/execution/executor_jobs.h"
+#include "engine/execution/task_context.h"
+#include "engine/execution/task_kinds.h"
 #include "engine/failover/rail_watchdog.h"
-#include "transport/group_rail.h"
+#include "transport/collective_rail.h"
 
 namespace nezha::engine {
 namespace {
 constexpr double kHierarchyStallS = 0.5;  // see use_hierarchical()
 }  // namespace
 
-Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails,
-                   multirail::RailTable* table, ShareObserver observer, ExecutorHooks hooks)
+Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, multirail::RailTable* table,
+                   ShareObserver observer, ExecutorHooks hooks)
     : opt_(opt),
-      rails_(std::move(rails)),
-      table_(table),
-      observer_(std::move(observer)),
-      hooks_(std::move(hooks)),
-      seq_(rails_.size(), 0),
-      completed_(new std::atomic<uint64_t>[rails_.size()]),
-      running_(new std::atomic<uint64_t>[rails_.size()]),
-      lost_(new std::atomic<bool>[rails_.size()]),
-      ledger_(rails_.size()) {
-  for (size_t i = 0; i < rails_.size(); ++i) {
-    completed_[i] = running_[i] = 0;
-    lost_[i] = false;
-  }
-  if (opt_.failover && hooks_.on_rail_error)
-    watchdog_ = std::make_unique<RailWatchdog>(
-        rails_.size(), opt_.stall_s, [this](int rail) {
-          auto c = rails_[rail]->counters();
-          return c.bytes_sent + c.bytes_received;
-        },
-        [this](int rail, const std::string& what) {
-          hooks_.on_rail_error(rail, what, /*stalled=*/true, running_[rail] - 1);
-        },
-        [this](int rail) { return rails_[rail]->link_fault(); },
-        [this](int rail, const std::string& what) {
-          // A certain failure: no check whether peers are merely late. On the last rail up it is
-          // left to the silence limit and the operation's deadline, as a stall is (a cable
-          // plugged back within NEZHA_TIMEOUT_S then costs a pause, not the job).
-          int up = 0;
-          for (size_t i = 0; i < rails_.size(); ++i)
-            up += table_ && table_->state(static_cast<int>(i)) == multirail::RailState::kUp;
-          const bool certain = !table_ || up >= 2;
-          hooks_.on_rail_error(rail, what, /*stalled=*/!certain, running_[rail] - 1);
-        },
-        [this](int rail, std::chrono::milliseconds quiet) { return rails_[rail]->delivering(quiet); });
-  for (size_t i = 0; i < rails_.size(); ++i) workers_.push_back(std::make_unique<RailWorker>());
+      ctx_(std::make_unique<TaskContext>(opt, std::move(rails), table, std::move(observer), std::move(hooks))),
+      seq_(ctx_->rails.size(), 0) {
+  for (size_t i = 0; i < ctx_->rails.size(); ++i) workers_.push_back(std::make_unique<RailWorker>());
 }
 
 Executor::~Executor() { stop(); }
 
 void Executor::stop() {
   for (auto& w : workers_) w->stop();
-  if (watchdog_) watchdog_->stop();
+  if (ctx_->watchdog) ctx_->watchdog->stop();
 }
 
 void Executor::execute(const Response& resp, std::vector<TensorEntry> entries) {
@@ -117,80 +85,48 @@ void Executor::skip(const Response& resp) {
     for (const auto& share : resp.plan) rails.push_back(share.rail);
     if (rails.empty()) rails.push_back(0);
   }
-  for (int rail : rails) {
-    auto rec = std::make_shared<ShareRecord>();
-    rec->skipped = true;
-    rec->share = {rail, 0, 0};
-    rec->seq = seq_[rail]++;
-    if (opt_.failover) {
-      std::lock_guard<std::mutex> lock(ledger_mu_);
-      ledger_[rail].push_back(rec);
-    }
-    post_share(std::move(rec), false);
-  }
+  for (int rail : rails) post(std::make_shared<SkippedOp>(rail));
 }
 
-void Executor::run_skipped(ShareRecord& rec) {
-  if (lost_[rec.share.rail]) {
-    // Behind a share lost on this rail: lost as well (it moves with the redo), never done, or
-    // completed() would pass the lost share and the redo agreed from it would leave it out (a set's
-    // allreduce cut there never finished: ProcessSetEngineFailover).
-    std::lock_guard<std::mutex> lock(ledger_mu_);
-    rec.state = ShareRecord::State::kLost;
-    return;
-  }
-  record_started(rec, nullptr, 0);
-  record_done(rec);
+void Executor::post(std::shared_ptr<ShareTask> task, bool may_inline) {
+  const int r = task->rail();
+  task->seq = seq_[r]++;
+  if (opt_.failover) ctx_->ledger.enter(task);
+  post_entered(std::move(task), may_inline);
 }
 
-collectives::CollectiveOptions Executor::options(uint64_t seq, double timeout_s) const {
-  collectives::CollectiveOptions copt;
-  copt.seq = seq;
-  copt.segment_bytes = opt_.segment_bytes;
-  copt.logstep_max_bytes = opt_.logstep_max_bytes;
-  copt.deadline = Deadline::after_seconds(timeout_s);
-  return copt;
+void Executor::post_entered(std::shared_ptr<ShareTask> task, bool may_inline) {
+  const int r = task->rail();
+  auto run = [this, task] { task->run(*ctx_); };
+  if (!(may_inline && workers_[r]->try_run_inline(run))) workers_[r]->post(std::move(run));
 }
 
 void Executor::timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double timeout_s,
                                     const char* label, bool observe) {
   const size_t count = bytes / sizeof(float);
-  BufferPool::Buffer buf = pool_.acquire(count * sizeof(float));
+  BufferPool::Buffer buf = ctx_->pool.acquire(count * sizeof(float));
   std::memset(buf.data(), 0, count * sizeof(float));
-  collectives::CollectiveOptions copt = options(seq, timeout_s);
+  collectives::CollectiveOptions copt = ctx_->collective_options(seq, timeout_s);
   auto start = std::chrono::steady_clock::now();
-  allreduce_on(rail, buf.data(), buf.data(), count, DataType::kFloat32, ReduceOp::kSum, copt);
+  ctx_->allreduce_on(rail, buf.data(), buf.data(), count, DataType::kFloat32, ReduceOp::kSum, copt);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  completed_[rail] = seq + 1;
-  if (table_ && observe) table_->observe(rail, count * sizeof(float), secs);
-  if (observer_) observer_(rail, count * sizeof(float), start, secs, label);
+  ctx_->completed[rail] = seq + 1;
+  if (ctx_->table && observe) ctx_->table->observe(rail, count * sizeof(float), secs);
+  if (ctx_->observer) ctx_->observer(rail, count * sizeof(float), start, secs, label);
 }
 
 void Executor::use_hierarchical(std::vector<transport::HierarchicalRail*> rails) {
-  hierarchical_ = std::move(rails);
-  if (!watchdog_) return;
-  for (size_t r = 0; r < hierarchical_.size(); ++r) {
-    const transport::HierarchicalRail* h = hierarchical_[r];
+  ctx_->hierarchical = std::move(rails);
+  if (!ctx_->watchdog) return;
+  for (size_t r = 0; r < ctx_->hierarchical.size(); ++r) {
+    const transport::HierarchicalRail* h = ctx_->hierarchical[r];
     // Across hosts a rank's network rail is silent while the other host's ranks still
     // reduce-scatter over shared memory, and (uneven placements) while the host with fewer ranks
     // serves the other slices' groups (collectives/hierarchy.h): on a loaded host such silences
     // outlast the default limit, which would take them for a cut cable. Such rails get a higher
     // floor; a cut is still found.
     if (h && h->hierarchical() && h->placement().hosts() > 1)
-      watchdog_->set_min_silence(static_cast<int>(r), kHierarchyStallS);
-  }
-}
-
-void Executor::allreduce_on(int rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
-                            const collectives::CollectiveOptions& copt) {
-  transport::HierarchicalRail* h =
-      static_cast<size_t>(rail) < hierarchical_.size() ? hierarchical_[static_cast<size_t>(rail)] : nullptr;
-  if (h && h->hierarchical()) {
-    // In place only: the copy writes the input itself, nothing before_overwrite must hear of.
-    if (in != out) std::memcpy(out, in, count * dtype_size(dtype));
-    collectives::allreduce_hierarchical(h->host_lane(), h->network(), h->placement(), out, count, dtype, op, copt);
-  } else {
-    collectives::allreduce(*rails_[rail], in, out, count, dtype, op, copt);
+      ctx_->watchdog->set_min_silence(static_cast<int>(r), kHierarchyStallS);
   }
 }
 
@@ -235,7 +171,7 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
       job->input = job->data;
     }
   } else {
-    job->fusion = pool_.acquire(total * esize);
+    job->fusion = ctx_->pool.acquire(total * esize);
     job->data = job->fusion.data();
     job->input = job->data;
     size_t off = 0;
@@ -256,141 +192,33 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
     const size_t align = std::max<size_t>(1, 4096 / esize);
     const size_t min_claim = opt_.balance_bytes / esize;
     job->balancer = std::make_unique<ShareBalancer>(plan, min_claim, align, min_claim / kMinClaimSpread);
-    if (opt_.failover) job->original = originals_.acquire(total * esize);
+    if (opt_.failover) job->original = ctx_->originals.acquire(total * esize);
   }
   job->parts_left = static_cast<int>(plan.size());
   for (size_t part = 0; part < plan.size(); ++part) {
     const multirail::RailShare& share = plan[part];
-    auto rec = std::make_shared<ShareRecord>();
-    rec->job = job;
-    rec->share = share;
-    rec->part = part;
-    rec->seq = seq_[share.rail]++;
-    if (opt_.failover) {
-      std::lock_guard<std::mutex> lock(ledger_mu_);
-      ledger_[share.rail].push_back(rec);
-    }
+    std::shared_ptr<ShareTask> task;
+    if (job->balancer) task = std::make_shared<BalancedRange>(job, share.rail, part);
+    else task = std::make_shared<AllreduceShare>(job, share);
     // Small lone payloads run on the engine thread when the rail is idle: a thread handoff costs
     // more than the whole log-step exchange.
     // With failover the engine thread must never wait on a rail: it is what reacts to the rail's
     // failure (and a rank blocked there would stall every other rail's redo).
-    post_share(std::move(rec), !opt_.failover && plan.size() == 1 && share.count * esize <= opt_.inline_max_bytes);
+    post(std::move(task), !opt_.failover && plan.size() == 1 && share.count * esize <= opt_.inline_max_bytes);
   }
 }
 
-void Executor::post_share(std::shared_ptr<ShareRecord> rec, bool may_inline) {
-  const int r = rec->share.rail;
-  auto run = [this, rec]() {
-    if (rec->skipped) run_skipped(*rec);
-    else if (rec->single) run_single_record(*rec);
-    else if (rec->job->balancer) run_balanced_share(*rec);
-    else run_share(*rec);
-  };
-  if (!(may_inline && workers_[r]->try_run_inline(run))) workers_[r]->post(std::move(run));
-}
-
-void Executor::run_share(ShareRecord& rec) {
-  AllreduceJob& job = *rec.job;
-  const int r = rec.share.rail;
-  transport::Rail* rail = rails_[r];
-  std::optional<transport::GroupRail> set_view;  // a process set's operation: among its members
-  if (job.members) rail = &set_view.emplace(*rail, *job.members);
-  const size_t esize = dtype_size(job.resp.dtype);
-  const size_t bytes = rec.share.count * esize;
-  uint8_t* target = job.data + rec.share.offset * esize;
-  const uint8_t* range = job.input + rec.share.offset * esize;  // the share's input (target in place)
-  if (!share_may_run(rec)) return;
-  record_started(rec, range, bytes);
-  BufferPool::Buffer scratch;
-  if (rec.into_scratch) {
-    scratch = pool_.acquire(bytes);
-    target = scratch.data();
-  }
-  // A redo rebuilds the input in target and runs in place there.
-  if (rec.is_redo) restore_input(rec, target, range, bytes);
-  const uint8_t* in = rec.is_redo ? target : range;
-
-  collectives::CollectiveOptions copt = options(rec.seq, opt_.timeout_s);
-  copt.postscale = effective_postscale(job.resp, job.size);
-  if (rec.original.data()) {
-    copt.before_overwrite = [this, &rec, in](size_t offset, size_t n) { save_before_overwrite(rec, in, offset, n); };
-  }
-  auto start = std::chrono::steady_clock::now();
-  if (watchdog_) watchdog_->begin(r, "allreduce of " + names_str(job.resp));
-  try {
-    if (job.members)  // among the set's members: flat, over the set's view of the rail
-      collectives::allreduce(*rail, in, target, rec.share.count, job.resp.dtype, job.resp.op, copt);
-    else
-      allreduce_on(r, in, target, rec.share.count, job.resp.dtype, job.resp.op, copt);
-    if (watchdog_) watchdog_->end(r, true);
-    record_done(rec);
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (table_) table_->observe(r, bytes, secs);
-    if (observer_) observer_(r, bytes, start, secs, (rec.is_redo ? "redo: " : "") + names_str(job.resp));
-    if (!rec.into_scratch) part_done(job);
-  } catch (const std::exception& e) {
-    share_failed(rec, rail->properties().name, e.what());
-  }
-}
-
-bool Executor::share_may_run(ShareRecord& rec) {
-  AllreduceJob& job = *rec.job;
-  if (job.finished && !rec.into_scratch) return false;
-  if (fatal_) {  // fail_all: the job cannot go on; skipped, counted as failed
-    if (!rec.into_scratch) fail_part(job, fatal_error(job.resp));
+bool Executor::balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size,
+                        size_t min_range_bytes) const {
+  if (opt_.balance_bytes == 0 || plan.size() < 2 || size < 2 || bytes < kBalanceMinRanges * min_range_bytes)
     return false;
+  for (const auto& share : plan) {
+    transport::Rail* rail = ctx_->rails[share.rail];
+    // An aggregation rail reduces its share in the network and carries no claims: the plan's split
+    // (its own cost model) stands.
+    if (!rail->properties().point_to_point || rail->collective()) return false;
   }
   return true;
-}
-
-void Executor::share_failed(ShareRecord& rec, const std::string& rail_name, const std::string& error) {
-  AllreduceJob& job = *rec.job;
-  if (watchdog_) watchdog_->end(rec.share.rail, false);
-  std::string what = "allreduce of " + names_str(job.resp) + " failed on rail '" + rail_name + "': " + error;
-  if (record_lost(rec, what)) return;
-  if (rec.into_scratch) return;
-  std::string fatal = fatal_error(job.resp);  // the cause, rather than the rail's abort
-  fail_part(job, fatal.empty() ? what : fatal);
-}
-
-void Executor::part_done(AllreduceJob& job) {
-  if (--job.parts_left == 0 && !job.finished.exchange(true)) finish_allreduce(job);
-}
-
-void Executor::fail_part(AllreduceJob& job, const std::string& what) {
-  {
-    std::lock_guard<std::mutex> lock(job.mu);
-    if (job.error.empty()) job.error = what;
-  }
-  part_done(job);
-}
-
-std::string Executor::fatal_error(const Response& resp) const {
-  if (!fatal_) return {};
-  std::lock_guard<std::mutex> lock(ledger_mu_);
-  return std::string(op_type_name(resp.type)) + " of " + names_str(resp) + ": " + fatal_reason_;
-}
-
-void Executor::finish_allreduce(AllreduceJob& job) {
-  if (!job.error.empty()) {
-    NZ_LOG(Error) << job.error;
-    for (auto& e : job.entries)
-      if (e.handle) e.handle->complete(job.error);
-    return;
-  }
-  const Response& resp = job.resp;
-  const size_t esize = dtype_size(resp.dtype);
-  size_t off = 0;  // the shares' collectives applied the postscale already
-  for (size_t i = 0; i < job.entries.size(); ++i) {
-    size_t count = static_cast<size_t>(resp.counts[i]);
-    TensorEntry& e = job.entries[i];
-    if (e.handle) {
-      uint8_t* out = static_cast<uint8_t*>(e.output);
-      if (out != job.data + off) std::memcpy(out, job.data + off, count * esize);
-      e.handle->complete();
-    }
-    off += count * esize;
-  }
 }
 
 }  // namespace nezha::engine

@@ -1,12 +1,11 @@
 // Runs negotiated operations on the rails. The engine thread calls execute() for each response in
 // the order the coordinator sent it; the executor copies inputs into a fusion buffer when several
-// tensors were fused, posts each rail's share to that rail's worker, and completes the handles when
-// the last share finishes. Rails run independently: a slow rail delays only the operations that
-// have a share on it.
+// tensors were fused, posts each rail's share to that rail's worker as a task (share_task.h), and
+// completes the handles when the last share finishes. Rails run independently: a slow rail delays
+// only the operations that have a share on it.
 //
-// Failover (with several rails). Every allreduce share is entered in its rail's ledger with a copy
-// of its input range, taken when the share starts, and kept until every rank has completed that
-// share (the watermark rank 0 sends). A share that fails, or that the watchdog finds overdue, is not
+// Failover (with several rails). Every task is entered in its rail's ledger and keeps a copy of
+// its input, taken as it runs, until every rank has completed that share (the watermark rank 0 sends). A share that fails, or that the watchdog finds overdue, is not
 // an error: it is marked lost and reported (on_rail_error); the engine then agrees with the other
 // ranks on the first share some rank has not completed, and redo() runs every share from there on a
 // surviving rail from the kept copies. Ranks that had completed a share take part in its redo into
@@ -69,7 +68,9 @@ using ShareObserver = std::function<void(int rail, size_t bytes, Clock::time_poi
                                          double seconds, const std::string& what)>;
 
 class RailWatchdog;  // failover/rail_watchdog.h
-class PartWatch;  // executor_striped.cc: the watchdog's watch over one striped part
+class ShareTask;     // share_task.h: what the rail workers run
+class TaskContext;   // task_context.h: what those tasks share
+struct FusedTensors;  // executor_jobs.h
 
 class Executor {
  public:
@@ -114,7 +115,7 @@ class Executor {
   // 1 + sequence number of the last operation completed on each rail (any thread).
   std::vector<uint64_t> completed() const;
   // 1 + sequence number of the operation running on the rail now, 0 if none (any thread).
-  uint64_t running(int rail) const { return running_[rail]; }
+  uint64_t running(int rail) const;
   // Every share on `rail` with seq >= first is run again on `target`, in seq order. The rail's
   // worker must be idle (drained after the rail was aborted).
   void redo(int rail, uint64_t first, int target);
@@ -127,111 +128,40 @@ class Executor {
   void fail_all(const std::string& reason);
 
  private:
-  struct AllreduceJob;
-  struct SingleJob;
-  struct ShareRecord;
-  struct FusedTensors;
-  void post_share(std::shared_ptr<ShareRecord> rec, bool may_inline);
-  void run_share(ShareRecord& rec);          // an allreduce share
-  // A share of a balanced allreduce (executor_balanced.cc): the ranges the leader hands its rail, or
-  // in a redo the ranges it had handed the part.
-  void run_balanced_share(ShareRecord& rec);
-  // Runs one range of a balanced share on `rail` (the record's rail, or its process set's view):
-  // into scratch when the record says so, from the saved input in a redo.
-  void run_balanced_range(ShareRecord& rec, transport::Rail& rail, const ShareBalancer::Range& range);
-  // Before an allreduce share runs: false when it must not (its job finished; with fail_all, it is
-  // counted as failed).
-  bool share_may_run(ShareRecord& rec);
-  // An allreduce share threw on `rail_name`: ends the watchdog's watch, then marks the share lost for
-  // a redo, or fails its part for good (naming the cause fail_all gave, if any).
-  void share_failed(ShareRecord& rec, const std::string& rail_name, const std::string& error);
-  // Whether an operation of `bytes` with this plan (an allreduce, or a striped broadcast,
-  // allgather, reducescatter or alltoall) is re-split while it runs, in ranges of at least
-  // `min_range_bytes` (opt_.balance_bytes, or more where the collective needs larger pieces).
-  bool balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size, size_t min_range_bytes) const;
-  void run_single_record(ShareRecord& rec);  // a one-rail collective
-  void run_skipped(ShareRecord& rec);        // another process set's: counts as done
-  // `rail`: the operation's rail, or its process set's view of it (rank() and size() in the set;
-  // `members` the set's job ranks, null for every rank).
-  void run_single(const Response& resp, const TensorEntry& e, transport::Rail& rail,
-                  const std::vector<int>* members, uint64_t seq, const void* input, void* output,
-                  OpResult& res);
-  // The members of resp's process set; null for the global set. Throws NezhaError for a set this
-  // rank does not know.
-  std::shared_ptr<const std::vector<int>> members_of(const Response& resp) const;
-  static size_t single_input_bytes(const SingleJob& job);
-  void part_done(AllreduceJob& job);
-  // One share of `job` failed for good: the job's first error is `what`; counts as done.
-  void fail_part(AllreduceJob& job, const std::string& what);
-  // With fail_all called: "<op> of <names>: <reason>", else "".
-  std::string fatal_error(const Response& resp) const;
-  collectives::CollectiveOptions options(uint64_t seq, double timeout_s) const;
-  // A zeroed float32 allreduce of `bytes` on the rail, timed and reported to the observer as
-  // `label`; on the rail's worker (calibration, probes).
-  void timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double timeout_s, const char* label,
-                            bool observe = true);
-  // Ledger bookkeeping shared by allreduce shares and one-rail collectives (executor_failover.cc):
-  // the record starts (keeps a copy of `bytes` at `input` on its first run), completes, or fails
-  // (returns true when it was marked lost for a redo rather than failed for good).
-  // `pack`, if given, writes the copy instead of a memcpy from `input` (a striped share's parts).
-  void record_started(ShareRecord& rec, const void* input, size_t bytes,
-                      const std::function<void(uint8_t*)>& pack = {});
-  // Failover: keeps bytes [offset, offset + bytes) of an allreduce share's input (`input`: where the
-  // algorithm reads it) before the algorithm first overwrites them in its output; restore_input
-  // rebuilds the input in target from those and the rest of `range` (the share's input in the job).
-  void save_before_overwrite(ShareRecord& rec, const uint8_t* input, size_t offset, size_t bytes);
-  void restore_input(const ShareRecord& rec, uint8_t* target, const uint8_t* range, size_t bytes);
-  void record_done(ShareRecord& rec);
-  bool record_lost(ShareRecord& rec, const std::string& what);
-  // An allreduce of `in` into `out` (the same buffer: in place) on one rail: flat, or hierarchical
-  // where use_hierarchical() said so.
-  void allreduce_on(int rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
-                    const collectives::CollectiveOptions& copt);
   void run_allreduce(const Response& resp, std::vector<TensorEntry> entries);
-  // `fused`: the tensors `resp` (their packed operation, run_fused) stands for; null for one tensor.
+  // A broadcast, allgather, alltoall or reducescatter (executor_collectives.cc): whole on one rail,
+  // or striped over the plan's rails, one task per share of the plan, each carrying its part of
+  // every block, read and written in place; balanced as allreduces are (range by range) where
+  // balances() says so. `fused`: the tensors `resp` (their packed operation, run_fused) stands for;
+  // null for one tensor.
   void run_on_one_rail(const Response& resp, std::vector<TensorEntry> entries,
                        std::shared_ptr<FusedTensors> fused = nullptr);
-  // Striped broadcast, allgather, alltoall, reducescatter (executor_striped.cc): one record per
-  // share of the plan, each carrying its part of every block, read and written in place; balanced
-  // as allreduces are (range by range) where balances() says so.
   void run_striped(const Response& resp, std::vector<TensorEntry> entries, std::shared_ptr<FusedTensors> fused);
   // Broadcasts, allgathers or reducescatters fused into one response (executor_fused.cc): packed
   // into one operation of their kind that runs as a lone tensor's would.
   void run_fused(const Response& resp, std::vector<TensorEntry> entries);
-  // Completes a broadcast's, allgather's, alltoall's or reducescatter's handle with `error` (empty:
-  // success); a fused operation's tensors each get their part of the result first.
-  void complete_single(SingleJob& job, const std::string& error);
-  static void unpack_fused(SingleJob& job);
-  void run_striped_part(ShareRecord& rec);
-  // The parts of every block that [offset, offset + count) of the plan carries, on `rail` (the
-  // record's, or its process set's view); `watch` is paused while this rank only computes.
-  void run_striped_range(ShareRecord& rec, transport::Rail& rail, size_t offset, size_t count, PartWatch& watch);
-  void striped_part_done(SingleJob& job, const std::string& error);
-  static void finish_allreduce(AllreduceJob& job);
+  // Whether an operation of `bytes` with this plan (an allreduce, or a striped broadcast,
+  // allgather, reducescatter or alltoall) is re-split while it runs, in ranges of at least
+  // `min_range_bytes` (opt_.balance_bytes, or more where the collective needs larger pieces).
+  bool balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size, size_t min_range_bytes) const;
+  // The members of resp's process set; null for the global set. Throws NezhaError for a set this
+  // rank does not know.
+  std::shared_ptr<const std::vector<int>> members_of(const Response& resp) const;
+  // A zeroed float32 allreduce of `bytes` on the rail, timed and reported to the observer as
+  // `label`; on the rail's worker (calibration, probes).
+  void timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double timeout_s, const char* label,
+                            bool observe = true);
+  // Numbers `task` on its rail and, with failover, enters it in the rail's ledger; then hands it to
+  // the rail's worker, or runs it on this thread when `may_inline` and the worker is idle.
+  void post(std::shared_ptr<ShareTask> task, bool may_inline = false);
+  // Hands a task already numbered and entered (a redo) to its rail's worker, as post() does.
+  void post_entered(std::shared_ptr<ShareTask> task, bool may_inline);
 
-  ExecutorOptions opt_;
-  std::vector<transport::Rail*> rails_;
-  std::vector<transport::HierarchicalRail*> hierarchical_;  // per rail, may be empty / null
-  multirail::RailTable* table_;
-  ShareObserver observer_;
-  BufferPool pool_;
-  // Input copies kept for redo: one per operation in flight, reused step after step (a fresh 100 MB
-  // allocation per step costs more in page faults than the copy itself).
-  BufferPool originals_{64, size_t{1} << 30};
-  ExecutorHooks hooks_;
+  const ExecutorOptions opt_;
+  // The rails, watchdog, buffers, observers and ledger the tasks share (task_context.h).
+  std::unique_ptr<TaskContext> ctx_;
   std::vector<uint64_t> seq_;  // next operation number per rail (engine thread only)
-  std::unique_ptr<std::atomic<uint64_t>[]> completed_;  // per rail, see completed()
-  std::unique_ptr<std::atomic<uint64_t>[]> running_;    // per rail, see running()
-  // Per rail: a share was lost here and no redo has moved it yet. Another process set's shares
-  // behind it on the rail then count as lost too (run_skipped): done at once on the aborted rail,
-  // they moved completed() past the lost share, and the redo agreed from it left it out.
-  std::unique_ptr<std::atomic<bool>[]> lost_;
-  mutable std::mutex ledger_mu_;
-  std::vector<std::deque<std::shared_ptr<ShareRecord>>> ledger_;  // per rail, in seq order
-  std::atomic<bool> fatal_{false};
   std::atomic<uint64_t> staged_bytes_{0};  // bytes_staged()
-  std::string fatal_reason_;  // guarded by ledger_mu_; set once, with fatal_
-  std::unique_ptr<RailWatchdog> watchdog_;
   std::vector<std::unique_ptr<RailWorker>> workers_;  // last: destroyed first
 };
 

@@ -2,8 +2,8 @@
 //
 // The tensors are packed into one operation of their kind, which then runs exactly as a lone
 // tensor's would: on one rail, or striped and balanced over several, kept and redone from its
-// packed input when a rail fails (executor_single.cc, executor_striped.cc). When it completes,
-// each tensor gets its part of the result and its handle completes (complete_single).
+// packed input when a rail fails (SingleOp, StripedPart: task_kinds.h). When it completes,
+// each tensor gets its part of the result and its handle completes (SingleJob::complete).
 //
 //   broadcast      the tensors back to back (the root's; the others receive into the same buffer);
 //                  each tensor's output gets its slice back.
@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "engine/execution/executor.h"
 #include "engine/execution/executor_jobs.h"
+#include "engine/execution/task_context.h"
 
 namespace nezha::engine {
 namespace {
@@ -64,85 +65,8 @@ class PackedBlocks {
   std::vector<size_t> count_, at_, in_tensor_, block_, start_;
 };
 
-}  // namespace
-
-void Executor::run_fused(const Response& resp, std::vector<TensorEntry> entries) {
-  auto fused = std::make_shared<FusedTensors>();
-  fused->resp = resp;
-  fused->entries = std::move(entries);
-  const auto [me, n] = place_among(members_of(resp).get(), opt_.rank, opt_.size);
-  fused->index = me;
-  fused->ranks = n;
-  const size_t esize = dtype_size(resp.dtype);
-  const size_t names = resp.names.size();
-  for (const TensorEntry& e : fused->entries)
-    if (!e.handle) throw ProtocolError(std::string(op_type_name(resp.type)) + " of " + names_str(resp) +
-                                       ": a fused tensor this rank did not submit");
-
-  Response packed = resp;  // its names still name every tensor (errors, timeline)
-  packed.counts.clear();
-  packed.row_elements = {1};
-  packed.rank_rows.clear();
-  TensorEntry op;
-  op.req = fused->entries[0].req;  // kind, dtype, op, scales, root and set: the same for all
-  op.req.group.clear();
-  op.handle = std::make_shared<OpHandle>();
-  size_t elements = 0;  // of the packed buffer
-  if (resp.type == OpType::kBroadcast) {
-    for (int64_t c : resp.counts) elements += static_cast<size_t>(c);
-    fused->buffer = pool_.acquire(std::max<size_t>(1, elements * esize));
-    if (opt_.rank == resp.root) {
-      uint8_t* to = fused->buffer.data();
-      for (size_t t = 0; t < names; ++t) {
-        const size_t bytes = static_cast<size_t>(resp.counts[t]) * esize;
-        if (bytes) std::memcpy(to, fused->entries[t].input, bytes);
-        to += bytes;
-      }
-    }
-    packed.counts = {static_cast<int64_t>(elements)};
-    op.req.shape = {static_cast<int64_t>(elements)};
-    op.output = fused->buffer.data();  // in place: the root's input, every rank's output
-  } else {
-    const PackedBlocks blocks(resp, n);
-    for (int i = 0; i < n; ++i) packed.rank_rows.push_back(static_cast<int64_t>(blocks.block(i)));
-    // Allgather: this rank's block. Reducescatter: every rank's block, in rank order.
-    const bool gather = resp.type == OpType::kAllgather;
-    elements = gather ? blocks.block(me) : blocks.total();
-    fused->buffer = pool_.acquire(std::max<size_t>(1, elements * esize));
-    for (int i = 0; i < n; ++i) {
-      if (gather && i != me) continue;
-      uint8_t* base = fused->buffer.data() + (gather ? 0 : blocks.start(i)) * esize;
-      for (size_t t = 0; t < names; ++t) {
-        const size_t bytes = blocks.count(t, i) * esize;
-        const auto* from = static_cast<const uint8_t*>(fused->entries[t].input) +
-                           (gather ? 0 : blocks.in_tensor(t, i)) * esize;
-        if (bytes) std::memcpy(base + blocks.within(t, i) * esize, from, bytes);
-      }
-    }
-    if (!gather) packed.counts = {static_cast<int64_t>(elements)};
-    op.req.shape = {static_cast<int64_t>(elements)};
-  }
-  op.input = fused->buffer.data();
-  run_on_one_rail(packed, {std::move(op)}, std::move(fused));
-}
-
-void Executor::complete_single(SingleJob& job, const std::string& error) {
-  if (!job.fused) {
-    job.entry.handle->complete(error);
-    return;
-  }
-  std::string why = error;
-  if (why.empty()) {
-    try {
-      unpack_fused(job);
-    } catch (const std::exception& ex) {  // an output that cannot be allocated
-      why = std::string(op_type_name(job.resp.type)) + " of " + names_str(job.resp) + ": " + ex.what();
-    }
-  }
-  for (TensorEntry& e : job.fused->entries) e.handle->complete(why);
-}
-
-void Executor::unpack_fused(SingleJob& job) {
+// Gives each fused tensor its part of the packed operation's result.
+void unpack_fused(SingleJob& job) {
   FusedTensors& f = *job.fused;
   const Response& resp = f.resp;
   const size_t esize = dtype_size(resp.dtype);
@@ -180,6 +104,84 @@ void Executor::unpack_fused(SingleJob& job) {
       res.output_shape = with_rows(shape, resp.rank_rows[t * n + mine]);
     }
   }
+}
+
+}  // namespace
+
+void Executor::run_fused(const Response& resp, std::vector<TensorEntry> entries) {
+  auto fused = std::make_shared<FusedTensors>();
+  fused->resp = resp;
+  fused->entries = std::move(entries);
+  const auto [me, n] = place_among(members_of(resp).get(), opt_.rank, opt_.size);
+  fused->index = me;
+  fused->ranks = n;
+  const size_t esize = dtype_size(resp.dtype);
+  const size_t names = resp.names.size();
+  for (const TensorEntry& e : fused->entries)
+    if (!e.handle) throw ProtocolError(std::string(op_type_name(resp.type)) + " of " + names_str(resp) +
+                                       ": a fused tensor this rank did not submit");
+
+  Response packed = resp;  // its names still name every tensor (errors, timeline)
+  packed.counts.clear();
+  packed.row_elements = {1};
+  packed.rank_rows.clear();
+  TensorEntry op;
+  op.req = fused->entries[0].req;  // kind, dtype, op, scales, root and set: the same for all
+  op.req.group.clear();
+  op.handle = std::make_shared<OpHandle>();
+  size_t elements = 0;  // of the packed buffer
+  if (resp.type == OpType::kBroadcast) {
+    for (int64_t c : resp.counts) elements += static_cast<size_t>(c);
+    fused->buffer = ctx_->pool.acquire(std::max<size_t>(1, elements * esize));
+    if (opt_.rank == resp.root) {
+      uint8_t* to = fused->buffer.data();
+      for (size_t t = 0; t < names; ++t) {
+        const size_t bytes = static_cast<size_t>(resp.counts[t]) * esize;
+        if (bytes) std::memcpy(to, fused->entries[t].input, bytes);
+        to += bytes;
+      }
+    }
+    packed.counts = {static_cast<int64_t>(elements)};
+    op.req.shape = {static_cast<int64_t>(elements)};
+    op.output = fused->buffer.data();  // in place: the root's input, every rank's output
+  } else {
+    const PackedBlocks blocks(resp, n);
+    for (int i = 0; i < n; ++i) packed.rank_rows.push_back(static_cast<int64_t>(blocks.block(i)));
+    // Allgather: this rank's block. Reducescatter: every rank's block, in rank order.
+    const bool gather = resp.type == OpType::kAllgather;
+    elements = gather ? blocks.block(me) : blocks.total();
+    fused->buffer = ctx_->pool.acquire(std::max<size_t>(1, elements * esize));
+    for (int i = 0; i < n; ++i) {
+      if (gather && i != me) continue;
+      uint8_t* base = fused->buffer.data() + (gather ? 0 : blocks.start(i)) * esize;
+      for (size_t t = 0; t < names; ++t) {
+        const size_t bytes = blocks.count(t, i) * esize;
+        const auto* from = static_cast<const uint8_t*>(fused->entries[t].input) +
+                           (gather ? 0 : blocks.in_tensor(t, i)) * esize;
+        if (bytes) std::memcpy(base + blocks.within(t, i) * esize, from, bytes);
+      }
+    }
+    if (!gather) packed.counts = {static_cast<int64_t>(elements)};
+    op.req.shape = {static_cast<int64_t>(elements)};
+  }
+  op.input = fused->buffer.data();
+  run_on_one_rail(packed, {std::move(op)}, std::move(fused));
+}
+
+void SingleJob::complete(const std::string& error) {
+  if (!fused) {
+    entry.handle->complete(error);
+    return;
+  }
+  std::string why = error;
+  if (why.empty()) {
+    try {
+      unpack_fused(*this);
+    } catch (const std::exception& ex) {  // an output that cannot be allocated
+      why = std::string(op_type_name(resp.type)) + " of " + names_str(resp) + ": " + ex.what();
+    }
+  }
+  for (TensorEntry& e : fused->entries) e.handle->complete(why);
 }
 
 }  // namespace nezha::engine

@@ -1,4 +1,5 @@
-// What the executor keeps about an operation in flight; shared by the executor_*.cc files only.
+// What the executor keeps about an operation in flight, shared by the tasks that carry its shares
+// (task_kinds.h); used by the execution/ files only.
 #pragma once
 
 #include <algorithm>
@@ -9,23 +10,16 @@
 #include <utility>
 #include <vector>
 
-#include "engine/execution/executor.h"
-#include "engine/execution/saved_ranges.h"
+#include "engine/execution/buffer_pool.h"
 #include "engine/execution/share_balancer.h"
+#include "engine/request.h"
+#include "engine/tensor_entry.h"
 
 namespace nezha::engine {
 
-// "'a', 'b' and 3 more": names an operation in errors and the timeline.
-inline std::string names_str(const Response& r) {
-  std::string s;
-  for (size_t i = 0; i < r.names.size() && i < 4; ++i) s += (i ? ", '" : "'") + r.names[i] + "'";
-  if (r.names.size() > 4) s += " and " + std::to_string(r.names.size() - 4) + " more";
-  return s;
-}
-
 // Several broadcasts, allgathers or reducescatters fused into one response (executor_fused.cc):
 // the response and tensors as negotiated; the job runs their packed operation.
-struct Executor::FusedTensors {
+struct FusedTensors {
   Response resp;
   std::vector<TensorEntry> entries;
   BufferPool::Buffer buffer;  // the packed input (a broadcast's: its output too)
@@ -42,7 +36,7 @@ inline std::pair<int, int> place_among(const std::vector<int>* members, int rank
 
 // A broadcast, allgather, alltoall or reducescatter: whole on one rail, or striped over several
 // (resp.plan has a share per rail; each carries its part of every block, striped_parts.h).
-struct Executor::SingleJob {
+struct SingleJob {
   Response resp;
   TensorEntry entry;
   std::shared_ptr<FusedTensors> fused;  // `entry` is their packed operation; null: one tensor
@@ -53,15 +47,24 @@ struct Executor::SingleJob {
   std::atomic<int> parts_left{1};
   std::mutex mu;
   std::string error;
-  // Striped and re-split among its rails while it runs (executor_striped.cc); null: as planned.
+  // Striped and re-split among its rails while it runs (striped_part_task.cc); null: as planned.
   std::unique_ptr<ShareBalancer> balancer;
   // Balanced, with failover: each range's parts of the input, saved as the range first runs, at
   // their offsets in the caller's input (ranges never overlap, so the rails share it).
   BufferPool::Buffer original;
+
+  // Bytes of this rank's input: a broadcast's or reducescatter's whole, an allgather's or
+  // alltoall's own.
+  size_t input_bytes() const;
+  // Completes the handle with `error` (empty: success), once; a fused operation's tensors each get
+  // their part of the result first (executor_fused.cc).
+  void complete(const std::string& error);
+  // A striped part is done, or failed for good with `error`; the last one completes the handle.
+  void part_done(const std::string& error);
 };
 
-// One (possibly fused) allreduce in flight, shared by the rail jobs that carry its shares.
-struct Executor::AllreduceJob {
+// One (possibly fused) allreduce in flight, shared by the tasks that carry its shares.
+struct AllreduceJob {
   Response resp;
   std::vector<TensorEntry> entries;
   BufferPool::Buffer fusion;      // empty when a lone tensor is reduced in its own output
@@ -76,34 +79,21 @@ struct Executor::AllreduceJob {
   std::mutex mu;
   std::string error;
   std::atomic<bool> finished{false};  // handles completed (normally or by fail_all)
-  // Re-split among its rails while it runs (share_balancer.h, executor_balanced.cc); null: every
+  // Re-split among its rails while it runs (share_balancer.h, allreduce_tasks.cc); null: every
   // share runs as planned.
   std::unique_ptr<ShareBalancer> balancer;
   // Balanced, with failover: the input of each range, saved as the rings first overwrite it, at the
-  // buffer's own byte offsets (ranges never overlap, so the rails share it); each part's record
-  // says which bytes it saved.
+  // buffer's own byte offsets (ranges never overlap, so the rails share it); each part's task says
+  // which bytes it saved.
   BufferPool::Buffer original;
-};
 
-// One share of an allreduce on one rail, kept in the rail's ledger while failover is on.
-struct Executor::ShareRecord {
-  enum class State { kQueued, kRunning, kDone, kLost };
-  std::shared_ptr<AllreduceJob> job;     // an allreduce share, or
-  std::shared_ptr<SingleJob> single;     // a whole one-rail collective (share: rail only)
-  multirail::RailShare share;  // share.rail: the rail it runs on
-  size_t part = 0;             // which share of the plan (a balanced allreduce's ranges follow it)
-  uint64_t seq = 0;
-  State state = State::kQueued;  // guarded by ledger_mu_
-  // The input, for a redo. A single op's is copied whole when it first starts; an allreduce share's
-  // range by range as its ring first overwrites them (`saved`, offsets within the share; the bytes
-  // not in `saved` still hold the input, in the job's input).
-  BufferPool::Buffer original;
-  size_t original_bytes = 0;
-  SavedRanges saved;
-  bool skipped = false;       // another process set's operation: no data, done at once
-  bool striped = false;       // single: one rail's part of a striped collective
-  bool is_redo = false;       // restores the input before running
-  bool into_scratch = false;  // this rank had completed it: run for the others, keep nothing
+  // One share is done; the last one completes the handles.
+  void part_done();
+  // One share failed for good: the job's first error is `what`; counts as done.
+  void fail_part(const std::string& what);
+
+ private:
+  void finish();  // copies results out and completes the handles (or fails them with `error`)
 };
 
 }  // namespace nezha::engine

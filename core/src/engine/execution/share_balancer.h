@@ -1,6 +1,6 @@
 // ShareBalancer: re-splits one striped operation among its rails while it runs (an allreduce's
 // element ranges; for the other collectives, ranges of the plan that carry that proportion of every
-// block: executor_striped.cc).
+// block: striped_part_task.cc).
 //
 // Why. The plan fixes each rail's share from the cost model before the operation starts; the
 // operation then lasts as long as its slowest share, so a misjudged split (a 48/52 split of equal
@@ -12,7 +12,7 @@
 // one rank (the leader: the operation's rank 0, a broadcast chain's last rank; balanced_ranges.h) keeps the pool of ranges no rail has started, and a rail's
 // worker there takes its next range from the pool when its previous range is done and sends it to
 // the other ranks of that rail (one small message per range, over the rail itself, before the range
-// runs: executor_balanced.cc). The other ranks follow what the leader sent. Ranks run their ring for
+// runs: balanced_ranges.cc). The other ranks follow what the leader sent. Ranks run their ring for
 // a range in lock step, so the leader's view of each rail's progress is everyone's, within a step.
 //
 // Who takes what. The pool starts as the plan's shares. A rail takes from the front of its own share

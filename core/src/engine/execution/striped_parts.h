@@ -12,6 +12,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
+
+#include "engine/request.h"
 
 namespace nezha::engine {
 
@@ -28,5 +31,35 @@ inline BlockPart block_part(size_t block, size_t offset, size_t count, size_t to
   const size_t end = static_cast<size_t>(static_cast<wide>(block) * (offset + count) / total);
   return {begin, end - begin};
 }
+
+// The plan's total, the denominator of every part (the shares tile [0, total)).
+inline size_t plan_total(const Response& resp) {
+  size_t total = 0;
+  for (const auto& s : resp.plan) total += s.count;
+  return total;
+}
+
+// Where one share's parts of a striped operation lie for one rank, in bytes: the share (or a
+// balanced range) [offset, offset + count) of a plan over `total` elements carries block_part() of
+// every block the operation moves. Vectors have one entry per rank taking part.
+struct StripedLayout {
+  // Alltoall and reducescatter send a part of every block of the input, one block per peer;
+  // broadcast and allgather send (at most) one contiguous part.
+  bool packs = false;
+  // The contiguous part of the input this rank sends (a broadcast's root, allgather), from the start
+  // of the caller's input; with `packs`, input_bytes is the sum of send_bytes.
+  size_t input_at = 0, input_bytes = 0;
+  std::vector<size_t> send_at, send_bytes;  // packs: the part for peer i, in the input
+  std::vector<size_t> recv_at, recv_bytes;  // allgather, alltoall: the part from peer i, in the output
+  // Broadcast: the part of the buffer (the root's input, every rank's output). Reducescatter: this
+  // rank's reduced part, in its output.
+  size_t output_at = 0, output_bytes = 0;
+};
+
+// The layout for rank `me` of `n` of the share [offset, offset + count) of `resp`'s plan over
+// `total` elements (broadcast: `root` is the root's index among the n ranks). Throws NezhaError for
+// an operation that is not striped (allreduce, barrier, join).
+StripedLayout striped_layout(const Response& resp, int me, int n, int root, size_t offset, size_t count,
+                             size_t total);
 
 }  // namespace nezha::engine

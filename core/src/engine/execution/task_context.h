@@ -1,0 +1,71 @@
+// TaskContext: what the executor (executor.h) shares with the tasks its rail workers run
+// (share_task.h): the rails, their watchdog, buffers, the observers every share reports to, each
+// rail's progress, and the ledger (task_ledger.h).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/collectives.h"
+#include "engine/execution/buffer_pool.h"
+#include "engine/execution/executor.h"
+#include "engine/execution/share_task.h"
+#include "engine/execution/task_ledger.h"
+#include "engine/request.h"
+#include "transport/rail.h"
+
+namespace nezha::engine {
+
+class TaskContext {
+ public:
+  TaskContext(ExecutorOptions opt, std::vector<transport::Rail*> rails, multirail::RailTable* table,
+              ShareObserver observer, ExecutorHooks hooks);
+  ~TaskContext();
+  TaskContext(const TaskContext&) = delete;
+  TaskContext& operator=(const TaskContext&) = delete;
+
+  const ExecutorOptions opt;
+  const std::vector<transport::Rail*> rails;
+  std::vector<transport::HierarchicalRail*> hierarchical;  // per rail, may be empty / null
+  multirail::RailTable* const table;  // may be null: nothing is measured
+  const ShareObserver observer;       // may be empty
+  const ExecutorHooks hooks;
+  BufferPool pool;
+  // Input copies kept for redo: one per operation in flight, reused step after step (a fresh 100 MB
+  // allocation per step costs more in page faults than the copy itself).
+  BufferPool originals{64, size_t{1} << 30};
+
+  collectives::CollectiveOptions collective_options(uint64_t seq, double timeout_s) const;
+  // An allreduce of `in` into `out` (the same buffer: in place) on one rail: flat, or hierarchical
+  // where Executor::use_hierarchical() said so.
+  void allreduce_on(int rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                    const collectives::CollectiveOptions& copt);
+  // Tells the observer, and with `measure` the rail table (allreduce patterns only: its cost models
+  // fit the ring), what a share on `rail` carried since `start`.
+  void observe(int rail, size_t bytes, Clock::time_point start, const std::string& what, bool measure);
+
+  // --- Progress and the ledger (executor.h explains failover) ---
+  // A task starts, completes, or fails on its rail: moves the rail's counters and, with failover,
+  // the task's state in the ledger. lost() returns true when the task was marked lost and reported
+  // (hooks.on_rail_error) for a redo, false when it failed for good (no failover, or fail_all).
+  void started(ShareTask& task);
+  void done(ShareTask& task);
+  bool lost(ShareTask& task, const std::string& what);
+  bool fatal() const { return ledger.failed(); }
+  // With fail_all called: "<op> of <names>: <reason>", else "".
+  std::string fatal_error(const Response& resp) const;
+
+  TaskLedger ledger;  // holds tasks with failover on only
+  std::unique_ptr<std::atomic<uint64_t>[]> completed;  // per rail: Executor::completed()
+  std::unique_ptr<std::atomic<uint64_t>[]> running;    // per rail: Executor::running()
+  // With failover and a hook to report to; else null. Last: its thread reads the members above.
+  std::unique_ptr<RailWatchdog> watchdog;
+};
+
+// "'a', 'b' and 3 more": names an operation in errors and the timeline.
+std::string names_str(const Response& r);
+
+}  // namespace nezha::engine
