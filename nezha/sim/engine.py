@@ -226,7 +226,10 @@ class SimJob:
         """Executor's balanced run: every rail claims its next range from the engine's balancer as
         its last one ends (the leader's clock is everyone's, within a step)."""
         p = self.profile
-        min_claim = p.balance_bytes // ELEM
+        # The leader's minimum range: Executor's, amortizing the largest share's rail's ring start-up.
+        estimates = self.table.estimates()
+        largest = max(plan_shares, key=lambda s: s.count)
+        min_claim = max(p.balance_bytes, planner.amortized_range_bytes(estimates[largest.rail])) // ELEM
         balancer = planner.ShareBalancer(plan_shares, min_claim, max(1, 4096 // ELEM),
                                          min_claim // planner.MIN_CLAIM_SPREAD)
         rails = [s.rail for s in plan_shares]

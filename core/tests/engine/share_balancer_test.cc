@@ -55,6 +55,25 @@ TEST(ShareBalancerTest, EqualRailsEachDrainTheirOwnShareInHalvingRanges) {
   for (size_t p = 0; p < 2; ++p) EXPECT_EQ(b.claimed(p).size(), got[p].size());
 }
 
+TEST(ShareBalancerTest, TheLeadersMinimumRangeAmortizesTheLargestSharesBulkStartUp) {
+  const std::vector<multirail::RailShare> plan = {{0, 0, 1000}, {1, 1000, 4000}};
+  multirail::RailEstimate slow{50, 1, 10}, fast{20, 10, 10};
+  // No bulk start-up measured: the agreed minimum stands.
+  EXPECT_EQ(leader_min_range_bytes(plan, {slow, fast}, 1 << 20), size_t{1} << 20);
+  // Rail 1 carries the largest share; its ring start-up of 2 ms at 10 Gbit/s is worth
+  // amortized_range_bytes = 8 x 2e-3 s x 1.25e9 B/s = 20 MB per range. Rail 0's does not count.
+  fast.bulk_alpha_us = 2000;
+  slow.bulk_alpha_us = 1e6;
+  EXPECT_EQ(leader_min_range_bytes(plan, {slow, fast}, 1 << 20), size_t{20000000});
+  EXPECT_EQ(leader_min_range_bytes(plan, {slow, fast}, 32 << 20), size_t{32} << 20);  // never lowered
+  EXPECT_EQ(leader_min_range_bytes(plan, {slow}, 1 << 20), size_t{1} << 20);  // no estimate for rail 1
+  // With that minimum a 4000-element share runs as one range, not halving ones.
+  ShareBalancer b(plan, 4000, 10);
+  auto got = claim_all(b, {0, 1});
+  expect_exact_cover(got, 5000);
+  EXPECT_EQ(got[1].size(), 1u);
+}
+
 TEST(ShareBalancerTest, AFastRailTakesTheBackOfTheSlowRailsShare) {
   ShareBalancer b({{0, 0, 4096}, {1, 4096, 4096}}, 256, 64);
   // Rail 1 takes its first range, then stalls; rail 0 drains its share and comes back for more.

@@ -190,7 +190,7 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
   if (balances(plan, total * esize, job->size, opt_.balance_bytes)) {
     // Ranges start on 4 KiB from their share's start (whole pages for the copies and the ring).
     const size_t align = std::max<size_t>(1, 4096 / esize);
-    const size_t min_claim = opt_.balance_bytes / esize;
+    const size_t min_claim = leader_min_range_bytes(plan, opt_.balance_bytes) / esize;
     job->balancer = std::make_unique<ShareBalancer>(plan, min_claim, align, min_claim / kMinClaimSpread);
     if (opt_.failover) job->original = ctx_->originals.acquire(total * esize);
   }
@@ -206,6 +206,11 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
     // failure (and a rank blocked there would stall every other rail's redo).
     post(std::move(task), !opt_.failover && plan.size() == 1 && share.count * esize <= opt_.inline_max_bytes);
   }
+}
+
+size_t Executor::leader_min_range_bytes(const std::vector<multirail::RailShare>& plan, size_t agreed_min) const {
+  if (!ctx_->table) return agreed_min;
+  return engine::leader_min_range_bytes(plan, ctx_->table->estimates(), agreed_min);
 }
 
 bool Executor::balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size,

@@ -144,6 +144,9 @@ class Executor {
   // allgather, reducescatter or alltoall) is re-split while it runs, in ranges of at least
   // `min_range_bytes` (opt_.balance_bytes, or more where the collective needs larger pieces).
   bool balances(const std::vector<multirail::RailShare>& plan, size_t bytes, int size, size_t min_range_bytes) const;
+  // leader_min_range_bytes (share_balancer.h) from this rank's estimates: only the leader's
+  // minimum is ever used (balanced_ranges.h), so no rank needs another's.
+  size_t leader_min_range_bytes(const std::vector<multirail::RailShare>& plan, size_t agreed_min) const;
   // The members of resp's process set; null for the global set. Throws NezhaError for a set this
   // rank does not know.
   std::shared_ptr<const std::vector<int>> members_of(const Response& resp) const;

@@ -64,7 +64,7 @@ void Executor::run_striped(const Response& resp, std::vector<TensorEntry> entrie
           : opt_.balance_bytes;
   if (balances(resp.plan, plan_total(resp) * esize, n, min_range_bytes)) {
     // A slower rail's ranges are smaller (share_balancer.h), but an alltoall's never below the paced size.
-    const size_t min_claim = std::max<size_t>(1, min_range_bytes / esize);
+    const size_t min_claim = std::max<size_t>(1, leader_min_range_bytes(resp.plan, min_range_bytes) / esize);
     const size_t floor_claim = resp.type == OpType::kAlltoall ? min_claim : min_claim / kMinClaimSpread;
     job->balancer = std::make_unique<ShareBalancer>(resp.plan, min_claim, 1, floor_claim);
     const bool has_input = resp.type != OpType::kBroadcast || opt_.rank == resp.root;

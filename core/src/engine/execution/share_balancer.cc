@@ -4,6 +4,14 @@
 
 namespace nezha::engine {
 
+size_t leader_min_range_bytes(const std::vector<multirail::RailShare>& plan,
+                              const std::vector<multirail::RailEstimate>& estimates, size_t agreed_min) {
+  const auto largest = std::max_element(plan.begin(), plan.end(),
+                                        [](const auto& a, const auto& b) { return a.count < b.count; });
+  if (largest == plan.end() || static_cast<size_t>(largest->rail) >= estimates.size()) return agreed_min;
+  return std::max(agreed_min, multirail::amortized_range_bytes(estimates[static_cast<size_t>(largest->rail)]));
+}
+
 ShareBalancer::ShareBalancer(const std::vector<multirail::RailShare>& plan, size_t min_claim, size_t align,
                              size_t floor_claim)
     : claims_(plan.size()), progress_(plan.size()), align_(std::max<size_t>(1, align)) {

@@ -54,6 +54,13 @@ constexpr size_t kBalanceMinRanges = 4;
 // claims' messages and the rings' restarts must stay small beside what a range carries.
 constexpr size_t kMinClaimSpread = 8;
 
+// The smallest range the balancing leader hands out: `agreed_min` (what the decision to balance
+// was made by, the same on every rank), raised so each range's bulk start-up on the largest share's
+// rail stays small (multirail::amortized_range_bytes): every range runs that rail's algorithm from
+// its first step, and on hundreds of ranks a ring's 2(n-1) steps outlast a small range's bytes.
+size_t leader_min_range_bytes(const std::vector<multirail::RailShare>& plan,
+                              const std::vector<multirail::RailEstimate>& estimates, size_t agreed_min);
+
 class ShareBalancer {
  public:
   struct Range {
