@@ -1,5 +1,7 @@
 #include "transport/shm/shm_address.h"
 
+#include <openssl/sha.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +24,9 @@ std::string read_first_line(const char* path) {
   return line;
 }
 
+
+}  // namespace
+
 std::string from_hex(const std::string& hex, const std::string& who) {
   if (hex.size() % 2 != 0) throw InvalidArgument(who + ": malformed shm address (odd hex length)");
   std::string out;
@@ -35,7 +40,20 @@ std::string from_hex(const std::string& hex, const std::string& who) {
   return out;
 }
 
-}  // namespace
+std::string sha256(const std::string& data) {
+  unsigned char out[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), out);
+  return std::string(reinterpret_cast<char*>(out), sizeof out);
+}
+
+bool process_exited(int pidfd, int32_t pid, uint64_t start_time) {
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0;
+  }
+  if (pid == ::getpid()) return false;
+  return process_start_time(pid) != start_time;  // gone, or the pid was reused
+}
 
 std::string to_hex(const std::string& bytes) {
   static const char* digits = "0123456789abcdef";

@@ -35,5 +35,12 @@ ShmAddress decode_address(const std::string& bytes, const std::string& who);
 std::string same_host_mismatch(const ShmAddress& a, const ShmAddress& b);
 
 std::string to_hex(const std::string& bytes);
+// Throws InvalidArgument naming `who` for odd length or a non-hex digit.
+std::string from_hex(const std::string& hex, const std::string& who);
+std::string sha256(const std::string& data);  // the 32-byte digest
+
+// Whether a peer process is gone: its pidfd (>= 0) is readable, or else its pid now belongs to a
+// process started at another time (or none). This process is never gone.
+bool process_exited(int pidfd, int32_t pid, uint64_t start_time);
 
 }  // namespace nezha::transport::shm

@@ -1,6 +1,5 @@
 #include "transport/shm/shm_rail.h"
 
-#include <openssl/sha.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -24,23 +23,11 @@ using shm::MessageHeader;
 
 namespace {
 
-std::string sha256(const std::string& data) {
-  unsigned char out[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), out);
-  return std::string(reinterpret_cast<char*>(out), sizeof out);
-}
-
 std::string random_bytes(size_t n) {
   std::string out(n, '\0');
   std::ifstream urandom("/dev/urandom", std::ios::binary);
   if (!urandom.read(out.data(), static_cast<std::streamsize>(n)))
     throw NezhaError("shm rail: cannot read /dev/urandom for a nonce");
-  return out;
-}
-
-std::string from_hex16(const std::string& hex) {
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
 }
 
@@ -79,12 +66,12 @@ ShmRail::ShmRail(ShmRailConfig config, int rank, int size)
   properties_.latency_us_prior = 5;
   properties_.gbps_prior = 40;
   properties_.max_share_bytes = config_.max_share_bytes;
-  job_tag_ = sha256("nezha-shm-job\n" + config_.secret).substr(0, 16);
+  job_tag_ = shm::sha256("nezha-shm-job\n" + config_.secret).substr(0, 16);
   nonce_ = random_bytes(16);
   address_ = shm::local_identity(config_.host_id);
   address_.nonce_hex = shm::to_hex(nonce_);
   // Unguessable without the secret and tied to this instance; abstract, so it vanishes with us.
-  address_.socket_name = "nezha-shm-" + shm::to_hex(sha256(config_.secret + "\n" + nonce_).substr(0, 16));
+  address_.socket_name = "nezha-shm-" + shm::to_hex(shm::sha256(config_.secret + "\n" + nonce_).substr(0, 16));
   listener_ = shm::HandoffListener(address_.socket_name);
 }
 
@@ -139,8 +126,12 @@ void ShmRail::connect(const std::vector<std::string>& addresses_by_rank, const D
                           static_cast<uint32_t>(local_ranks.size()), ring_bytes_};
   shm::Segment own = shm::Segment::create(id);
   std::vector<shm::HandoffPeer> peers;
-  for (int r : local_ranks)
-    if (r != rank_) peers.push_back({r, addrs[r], from_hex16(addrs[r].nonce_hex)});
+  for (int r : local_ranks) {
+    if (r == rank_) continue;
+    const std::string nonce =
+        shm::from_hex(addrs[r].nonce_hex, "rail '" + config_.name + "': rank " + std::to_string(r) + "'s address");
+    peers.push_back({r, addrs[r], nonce});
+  }
   std::vector<int> fds = shm::exchange_segment_fds(listener_, rank_, nonce_, own.fd(), peers, aborted_,
                                                    deadline, config_.name);
   own.release_fd();

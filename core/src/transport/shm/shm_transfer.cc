@@ -17,19 +17,6 @@ namespace nezha::transport {
 using shm::MessageHeader;
 using shm::MessageMode;
 
-namespace {
-
-bool process_exited(int pidfd, int32_t pid, uint64_t start_time) {
-  if (pidfd >= 0) {
-    pollfd p{pidfd, POLLIN, 0};
-    return ::poll(&p, 1, 0) > 0;
-  }
-  if (pid == ::getpid()) return false;
-  return shm::process_start_time(pid) != start_time;  // gone, or the pid was reused
-}
-
-}  // namespace
-
 struct ShmRail::Outgoing {
   int peer;
   MessageHeader header;
@@ -194,7 +181,7 @@ void ShmRail::check_blocked_peer(int peer, bool sending, uint64_t tag, bool chec
     fail_pair(peer, what + ": rank " + std::to_string(peer) + " closed this pair after an error", FailKind::kPeer);
   if (l.segment.header()->closed.load() && !can_progress())
     fail_pair(peer, what + ": rank " + std::to_string(peer) + " closed or aborted its shm rail", FailKind::kPeer);
-  if (check_process && process_exited(l.pidfd, l.pid, start_times_[peer]) && !can_progress())
+  if (check_process && shm::process_exited(l.pidfd, l.pid, start_times_[peer]) && !can_progress())
     fail_pair(peer, what + ": rank " + std::to_string(peer) + " (pid " + std::to_string(l.pid) + ") exited",
               FailKind::kPeer);
 }

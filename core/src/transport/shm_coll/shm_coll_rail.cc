@@ -1,7 +1,6 @@
 #include "transport/shm_coll/shm_coll_rail.h"
 
 #include <openssl/rand.h>
-#include <openssl/sha.h>
 #include <poll.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -17,32 +16,6 @@
 #endif
 
 namespace nezha::transport {
-
-namespace {
-
-std::string sha256(const std::string& data) {
-  unsigned char out[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), out);
-  return std::string(reinterpret_cast<char*>(out), sizeof out);
-}
-
-std::string from_hex(const std::string& hex) {
-  std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2)
-    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  return out;
-}
-
-bool process_exited(int pidfd, int32_t pid, uint64_t start_time) {
-  if (pidfd >= 0) {
-    pollfd p{pidfd, POLLIN, 0};
-    return ::poll(&p, 1, 0) > 0;
-  }
-  if (pid == ::getpid()) return false;
-  return shm::process_start_time(pid) != start_time;  // gone, or the pid was reused
-}
-
-}  // namespace
 
 ShmCollRail::ShmCollRail(ShmCollRailConfig config, int rank, int size)
     : config_(std::move(config)), rank_(rank), size_(size) {
@@ -65,14 +38,14 @@ ShmCollRail::ShmCollRail(ShmCollRailConfig config, int rank, int size)
   properties_.point_to_point = false;
   properties_.in_network_reduce = true;
   properties_.host_memory = true;
-  job_tag_ = sha256("nezha-shmcoll-job\n" + config_.secret).substr(0, 16);
+  job_tag_ = shm::sha256("nezha-shmcoll-job\n" + config_.secret).substr(0, 16);
   nonce_.assign(16, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce_.data()), 16) != 1)
     throw NezhaError("rail '" + config_.name + "': RAND_bytes failed");
   address_ = shm::local_identity(config_.host_id);
   address_.nonce_hex = shm::to_hex(nonce_);
   // Unguessable without the secret, tied to this instance; abstract, so it vanishes with us.
-  address_.socket_name = "nezha-shmcoll-" + shm::to_hex(sha256(config_.secret + "\n" + nonce_).substr(0, 16));
+  address_.socket_name = "nezha-shmcoll-" + shm::to_hex(shm::sha256(config_.secret + "\n" + nonce_).substr(0, 16));
   listener_ = shm::HandoffListener(address_.socket_name);
 }
 
@@ -120,7 +93,9 @@ void ShmCollRail::connect(const std::vector<std::string>& addresses_by_rank, con
     if (!mismatch.empty())
       throw InvalidArgument(who() + ": rank " + std::to_string(r) + " is not on this host (" + mismatch +
                             "); a shmcoll rail joins only jobs whose ranks all share one host");
-    others.push_back({r, addrs[r], from_hex(addrs[r].nonce_hex)});
+    const std::string nonce =
+        shm::from_hex(addrs[r].nonce_hex, who() + ": rank " + std::to_string(r) + "'s address");
+    others.push_back({r, addrs[r], nonce});
   }
   const uint64_t ws_bytes = shm_coll::workspace_bytes(config_.chunk_bytes, config_.slots);
   shm::SegmentIdentity id{job_tag_, nonce_, address_.pid, address_.start_time, rank_, 1, ws_bytes};
@@ -252,7 +227,7 @@ void ShmCollRail::check_peers() {
     const Peer& p = peers_[r];
     const bool closed = p.segment.header()->closed.load() != 0;
     const int blame = closed ? p.ws.control->blame.load() : -1;
-    if (!closed && process_exited(p.pidfd, p.pid, p.start_time)) {
+    if (!closed && shm::process_exited(p.pidfd, p.pid, p.start_time)) {
       gone = r;
       break;
     }
