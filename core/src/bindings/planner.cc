@@ -86,7 +86,7 @@ void bind_planner(py::module_& parent) {
       .def_readonly("striped", &multirail::Plan::striped)
       .def_readonly("why", &multirail::Plan::why);
 
-  m.def("share_gbps_prior", &multirail::share_gbps_prior, py::arg("link_gbps"), py::arg("in_network_reduce"),
+  m.def("share_gbps_prior", &multirail::share_gbps_prior, py::arg("link_gbps"), py::arg("collective_rail"),
         py::arg("ranks"), "The bandwidth a rail's cost model expects before it is measured (rail_table.h).");
   m.def("striping_threshold_bytes", &multirail::striping_threshold_bytes, py::arg("estimates"), py::arg("usable"),
         "Smallest payload striping is predicted to pay for (planner.h); 2**64-1 if never.");
@@ -110,7 +110,7 @@ void bind_planner(py::module_& parent) {
                if (r.contains("gbps_prior")) d.gbps_prior = r["gbps_prior"].cast<double>();
                if (r.contains("max_share_bytes")) d.max_share_bytes = r["max_share_bytes"].cast<size_t>();
                if (r.contains("point_to_point")) d.point_to_point = r["point_to_point"].cast<bool>();
-               // A collective-only rail reduces every dtype and op, as nezha-aggd does (AggRail::reduces).
+               // A collective rail (not point to point) reduces every dtype and op, as nezha-aggd does.
                if (!d.point_to_point) d.reduces = [](DataType, ReduceOp) { return true; };
                out.push_back(std::move(d));
              }

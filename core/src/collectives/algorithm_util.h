@@ -58,17 +58,12 @@ inline std::vector<size_t> cache_line_partition(size_t count, int n, size_t elem
 
 // An allreduce on a rail of one rank: its input is its result, scaled by opt.postscale (announced to
 // opt.before_overwrite first). Returns whether the rail has one rank.
-bool allreduce_alone(transport::Rail& rail, void* buf, size_t count, DataType dtype,
+bool allreduce_alone(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype,
                      const CollectiveOptions& opt);
 
 // memcpy(out, in, bytes) unless they are the same buffer (an out-of-place allreduce's input, where
 // the algorithm runs in place).
 void copy_input(const void* in, void* out, size_t bytes);
-
-// Runs the allreduce through the rail's in-network reduction (Rail::collective()) when it has one
-// that reduces this dtype, op and size; returns whether it did.
-bool allreduce_in_network(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
-                          const CollectiveOptions& opt);
 
 // Ring neighbour arithmetic that never goes negative.
 inline int ring_mod(long long x, int n) { return static_cast<int>(((x % n) + n) % n); }

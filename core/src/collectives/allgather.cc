@@ -10,7 +10,7 @@
 
 namespace nezha::collectives {
 
-void allgatherv_blocks(transport::Rail& rail, const void* in, const std::vector<uint8_t*>& out_blocks,
+void allgatherv_blocks(transport::PointToPointRail& rail, const void* in, const std::vector<uint8_t*>& out_blocks,
                        const std::vector<size_t>& bytes_per_rank, const CollectiveOptions& opt) {
   const int n = rail.size();
   const int r = rail.rank();
@@ -32,7 +32,7 @@ void allgatherv_blocks(transport::Rail& rail, const void* in, const std::vector<
   detail::ring_allgather_blocks(rail, out_blocks, bytes_per_rank, opt.segment_bytes, tags, opt.deadline);
 }
 
-void allgatherv(transport::Rail& rail, const void* in, void* out,
+void allgatherv(transport::PointToPointRail& rail, const void* in, void* out,
                 const std::vector<size_t>& bytes_per_rank, const CollectiveOptions& opt) {
   detail::require(bytes_per_rank.size() == static_cast<size_t>(rail.size()),
                   "allgatherv: " + std::to_string(bytes_per_rank.size()) +

@@ -1,7 +1,7 @@
-// allreduce(): a rail that reduces in the network (collective_rail.h) and takes this dtype, op and
-// size runs the share itself; otherwise pick the algorithm by payload size. Log-step needs log2(n)
+// allreduce(): on a point-to-point rail, pick the algorithm by payload size. Log-step needs log2(n)
 // rounds of the whole payload (latency-bound small messages win); the ring moves 2(n-1)/n of it in
-// 2(n-1) rounds (bandwidth-bound large messages win).
+// 2(n-1) rounds (bandwidth-bound large messages win). A collective rail (collective_rail.h) runs the
+// share itself.
 #include <cstring>
 
 #include "collectives/algorithm_util.h"
@@ -12,7 +12,7 @@
 
 namespace nezha::collectives {
 
-bool detail::allreduce_alone(transport::Rail& rail, void* buf, size_t count, DataType dtype,
+bool detail::allreduce_alone(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype,
                              const CollectiveOptions& opt) {
   if (rail.size() != 1) return false;
   if (opt.postscale != 1.0 && count > 0) {
@@ -22,42 +22,32 @@ bool detail::allreduce_alone(transport::Rail& rail, void* buf, size_t count, Dat
   return true;
 }
 
-bool detail::allreduce_in_network(transport::Rail& rail, void* buf, size_t count, DataType dtype,
-                                  ReduceOp op, const CollectiveOptions& opt) {
-  transport::CollectiveRail* coll = rail.collective();
-  const size_t bytes = count * dtype_size(dtype);
-  if (!coll || !coll->reduces(dtype, op) || (coll->max_share_bytes() && bytes > coll->max_share_bytes()))
-    return false;
-  // The aggregator's sums land over the input chunk by chunk: the rail hands each chunk's range to
-  // before_overwrite (failover keeps it) just before its sum arrives, not the whole share up front.
-  coll->start_allreduce(buf, buf, count, dtype, op, opt.seq, opt.before_overwrite)->wait(opt.deadline);
-  if (opt.postscale != 1.0 && count > 0) scale(buf, count, dtype, opt.postscale);
-  return true;
-}
-
 void detail::copy_input(const void* in, void* out, size_t bytes) {
   if (in != out && bytes > 0) std::memcpy(out, in, bytes);
 }
 
-void allreduce(transport::Rail& rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
-               const CollectiveOptions& opt) {
-  const bool ring = count * dtype_size(dtype) > opt.logstep_max_bytes;
-  if (ring && !rail.collective() && rail.properties().point_to_point) {
+void allreduce(transport::PointToPointRail& rail, const void* in, void* out, size_t count, DataType dtype,
+               ReduceOp op, const CollectiveOptions& opt) {
+  if (count * dtype_size(dtype) > opt.logstep_max_bytes) {
     allreduce_ring(rail, in, out, count, dtype, op, opt);
     return;
   }
   // In place from here. The copy is not announced to before_overwrite: it writes the input itself.
   detail::copy_input(in, out, count * dtype_size(dtype));
-  if (detail::allreduce_in_network(rail, out, count, dtype, op, opt)) return;
-  if (!rail.properties().point_to_point)
+  allreduce_logstep(rail, out, count, dtype, op, opt);
+}
+
+void allreduce(transport::CollectiveRail& rail, const void* in, void* out, size_t count, DataType dtype,
+               ReduceOp op, const CollectiveOptions& opt) {
+  if (!rail.takes(dtype, op, count * dtype_size(dtype)))
     throw InvalidArgument("rail '" + rail.properties().name + "' cannot run an allreduce of " +
-                          dtype_name(dtype) + " with " + reduce_op_name(op) + " (collective-only, and it "
-                          "does not reduce this dtype/op or size)");
-  if (ring) {
-    allreduce_ring(rail, out, count, dtype, op, opt);
-  } else {
-    allreduce_logstep(rail, out, count, dtype, op, opt);
-  }
+                          std::to_string(count) + " " + dtype_name(dtype) + " with " + reduce_op_name(op) +
+                          " (a collective rail, and it does not reduce this dtype/op or size)");
+  detail::copy_input(in, out, count * dtype_size(dtype));
+  // The aggregator's sums land over the input chunk by chunk: the rail hands each chunk's range to
+  // before_overwrite (failover keeps it) just before its sum arrives, not the whole share up front.
+  rail.start_allreduce(out, out, count, dtype, op, opt.seq, opt.before_overwrite)->wait(opt.deadline);
+  if (opt.postscale != 1.0 && count > 0) scale(out, count, dtype, opt.postscale);
 }
 
 }  // namespace nezha::collectives

@@ -12,7 +12,7 @@
 
 namespace nezha::collectives {
 
-void allreduce_hierarchical(transport::Rail& host_lane, transport::Rail& network,
+void allreduce_hierarchical(transport::PointToPointRail& host_lane, transport::PointToPointRail& network,
                             const transport::HostPlacement& placement, void* buf, size_t count, DataType dtype,
                             ReduceOp op, const CollectiveOptions& opt) {
   detail::require(static_cast<int>(placement.host_of_rank.size()) == network.size(),

@@ -37,7 +37,7 @@ void combine_in_rank_order(uint8_t* mine, uint8_t* theirs, bool mine_is_lower, s
 
 }  // namespace
 
-void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType dtype,
+void allreduce_logstep(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype,
                        ReduceOp op, const CollectiveOptions& opt) {
   const size_t bytes = count * dtype_size(dtype);
   detail::require(buf != nullptr || count == 0, "allreduce_logstep: null buffer");

@@ -8,8 +8,8 @@
 
 namespace nezha::collectives {
 
-void allreduce_ring(transport::Rail& rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
-                    const CollectiveOptions& opt) {
+void allreduce_ring(transport::PointToPointRail& rail, const void* in, void* out, size_t count, DataType dtype,
+                    ReduceOp op, const CollectiveOptions& opt) {
   const size_t esize = dtype_size(dtype);
   detail::require((in != nullptr && out != nullptr) || count == 0, "allreduce_ring: null buffer");
   if (count == 0) return;

@@ -20,7 +20,7 @@
 
 namespace nezha::collectives {
 
-void alltoallv_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& send_blocks,
+void alltoallv_blocks(transport::PointToPointRail& rail, const std::vector<const uint8_t*>& send_blocks,
                       const std::vector<size_t>& send_bytes, const std::vector<uint8_t*>& recv_blocks,
                       const std::vector<size_t>& recv_bytes, const CollectiveOptions& opt) {
   const int n = rail.size();
@@ -63,7 +63,7 @@ void alltoallv_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& 
     rail.recv(awaiting, make_tag(opt.seq, static_cast<uint64_t>(2 * n - 1)), nullptr, 0, opt.deadline);
 }
 
-void alltoallv(transport::Rail& rail, const void* in, const std::vector<size_t>& send_bytes,
+void alltoallv(transport::PointToPointRail& rail, const void* in, const std::vector<size_t>& send_bytes,
                void* out, const std::vector<size_t>& recv_bytes, const CollectiveOptions& opt) {
   const auto N = static_cast<size_t>(rail.size());
   detail::require(send_bytes.size() == N && recv_bytes.size() == N,

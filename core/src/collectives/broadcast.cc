@@ -34,7 +34,7 @@ size_t piece_bytes(size_t segment_bytes, size_t waits) {
   return std::clamp<size_t>(segment_bytes, 1, budget);
 }
 
-void tree(transport::Rail& rail, uint8_t* data, size_t bytes, int root,
+void tree(transport::PointToPointRail& rail, uint8_t* data, size_t bytes, int root,
           const CollectiveOptions& opt) {
   const int n = rail.size();
   const int vrank = detail::ring_mod(rail.rank() - root, n);  // 0 = root
@@ -67,7 +67,7 @@ void tree(transport::Rail& rail, uint8_t* data, size_t bytes, int root,
   }
 }
 
-void chain(transport::Rail& rail, uint8_t* data, size_t bytes, int root,
+void chain(transport::PointToPointRail& rail, uint8_t* data, size_t bytes, int root,
            const CollectiveOptions& opt) {
   const int n = rail.size();
   const int vrank = detail::ring_mod(rail.rank() - root, n);  // 0 = root
@@ -84,7 +84,7 @@ void chain(transport::Rail& rail, uint8_t* data, size_t bytes, int root,
 }
 }  // namespace
 
-void broadcast(transport::Rail& rail, void* buf, size_t bytes, int root,
+void broadcast(transport::PointToPointRail& rail, void* buf, size_t bytes, int root,
                const CollectiveOptions& opt) {
   const int n = rail.size();
   detail::require(root >= 0 && root < n, "broadcast: root " + std::to_string(root) +

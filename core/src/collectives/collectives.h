@@ -1,7 +1,8 @@
-// Collective algorithms over one Rail. The engine calls these from a rail's worker thread, with the
-// part of a (fused) buffer assigned to that rail. Every rank calls the same function with the same
-// sizes, seq and options in the same order; tags are derived from seq so a desynchronised peer is
-// caught as a ProtocolError instead of corrupting data.
+// Collective algorithms over one point-to-point rail (transport/rail.h), and the allreduce of a
+// collective rail (transport/collective_rail.h), which reduces the share itself. The engine calls
+// these from a rail's worker thread, with the part of a (fused) buffer assigned to that rail. Every
+// rank calls the same function with the same sizes, seq and options in the same order; tags are
+// derived from seq so a desynchronised peer is caught as a ProtocolError instead of corrupting data.
 //
 // Results are bit-identical on every rank: each output element is computed once, by one rank, and
 // copied to the others (ring), or computed by both partners from the same two operands in a
@@ -15,7 +16,8 @@
 
 #include "common/deadline.h"
 #include "common/dtype.h"
-#include "transport/hierarchical_rail.h"
+#include "transport/collective_rail.h"
+#include "transport/host_lane.h"
 #include "transport/rail.h"
 
 namespace nezha::collectives {
@@ -47,35 +49,40 @@ inline uint64_t make_tag(uint64_t seq, uint64_t step) { return (seq << 20) | (st
 // Out of place, the ring reads `in` where it needs it and writes each byte of `out` once it has its
 // sum: no copy of `in` into `out` first, which would hold back every rank's first message for the
 // copy and a fresh output's page faults (27-97 ms of a 64 MB allreduce into XLA's output). The
-// other algorithms (small payloads, a rail that reduces in the network) copy first.
-void allreduce(transport::Rail& rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+// other algorithms (small payloads, a collective rail's allreduce below) copy first.
+void allreduce(transport::PointToPointRail& rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                const CollectiveOptions& opt);
-inline void allreduce(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+inline void allreduce(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
                       const CollectiveOptions& opt) {
   allreduce(rail, buf, buf, count, dtype, op, opt);
 }
+// On a collective rail: the rail reduces the share (out of place, `in` is copied to `out` first),
+// then opt.postscale applies; before_overwrite hears of the ranges the rail writes. Throws
+// InvalidArgument naming the rail when it does not take this dtype, op and size.
+void allreduce(transport::CollectiveRail& rail, const void* in, void* out, size_t count, DataType dtype,
+               ReduceOp op, const CollectiveOptions& opt);
 // Pipelined ring: reduce-scatter then allgather, segmented by opt.segment_bytes; in place or out of
 // place as allreduce().
-void allreduce_ring(transport::Rail& rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
-                    const CollectiveOptions& opt);
-inline void allreduce_ring(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+void allreduce_ring(transport::PointToPointRail& rail, const void* in, void* out, size_t count, DataType dtype,
+                    ReduceOp op, const CollectiveOptions& opt);
+inline void allreduce_ring(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
                            const CollectiveOptions& opt) {
   allreduce_ring(rail, buf, buf, count, dtype, op, opt);
 }
 // Recursive doubling (non-powers of two fold the extra ranks in first and out last).
-void allreduce_logstep(transport::Rail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+void allreduce_logstep(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
                        const CollectiveOptions& opt);
 
 // Hierarchical allreduce (design: hierarchy.h): reduce-scatter among the ranks of each host over
 // host_lane (a kHost rail), allreduce of each slice across hosts among its owners over network, then
 // allgather over host_lane. Both rails in job rank space; placement the same on every rank.
-void allreduce_hierarchical(transport::Rail& host_lane, transport::Rail& network,
+void allreduce_hierarchical(transport::PointToPointRail& host_lane, transport::PointToPointRail& network,
                             const transport::HostPlacement& placement, void* buf, size_t count, DataType dtype,
                             ReduceOp op, const CollectiveOptions& opt);
 
 // out = concatenation over ranks r of bytes_per_rank[r] bytes; this rank's block is read from `in`
 // (which may alias its slot in out).
-void allgatherv(transport::Rail& rail, const void* in, void* out,
+void allgatherv(transport::PointToPointRail& rail, const void* in, void* out,
                 const std::vector<size_t>& bytes_per_rank, const CollectiveOptions& opt);
 
 // Scattered-block forms of allgatherv, alltoallv and reducescatterv: block i (of rank i, or for or
@@ -85,7 +92,7 @@ void allgatherv(transport::Rail& rail, const void* in, void* out,
 // Messages and results are those of the contiguous forms.
 
 // out_blocks[i] receives rank i's bytes_per_rank[i] bytes; this rank's are copied from `in`.
-void allgatherv_blocks(transport::Rail& rail, const void* in, const std::vector<uint8_t*>& out_blocks,
+void allgatherv_blocks(transport::PointToPointRail& rail, const void* in, const std::vector<uint8_t*>& out_blocks,
                        const std::vector<size_t>& bytes_per_rank, const CollectiveOptions& opt);
 
 // An alltoallv message of this many bytes or more is acknowledged by its receiver, and its sender
@@ -95,14 +102,14 @@ constexpr size_t kAlltoallPacedBytes = 256 << 10;
 
 // send_bytes[i] bytes at send_blocks[i] go to rank i; recv_bytes[i] bytes from rank i land at
 // recv_blocks[i].
-void alltoallv_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& send_blocks,
+void alltoallv_blocks(transport::PointToPointRail& rail, const std::vector<const uint8_t*>& send_blocks,
                       const std::vector<size_t>& send_bytes, const std::vector<uint8_t*>& recv_blocks,
                       const std::vector<size_t>& recv_bytes, const CollectiveOptions& opt);
 
 // This rank's input of block i (counts[i] elements) is read at in_blocks[i] and never written.
 // work_blocks[i] receives partial sums (scratch the caller provides; it may be in_blocks[i]);
 // work_blocks[rank] ends holding the reduction of block `rank`. No copy of the input is made.
-void reducescatterv_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& in_blocks,
+void reducescatterv_blocks(transport::PointToPointRail& rail, const std::vector<const uint8_t*>& in_blocks,
                            const std::vector<uint8_t*>& work_blocks, const std::vector<size_t>& counts,
                            DataType dtype, ReduceOp op, const CollectiveOptions& opt);
 
@@ -115,17 +122,17 @@ void reducescatterv_blocks(transport::Rail& rail, const std::vector<const uint8_
 // and the chain's pieces stay large (smaller ones gain nothing measurable there).
 constexpr size_t kBroadcastChainMinBytes = 64 << 10;
 constexpr size_t kBroadcastChainMinBytesInHost = 256 << 10;
-void broadcast(transport::Rail& rail, void* buf, size_t bytes, int root,
+void broadcast(transport::PointToPointRail& rail, void* buf, size_t bytes, int root,
                const CollectiveOptions& opt);
 
 // send_bytes[r] bytes from `in` (blocks in rank order) go to rank r; recv_bytes[r] bytes from rank r
 // land in `out` (blocks in rank order). Pairwise exchange.
-void alltoallv(transport::Rail& rail, const void* in, const std::vector<size_t>& send_bytes,
+void alltoallv(transport::PointToPointRail& rail, const void* in, const std::vector<size_t>& send_bytes,
                void* out, const std::vector<size_t>& recv_bytes, const CollectiveOptions& opt);
 
 // `in` holds sum(counts) elements; rank r receives the reduction of block r (counts[r] elements)
 // into `out`. `in` is used as scratch and is clobbered.
-void reducescatterv(transport::Rail& rail, void* in, void* out, const std::vector<size_t>& counts,
+void reducescatterv(transport::PointToPointRail& rail, void* in, void* out, const std::vector<size_t>& counts,
                     DataType dtype, ReduceOp op, const CollectiveOptions& opt);
 
 }  // namespace nezha::collectives

@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "transport/hierarchical_rail.h"
+#include "transport/host_lane.h"
 
 namespace nezha::collectives {
 

@@ -11,7 +11,7 @@
 namespace nezha::collectives {
 namespace {
 
-void require_counts(const transport::Rail& rail, size_t given) {
+void require_counts(const transport::PointToPointRail& rail, size_t given) {
   detail::require(given == static_cast<size_t>(rail.size()),
                   "reducescatterv: " + std::to_string(given) + " block counts given for " +
                       std::to_string(rail.size()) + " ranks");
@@ -19,7 +19,7 @@ void require_counts(const transport::Rail& rail, size_t given) {
 
 }  // namespace
 
-void reducescatterv_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& in_blocks,
+void reducescatterv_blocks(transport::PointToPointRail& rail, const std::vector<const uint8_t*>& in_blocks,
                            const std::vector<uint8_t*>& work_blocks, const std::vector<size_t>& counts,
                            DataType dtype, ReduceOp op, const CollectiveOptions& opt) {
   const int n = rail.size();
@@ -43,7 +43,7 @@ void reducescatterv_blocks(transport::Rail& rail, const std::vector<const uint8_
                                      tags, opt.deadline);
 }
 
-void reducescatterv(transport::Rail& rail, void* in, void* out, const std::vector<size_t>& counts,
+void reducescatterv(transport::PointToPointRail& rail, void* in, void* out, const std::vector<size_t>& counts,
                     DataType dtype, ReduceOp op, const CollectiveOptions& opt) {
   const int r = rail.rank();
   require_counts(rail, counts.size());

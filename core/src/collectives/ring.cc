@@ -49,7 +49,7 @@ struct Exchange {
 // every rank then completes its send of i+1 once its neighbour has read message i, which that
 // neighbour always does, whatever it is sending.
 template <class PlanFn, class BeforeFn, class ReceivedFn>
-void run_phase(transport::Rail& rail, size_t count, size_t nseg, size_t largest_message,
+void run_phase(transport::PointToPointRail& rail, size_t count, size_t nseg, size_t largest_message,
                TagSequence& tags, const Deadline& deadline, PlanFn plan, BeforeFn before_receive,
                ReceivedFn received) {
   const int n = rail.size();
@@ -96,7 +96,7 @@ std::vector<uint8_t*> block_addresses(uint8_t* buf, const std::vector<size_t>& b
   return at;
 }
 
-void ring_reduce_scatter_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& inputs,
+void ring_reduce_scatter_blocks(transport::PointToPointRail& rail, const std::vector<const uint8_t*>& inputs,
                                 const std::vector<uint8_t*>& blocks, const std::vector<size_t>& counts,
                                 DataType dtype, ReduceOp op, size_t segment_elems, TagSequence& tags,
                                 const Deadline& deadline, const OverwriteHook* before_overwrite,
@@ -142,7 +142,7 @@ void ring_reduce_scatter_blocks(transport::Rail& rail, const std::vector<const u
       });
 }
 
-void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& counts,
+void ring_reduce_scatter(transport::PointToPointRail& rail, uint8_t* buf, const std::vector<size_t>& counts,
                          DataType dtype, ReduceOp op, size_t segment_elems, TagSequence& tags,
                          const Deadline& deadline, const OverwriteHook* before_overwrite,
                          double postscale) {
@@ -155,7 +155,7 @@ void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<
                              before_overwrite, buf, postscale);
 }
 
-void ring_allgather_blocks(transport::Rail& rail, const std::vector<uint8_t*>& blocks,
+void ring_allgather_blocks(transport::PointToPointRail& rail, const std::vector<uint8_t*>& blocks,
                            const std::vector<size_t>& block_bytes, size_t segment_bytes, TagSequence& tags,
                            const Deadline& deadline, const OverwriteHook* before_overwrite,
                            const uint8_t* hook_base) {
@@ -188,7 +188,7 @@ void ring_allgather_blocks(transport::Rail& rail, const std::vector<uint8_t*>& b
       [](const Exchange&) {});
 }
 
-void ring_allgather(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& block_bytes,
+void ring_allgather(transport::PointToPointRail& rail, uint8_t* buf, const std::vector<size_t>& block_bytes,
                     size_t segment_bytes, TagSequence& tags, const Deadline& deadline,
                     const OverwriteHook* before_overwrite) {
   ring_allgather_blocks(rail, block_addresses(buf, block_bytes), block_bytes, segment_bytes, tags,

@@ -34,27 +34,27 @@ std::vector<uint8_t*> block_addresses(uint8_t* buf, const std::vector<size_t>& b
 // ranks, so the result is identical whichever rank later copies it.
 // `postscale` (!= 1) multiplies block r once it is complete (scale()). before_overwrite, if given,
 // is called with offsets relative to `hook_base` (the in-place allreduce's buffer).
-void ring_reduce_scatter_blocks(transport::Rail& rail, const std::vector<const uint8_t*>& inputs,
+void ring_reduce_scatter_blocks(transport::PointToPointRail& rail, const std::vector<const uint8_t*>& inputs,
                                 const std::vector<uint8_t*>& blocks, const std::vector<size_t>& counts,
                                 DataType dtype, ReduceOp op, size_t segment_elems, TagSequence& tags,
                                 const Deadline& deadline, const OverwriteHook* before_overwrite = nullptr,
                                 const uint8_t* hook_base = nullptr, double postscale = 1.0);
 
 // In place on rail.size() consecutive blocks of buf (counts in elements).
-void ring_reduce_scatter(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& counts,
+void ring_reduce_scatter(transport::PointToPointRail& rail, uint8_t* buf, const std::vector<size_t>& counts,
                          DataType dtype, ReduceOp op, size_t segment_elems, TagSequence& tags,
                          const Deadline& deadline, const OverwriteHook* before_overwrite = nullptr,
                          double postscale = 1.0);
 
 // Block r of rank r (block_bytes[r] bytes at blocks[r]) is filled in. On return every block is
 // filled in, copied verbatim from its owner.
-void ring_allgather_blocks(transport::Rail& rail, const std::vector<uint8_t*>& blocks,
+void ring_allgather_blocks(transport::PointToPointRail& rail, const std::vector<uint8_t*>& blocks,
                            const std::vector<size_t>& block_bytes, size_t segment_bytes, TagSequence& tags,
                            const Deadline& deadline, const OverwriteHook* before_overwrite = nullptr,
                            const uint8_t* hook_base = nullptr);
 
 // On rail.size() consecutive blocks of buf.
-void ring_allgather(transport::Rail& rail, uint8_t* buf, const std::vector<size_t>& block_bytes,
+void ring_allgather(transport::PointToPointRail& rail, uint8_t* buf, const std::vector<size_t>& block_bytes,
                     size_t segment_bytes, TagSequence& tags, const Deadline& deadline,
                     const OverwriteHook* before_overwrite = nullptr);
 

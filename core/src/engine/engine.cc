@@ -1,6 +1,7 @@
 // Engine: construction, wiring the components (engine.h lists them), submitting, shutting down.
 #include "engine/engine.h"
 #include "transport/collective_rail.h"
+#include "transport/host_lane.h"
 
 #include <poll.h>
 #include <sys/epoll.h>
@@ -75,12 +76,12 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
     multirail::RailDescription d;
     d.name = p.name;
     d.latency_us_prior = p.latency_us_prior;
-    d.gbps_prior = multirail::share_gbps_prior(p.gbps_prior, p.in_network_reduce, config_.size);
+    transport::CollectiveRail* coll = r->as_collective();
+    d.gbps_prior = multirail::share_gbps_prior(p.gbps_prior, coll != nullptr, config_.size);
     d.max_share_bytes = p.max_share_bytes;
-    d.point_to_point = p.point_to_point;
+    d.point_to_point = r->as_point_to_point() != nullptr;
     d.host_memory = p.host_memory;
-    if (transport::CollectiveRail* coll = r->collective())
-      d.reduces = [coll](DataType t, ReduceOp o) { return coll->reduces(t, o); };
+    if (coll) d.reduces = [coll](DataType t, ReduceOp o) { return coll->reduces(t, o); };
     described.push_back(std::move(d));
   }
   rail_table_ = std::make_unique<multirail::RailTable>(std::move(described), cost_opt);
@@ -175,7 +176,7 @@ void Engine::wire_components(const std::vector<std::vector<std::string>>& addrs_
   fo.enabled = failover;
   fo.health.initial_backoff = std::chrono::milliseconds(static_cast<int64_t>(config_.rail_probe_backoff_s * 1000));
   fo.health.max_backoff = std::chrono::milliseconds(static_cast<int64_t>(config_.rail_probe_backoff_max_s * 1000));
-  for (const auto& r : rails_) fo.redo_targets.push_back(r->properties().point_to_point);
+  for (const auto& r : rails_) fo.redo_targets.push_back(r->as_point_to_point() != nullptr);
   for (const auto& addrs : addrs_by_rank)  // [control paths..., data rails...]: the data rails'
     fo.rail_addrs_by_rank.emplace_back(addrs.begin() + static_cast<std::ptrdiff_t>(rails_.size()), addrs.end());
   failover_ = std::make_unique<FailoverController>(std::move(fo), rails, *rail_table_, std::move(work),
@@ -207,7 +208,6 @@ void Engine::wire_components(const std::vector<std::vector<std::string>>& addrs_
         timeline_.share_done(rail, what, start, s, bytes);
       },
       std::move(hooks));
-  executor_->use_hierarchical(hierarchical_);
 }
 
 void Engine::make_negotiator() {
@@ -245,9 +245,10 @@ void Engine::make_negotiator() {
 }
 
 void Engine::refuse_partial_host_rails() const {
-  for (const auto& rail : rails_) {
-    const auto& props = rail->properties();
-    if (props.reach != transport::RailReach::kHost) continue;
+  for (const auto& r : rails_) {
+    const auto& props = r->properties();
+    transport::PointToPointRail* rail = r->as_point_to_point();  // a collective rail reaches no peer
+    if (!rail || props.reach != transport::RailReach::kHost) continue;
     std::string unreached;
     for (int peer = 0; peer < config_.size; ++peer)
       if (peer != config_.rank && !rail->reaches(peer)) unreached += (unreached.empty() ? "" : ", ") + std::to_string(peer);
@@ -375,7 +376,8 @@ std::vector<RailStat> Engine::rail_stats() const {
     auto c = rails_[i]->counters();
     s.bytes_sent = c.bytes_sent;
     s.bytes_received = c.bytes_received;
-    if (hierarchical_[i]) s.lane_bytes_sent = hierarchical_[i]->host_lane().counters().bytes_sent;
+    if (transport::PointToPointRail* p2p = rails_[i]->as_point_to_point())
+      if (transport::HostLane* lane = p2p->host_lane()) s.lane_bytes_sent = lane->lane().counters().bytes_sent;
     // Every rank reports the coordinator's model (the one that decides the splits).
     s.alpha_us = status[i].estimate.alpha_us;
     s.beta_gbps = status[i].estimate.beta_gbps;

@@ -57,7 +57,6 @@
 #include "engine/timeline.h"
 #include "multirail/cost_model.h"
 #include "multirail/rail_table.h"
-#include "transport/hierarchical_rail.h"
 #include "transport/rail.h"
 #include "transport/rail_factory.h"
 
@@ -203,7 +202,6 @@ class Engine {
   std::unique_ptr<ProcessSetTable> process_sets_;  // read by the negotiator and the executor
   std::unique_ptr<ControlChannel> control_;
   std::vector<std::unique_ptr<transport::Rail>> rails_;  // built by transport::make_rail()
-  std::vector<transport::HierarchicalRail*> hierarchical_;  // per rail: rails_[i] with a host lane, or null
   // Per rail: cost models, states, shares, shared estimates, probe counters (rail_table.h). Rail
   // workers report to it; the negotiator plans with it; failover sets the rails' states.
   std::unique_ptr<multirail::RailTable> rail_table_;

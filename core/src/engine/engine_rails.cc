@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
+#include "transport/hierarchical_rail.h"
 
 namespace nezha::engine {
 
@@ -38,14 +39,15 @@ void Engine::build_rails() {
   for (size_t i = 0; i < config_.rails.size(); ++i)
     built.push_back(transport::make_rail(spec_of(config_.rails[i]), context(static_cast<int>(i))));
 
-  // The first host-local rail may become the host lane of every network rail. The launcher's
-  // placement only decides whether to try (one host, or several ranks on some host); who really
-  // shares memory comes from the lanes' addresses at connect (HierarchicalRail).
+  // The first host-local point-to-point rail may become the host lane of every network rail. The
+  // launcher's placement only decides whether to try (one host, or several ranks on some host); who
+  // really shares memory comes from the lanes' addresses at connect (HierarchicalRail).
   int lane = -1, network = 0;
   for (size_t i = 0; i < built.size(); ++i) {
+    if (!built[i]->as_point_to_point()) continue;  // a collective rail is neither
     if (built[i]->properties().reach == transport::RailReach::kHost) {
       if (lane < 0) lane = static_cast<int>(i);
-    } else if (built[i]->properties().point_to_point) {  // a collective-only rail is neither
+    } else {
       ++network;
     }
   }
@@ -75,18 +77,15 @@ void Engine::build_rails() {
       continue;
     }
     std::unique_ptr<transport::Rail> rail = std::move(built[i]);
-    transport::HierarchicalRail* hier = nullptr;
-    if (use_lanes && rail->properties().reach == transport::RailReach::kJob && rail->properties().point_to_point) {
-      // Each network rail its own lane (own segments): rails' workers never share one.
+    if (use_lanes && rail->properties().reach == transport::RailReach::kJob && rail->as_point_to_point()) {
+      // Each network rail its own lane (own segments): rails' workers never share one. The pair
+      // offers the lane through PointToPointRail::host_lane() once connected.
       auto lane_rail = transport::make_rail(spec_of(config_.rails[static_cast<size_t>(lane)]),
                                             context(static_cast<int>(config_.rails.size() + i)));
-      auto h = std::make_unique<transport::HierarchicalRail>(std::move(rail), std::move(lane_rail));
-      hier = h.get();
-      rail = std::move(h);
+      rail = std::make_unique<transport::HierarchicalRail>(std::move(rail), std::move(lane_rail));
     }
     kept.push_back(config_.rails[i]);
     rails_.push_back(std::move(rail));
-    hierarchical_.push_back(hier);
   }
   config_.rails = std::move(kept);
 }

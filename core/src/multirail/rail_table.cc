@@ -13,8 +13,8 @@ size_t source_index(PlanSource s) { return s == PlanSource::kNegotiation ? 0 : 1
 
 }  // namespace
 
-double share_gbps_prior(double link_gbps, bool in_network_reduce, int ranks) {
-  if (link_gbps <= 0 || in_network_reduce || ranks < 2) return link_gbps;
+double share_gbps_prior(double link_gbps, bool collective_rail, int ranks) {
+  if (link_gbps <= 0 || collective_rail || ranks < 2) return link_gbps;
   return link_gbps * ranks / (2.0 * (ranks - 1));
 }
 

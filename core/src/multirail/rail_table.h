@@ -38,8 +38,9 @@ struct RailDescription {
   double latency_us_prior = 0;  // 0 = unknown
   double gbps_prior = 0;        // 0 = unknown; with a prior the rail is planned before any sample
   size_t max_share_bytes = 0;   // 0 = no limit
-  // Capabilities (transport::RailProperties::point_to_point, CollectiveRail::reduces): a rail that is
-  // not point to point carries only allreduces it reduces itself (reduces may be empty: none).
+  // Capabilities, from the rail's kind (transport::Rail::as_point_to_point(), CollectiveRail::reduces):
+  // a rail that is not point to point carries only allreduces it reduces itself (reduces may be
+  // empty: none).
   bool point_to_point = true;
   std::function<bool(DataType, ReduceOp)> reduces;
   // transport::RailProperties::host_memory: the rail's data moves through this host's memory.
@@ -50,17 +51,17 @@ struct RailDescription {
 // links: the model fits a share's whole time (the algorithm included), and a collective rail moves a
 // share of N bytes through each link once (alpha + N / L), a ring 2(n-1)/n N (alpha + 2(n-1)/n N / L).
 // So at equal links an aggregation rail is worth n / (2(n-1)) ring rails: 1.5 at n = 4, -> 2.
-double share_gbps_prior(double link_gbps, bool in_network_reduce, int ranks);
+double share_gbps_prior(double link_gbps, bool collective_rail, int ranks);
 
 // What to plan: `count` elements of `elem_size` bytes; `splittable` (a collective that moves data)
 // may be striped, anything else runs whole on one rail. Only an allreduce of every rank may go to a
-// collective-only rail (one that reduces in the network), and only if it reduces dtype/op.
+// collective rail (one that reduces in the network), and only if it reduces dtype/op.
 struct OpToPlan {
   size_t count = 0;
   size_t elem_size = 1;
   bool splittable = false;
   bool allreduce = false;
-  DataType dtype = DataType::kFloat32;  // what a collective-only rail must reduce to take a share
+  DataType dtype = DataType::kFloat32;  // what a collective rail must reduce to take a share
   ReduceOp op = ReduceOp::kSum;
 };
 
@@ -93,7 +94,7 @@ class RailTable {
   void set_state(int rail, RailState state);  // not up: its current share drops to 0
   RailState state(int rail) const;
   std::vector<bool> usable() const;  // up, per rail
-  // Up and able to carry `op`: a collective-only rail only for an allreduce it reduces.
+  // Up and able to carry `op`: a collective rail only for an allreduce it reduces.
   std::vector<bool> usable_for(const OpToPlan& op) const;
 
   // The plan of one operation. kNegotiation plans from estimates(); kRound from `round_estimates`

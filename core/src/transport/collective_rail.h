@@ -1,16 +1,17 @@
-// CollectiveRail: a rail that reduces a share itself (in-network aggregation), beside the
-// point-to-point Rail the ring and log-step algorithms run on. Modelled on NCCL's CollNet
+// CollectiveRail: a rail that reduces a share itself (in-network aggregation, shared memory reducing
+// straight from peers' buffers), the second kind derived from Rail (rail.h) beside the
+// point-to-point rail the ring and log-step algorithms run on. Modelled on NCCL's CollNet
 // (reduceSupport(dtype, op), iallreduce + test): an aggregation daemon (transport/agg/) implements it
 // in software; a SHARP backend over libsharp_coll would implement it on switch ASICs the same way
 // (reduces() from sharp_coll_caps, start_allreduce() = sharp_coll_do_allreduce_nb, test/wait =
-// sharp_coll_req_test/req_wait; lifecycle as Rail's: the opaque address, connect, reset, close, abort).
+// sharp_coll_req_test/req_wait; lifecycle as every Rail's: the opaque address, connect, reset, close,
+// abort).
 //
-// How the engine holds it. Every rail is a Rail (lifecycle, properties, counters, abort); a rail that
-// reduces in the network answers Rail::collective() with this interface and says in its properties
-// whether it also carries point-to-point messages (RailProperties::point_to_point). The executor runs
-// an allreduce share through collective() when reduces(dtype, op) and the share fits
-// max_share_bytes(); the rail table never gives a rail without point_to_point an operation that is not
-// an allreduce it reduces (RailDescription::reduces).
+// How the engine holds it. As a Rail, like every rail; Rail::as_collective() answers with this
+// interface. It carries no messages between ranks, so it is never handed to a collective algorithm
+// (they take a PointToPointRail): the executor runs an allreduce share on it when takes(dtype, op,
+// bytes), and the rail table never gives it an operation that is not an allreduce it reduces
+// (multirail::RailDescription::reduces).
 //
 // What it promises.
 //  * An allreduce of `count` elements of `input` lands in `output` (may equal input) on every rank,
@@ -23,7 +24,7 @@
 //    After a failure the rail stays poisoned until reset() + connect() (failover re-admission).
 //
 // Threads. Data calls (start_allreduce, test, wait) are made by the rail's worker only; properties,
-// counters and abort (on Rail) are thread-safe.
+// counters and abort are thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -33,6 +34,7 @@
 
 #include "common/deadline.h"
 #include "common/dtype.h"
+#include "transport/rail.h"
 
 namespace nezha::transport {
 
@@ -47,13 +49,18 @@ class CollectiveRequest {
   virtual void wait(const Deadline& deadline) = 0;
 };
 
-class CollectiveRail {
+class CollectiveRail : public Rail {
  public:
-  virtual ~CollectiveRail() = default;
+  CollectiveRail* as_collective() final { return this; }
+
   // Capability: true if this rail reduces `dtype` with `op` (kAverage: as kSum, the caller scales).
   virtual bool reduces(DataType dtype, ReduceOp op) const = 0;
-  // Largest share in bytes one allreduce may carry; 0 = no limit.
-  virtual size_t max_share_bytes() const = 0;
+  // Whether an allreduce share of `bytes` of dtype/op can run here: reduced, and within
+  // properties().max_share_bytes (0: no limit).
+  bool takes(DataType dtype, ReduceOp op, size_t bytes) const {
+    const size_t cap = properties().max_share_bytes;
+    return reduces(dtype, op) && (cap == 0 || bytes <= cap);
+  }
   // Called with (byte offset, bytes) of a range of the output before the rail first writes there,
   // when output aliases input: the engine keeps that part of the input for a redo. A rail whose result
   // arrives chunk by chunk calls it per chunk, so the copy is spread over the wait for the network

@@ -14,7 +14,8 @@ std::string ranks_str(const std::vector<int>& ranks) {
 }
 }  // namespace
 
-GroupRail::GroupRail(Rail& parent, std::vector<int> members) : parent_(parent), members_(std::move(members)) {
+GroupRail::GroupRail(PointToPointRail& parent, std::vector<int> members)
+    : parent_(parent), members_(std::move(members)) {
   const std::string where = "group of rail '" + parent_.properties().name + "' (ranks " + ranks_str(members_) + ")";
   for (size_t i = 0; i < members_.size(); ++i) {
     const int m = members_[i];

@@ -1,4 +1,4 @@
-// GroupRail: a Rail restricted to a group of the job's ranks, in the group's own rank space.
+// GroupRail: a point-to-point rail restricted to a group of the job's ranks, in the group's own rank space.
 //
 // What it is for. Collective algorithms run on "every rank of the rail" (rank() and size()). To run
 // one among a subset of ranks (the ranks of one host inside the hierarchical allreduce, the owners of
@@ -9,7 +9,8 @@
 // errors are the parent's, which name job ranks. The view owns nothing: the parent's lifecycle is
 // the parent's. connect() only checks that the parent reaches every member (it forms no
 // connection); reset() and close() do nothing; abort() aborts the parent (a view shares its fate:
-// the parent's connections are what it uses). counters() are the parent's.
+// the parent's connections are what it uses). counters() are the parent's. It offers no host lane:
+// an allreduce among a group runs flat.
 //
 // Threads. As rail.h: data calls from the parent's one data thread (a view adds no threads); the
 // parent must outlive the view.
@@ -22,11 +23,11 @@
 
 namespace nezha::transport {
 
-class GroupRail : public Rail {
+class GroupRail final : public PointToPointRail {
  public:
   // members: job ranks, distinct, in group-rank order; the parent's rank must be one of them.
   // Throws InvalidArgument otherwise (naming the rail and the ranks).
-  GroupRail(Rail& parent, std::vector<int> members);
+  GroupRail(PointToPointRail& parent, std::vector<int> members);
 
   const RailProperties& properties() const override { return parent_.properties(); }
   int rank() const override { return rank_; }
@@ -54,7 +55,7 @@ class GroupRail : public Rail {
  private:
   int to_job(int peer, const char* verb) const;  // InvalidArgument for a peer outside the group
 
-  Rail& parent_;
+  PointToPointRail& parent_;
   std::vector<int> members_;
   int rank_ = -1;
 };

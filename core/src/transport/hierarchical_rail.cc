@@ -1,44 +1,24 @@
 #include "transport/hierarchical_rail.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
 
 namespace nezha::transport {
 
-int HostPlacement::hosts() const {
-  int n = 0;
-  for (int h : host_of_rank) n = std::max(n, h + 1);
-  return n;
-}
-
-std::vector<int> HostPlacement::ranks_on(int host) const {
-  std::vector<int> out;
-  for (size_t r = 0; r < host_of_rank.size(); ++r)
-    if (host_of_rank[r] == host) out.push_back(static_cast<int>(r));
-  return out;
-}
-
-HostPlacement HostPlacement::from_keys(const std::vector<std::string>& keys) {
-  HostPlacement p;
-  std::vector<std::string> seen;
-  for (const auto& k : keys) {
-    auto it = std::find(seen.begin(), seen.end(), k);
-    p.host_of_rank.push_back(static_cast<int>(it - seen.begin()));
-    if (it == seen.end()) seen.push_back(k);
-  }
-  return p;
-}
-
 HierarchicalRail::HierarchicalRail(std::unique_ptr<Rail> network, std::unique_ptr<Rail> host_lane)
-    : network_(std::move(network)), host_lane_(std::move(host_lane)) {
-  if (network_->properties().reach != RailReach::kJob || host_lane_->properties().reach != RailReach::kHost)
-    throw InvalidArgument("rail '" + network_->properties().name + "' with lane '" + host_lane_->properties().name +
-                          "': a hierarchical rail pairs a network rail with a host-local one");
+    : network_owner_(std::move(network)),
+      lane_owner_(std::move(host_lane)),
+      network_(network_owner_->as_point_to_point()),
+      lane_(lane_owner_->as_point_to_point()) {
+  if (!network_ || !lane_ || network_->properties().reach != RailReach::kJob ||
+      lane_->properties().reach != RailReach::kHost)
+    throw InvalidArgument("rail '" + network_owner_->properties().name + "' with lane '" +
+                          lane_owner_->properties().name +
+                          "': a hierarchical rail pairs a point-to-point network rail with a host-local one");
   properties_ = network_->properties();
-  properties_.kind += "+" + host_lane_->properties().kind;
-  properties_.host_memory = network_->properties().host_memory && host_lane_->properties().host_memory;
+  properties_.kind += "+" + lane_->properties().kind;
+  properties_.host_memory = network_->properties().host_memory && lane_->properties().host_memory;
 }
 
 HierarchicalRail::~HierarchicalRail() { close(); }
@@ -48,7 +28,7 @@ std::string HierarchicalRail::local_address() const {
   const uint32_t n = static_cast<uint32_t>(net.size());
   std::string out(sizeof(n), '\0');
   std::memcpy(&out[0], &n, sizeof(n));
-  return out + net + host_lane_->local_address();
+  return out + net + lane_->local_address();
 }
 
 void split_hierarchical_address(const std::string& packed, const std::string& who, std::string& network,
@@ -67,31 +47,31 @@ void HierarchicalRail::connect(const std::vector<std::string>& addresses_by_rank
     split_hierarchical_address(addresses_by_rank[r],
                                "rail '" + properties_.name + "', rank " + std::to_string(r) + "'s address",
                                net[r], lane[r]);
-  for (const auto& a : lane) keys.push_back(host_lane_->host_key(a));
+  for (const auto& a : lane) keys.push_back(lane_->host_key(a));
   placement_ = HostPlacement::from_keys(keys);
   network_->connect(net, deadline);
-  host_lane_->connect(lane, deadline);
+  lane_->connect(lane, deadline);
   hierarchical_ = placement_.hosts() < size();  // some host has several ranks
 }
 
 void HierarchicalRail::reset() {
   network_->reset();
-  host_lane_->reset();
+  lane_->reset();
 }
 
 void HierarchicalRail::close() {
   network_->close();
-  host_lane_->close();
+  lane_->close();
 }
 
 RailCounters HierarchicalRail::counters() const {
-  RailCounters a = network_->counters(), b = host_lane_->counters();
+  RailCounters a = network_->counters(), b = lane_->counters();
   return {a.bytes_sent + b.bytes_sent, a.bytes_received + b.bytes_received};
 }
 
 void HierarchicalRail::abort(const std::string& reason) {
   network_->abort(reason);
-  host_lane_->abort(reason);
+  lane_->abort(reason);
 }
 
 }  // namespace nezha::transport

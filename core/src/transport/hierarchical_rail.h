@@ -1,40 +1,35 @@
-// HierarchicalRail: a network rail (reach: the job) paired with a host lane (a kHost rail, shared
-// memory) for the hierarchical allreduce (collectives::allreduce_hierarchical).
+// HierarchicalRail: a network rail (reach: the job) paired with a host lane (a kHost point-to-point
+// rail, shared memory) for the hierarchical allreduce (host_lane.h).
 //
 // What it is for. Where several ranks share a host, an allreduce share of a network rail moves less
 // over the network if the ranks of each host first reduce-scatter it among themselves over shared
 // memory, then only the slice owners allreduce across hosts, then each host allgathers. Each network
 // rail gets its own lane (its own segments), so the rails' workers never share one: rails stay
-// independent, as rail.h wants. To the engine this is one rail: every data call of the contract goes
-// to the network rail (broadcasts, allgathers, ... run flat), and its lifecycle is both rails' (one
-// opaque address carrying both, connect, reset, close and abort of both), so failover, probes and
-// re-admission need nothing new: a rail cut mid-operation fails the share on this rail, and its redo on
-// a surviving one runs the same algorithm.
+// independent, as rail.h wants. To the engine this is one point-to-point rail: every data call of the
+// contract goes to the network rail (broadcasts, allgathers, ... run flat), its lifecycle is both
+// rails' (one opaque address carrying both, connect, reset, close and abort of both), and host_lane()
+// offers the pair to the executor's allreduces. So failover, probes and re-admission need nothing
+// new: a rail cut mid-operation fails the share on this rail, and its redo on a surviving one runs
+// the same algorithm.
 //
 // Placement. connect() learns every rank's host from the lanes' addresses (Rail::host_key), the same
-// on every rank; hosts are numbered by their lowest rank. hierarchical() is true where the
-// placement has a host with several ranks (one host, or several).
+// on every rank; host_lane() is non-null where the placement has a host with several ranks (one
+// host, or several).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "transport/host_lane.h"
 #include "transport/rail.h"
 
 namespace nezha::transport {
 
-// Which host each rank of the job is on (hosts numbered 0.. by their lowest rank).
-struct HostPlacement {
-  std::vector<int> host_of_rank;
-  int hosts() const;
-  std::vector<int> ranks_on(int host) const;  // ascending
-  // From per-rank host keys: equal keys = same host.
-  static HostPlacement from_keys(const std::vector<std::string>& keys);
-};
-
-class HierarchicalRail : public Rail {
+class HierarchicalRail final : public PointToPointRail, private HostLane {
  public:
+  // Throws InvalidArgument naming both unless `network` is a point-to-point rail reaching the job
+  // and `host_lane` a point-to-point rail reaching one host.
   HierarchicalRail(std::unique_ptr<Rail> network, std::unique_ptr<Rail> host_lane);
   ~HierarchicalRail() override;
 
@@ -69,15 +64,17 @@ class HierarchicalRail : public Rail {
   bool delivering(std::chrono::milliseconds quiet) const override { return network_->delivering(quiet); }
   void abort(const std::string& reason) override;
 
-  // After connect(). The allreduce's two rails and the placement (the same on every rank).
-  bool hierarchical() const { return hierarchical_; }
-  Rail& network() { return *network_; }
-  Rail& host_lane() { return *host_lane_; }
-  const HostPlacement& placement() const { return placement_; }
+  // After connect(): this rail as a HostLane where some host holds several ranks, else null.
+  HostLane* host_lane() override { return hierarchical_ ? this : nullptr; }
 
  private:
-  std::unique_ptr<Rail> network_;
-  std::unique_ptr<Rail> host_lane_;
+  PointToPointRail& lane() override { return *lane_; }
+  PointToPointRail& network() override { return *network_; }
+  const HostPlacement& placement() const override { return placement_; }
+
+  std::unique_ptr<Rail> network_owner_, lane_owner_;
+  PointToPointRail* network_;  // network_owner_ as the point-to-point rail it is
+  PointToPointRail* lane_;     // lane_owner_ likewise
   RailProperties properties_;
   HostPlacement placement_;
   bool hierarchical_ = false;

@@ -1,15 +1,25 @@
-// Rail: one network plane joining this rank to every other rank of the job.
+// The rail contract: one network plane joining this rank to every other rank of the job.
 //
 // What it is for. The engine stripes every collective across all rails a job has (a kHost rail, such
-// as shared memory, joins only the ranks of one host: see RailReach); each rail runs its
-// share of the work on its own worker thread, over its own connections, so rails never wait on each
-// other. Collective algorithms (core/src/collectives/) are written against this interface only.
+// as shared memory, joins only the ranks of one host: see RailReach); each rail runs its share of
+// the work on its own worker thread, over its own connections, so rails never wait on each other.
 //
-// What it promises.
-//  * Point-to-point, message oriented: a send of N bytes with tag T to peer P is received by exactly
-//    one recv(P', T, N) on P, in order per (sender, receiver) pair. The receiver always knows the
-//    exact size and tag it expects (the algorithms are deterministic); any other frame is rejected
-//    with ProtocolError naming the peer and rail. Nothing is silently dropped or truncated.
+// Three levels, as NCCL splits ncclNet from ncclCollNet:
+//  * Rail (this file): what every rail has. Properties, lifecycle (opaque local address, connect,
+//    reset, close), counters, abort, link fault. The engine holds every rail as a Rail and asks it
+//    one question about its kind: as_point_to_point() or as_collective(); exactly one answers.
+//  * PointToPointRail (this file): messages between ranks (send, recv, sendrecv). The collective
+//    algorithms (core/src/collectives/) take only this type, so a rail that cannot carry messages
+//    cannot be handed to them.
+//  * CollectiveRail (collective_rail.h): reduces a share itself (in-network aggregation, shared
+//    memory reducing from peers' buffers). It says which dtypes/ops it reduces and how large a share
+//    may be, and runs an allreduce as start / test / wait. It has no data calls to peers.
+//
+// What a point-to-point rail promises.
+//  * Message oriented: a send of N bytes with tag T to peer P is received by exactly one
+//    recv(P', T, N) on P, in order per (sender, receiver) pair. The receiver always knows the exact
+//    size and tag it expects (the algorithms are deterministic); any other frame is rejected with
+//    ProtocolError naming the peer and rail. Nothing is silently dropped or truncated.
 //  * send/recv/sendrecv block until complete, the deadline passes (TimeoutError naming peer and
 //    rail), the peer fails (PeerError), or abort() is called (NezhaError with the abort reason).
 //    A rail never busy-polls: it sleeps in poll() (or the transport's equivalent) while waiting.
@@ -17,15 +27,12 @@
 //    messages with each other (or around a ring) cannot deadlock on full socket buffers.
 //  * Data moves straight from/to the caller's buffers where the transport allows (no staging copy).
 //
-// Threads. Data calls (send, recv, sendrecv) are made by one thread at a time: the rail's worker.
-// properties(), counters(), reaches() and abort() are thread-safe and may be called from any thread.
+// Threads. Data calls (send, recv, sendrecv; a collective rail's start/test/wait) are made by one
+// thread at a time: the rail's worker. properties(), counters(), reaches(), link_fault(),
+// delivering() and abort() are thread-safe and may be called from any thread.
 //
-// Kinds. A transport is a folder under core/src/transport/ plus one line in rail_kinds.cc; the
+// Kinds. A transport is a folder under core/src/transport/ plus one row in rail_kinds.cc; the
 // engine builds rails with make_rail() (rail_factory.h) and never names a concrete transport.
-//
-// Collective rails. A rail that reduces in the network (aggregation, SHARP) returns its
-// CollectiveRail from collective(); if it is collective-only (properties().point_to_point false) it
-// reaches() no peer and its send/recv are never called.
 //
 // Failures. After a PeerError or ProtocolError on a peer, that peer's connection on this rail is
 // closed; later calls to that peer throw PeerError at once. abort() poisons the whole rail: every
@@ -44,10 +51,11 @@
 namespace nezha::transport {
 
 // Which ranks a rail connects. kJob: every rank of the job. kHost: only the ranks on this rank's host
-// (shared memory); the others are unreachable on it (reaches() says which).
+// (shared memory); the others are unreachable on it (PointToPointRail::reaches() says which).
 enum class RailReach { kJob, kHost };
 
-// What the scheduler may read about a rail. It never asks "what type are you": capabilities only.
+// What the scheduler may read about a rail. It never asks "what type are you": capabilities only
+// (whether a rail carries messages or reduces itself is its kind: Rail::as_point_to_point()).
 struct RailProperties {
   std::string name;          // as the user named it: "eth1", "10.50.0.0/24", "shm"
   std::string kind;          // the kind table's name ("tcp", "shm", ...); shown in rail_stats()
@@ -59,23 +67,22 @@ struct RailProperties {
   double gbps_prior = 0;         // link speed if the transport knows it (0 = unknown)
   size_t max_share_bytes = 0;    // largest share one operation may give this rail; 0 = no limit
   bool needs_registered_memory = false;  // data calls need buffers registered with the rail (RDMA)
-  bool in_network_reduce = false;        // true only for aggregation rails (collective() != null)
-  // Carries send/recv between ranks (the ring, log-step and one-rail collectives run on it). False for
-  // a collective-only rail (aggregation): its data calls are never made (the rail table sees to it).
-  bool point_to_point = true;
   // Moves its data through this host's memory with this host's CPUs (shared memory, TCP over
   // loopback): such rails draw on one resource, so striping one operation over several of them adds
   // no bandwidth. The rail table never stripes a collective rail of this kind with another one.
   bool host_memory = false;
 };
 
-class CollectiveRail;
-
 struct RailCounters {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
 };
 
+class PointToPointRail;
+class CollectiveRail;  // collective_rail.h
+class HostLane;        // host_lane.h
+
+// What every rail has.
 class Rail {
  public:
   virtual ~Rail() = default;
@@ -99,13 +106,38 @@ class Rail {
                        const Deadline& deadline) = 0;
   virtual void reset() = 0;
   virtual void close() = 0;
-  // After connect(): true if data calls to peer can work on this rail (false for itself, for a rank
-  // a kHost rail does not reach, and for a peer whose connection was closed by an error).
-  virtual bool reaches(int peer) const = 0;
   // kHost rails: which host a rank's local_address() belongs to, as opaque bytes equal for exactly
   // the ranks this rail joins (the hierarchical allreduce groups ranks by it on every rank alike).
   // Throws InvalidArgument for bytes that are not such an address. kJob rails: "" (one "host").
   virtual std::string host_key(const std::string& address) const { return {}; }
+
+  virtual RailCounters counters() const = 0;
+  virtual void abort(const std::string& reason) = 0;
+  // Non-empty when this rank's own link of the rail is known to be gone (its interface lost its
+  // carrier): a certain failure, unlike silence, which may be a late peer. "" when up or unknown.
+  // Thread-safe and cheap: the watchdog asks a few times per silence limit while the rail works.
+  virtual std::string link_fault() const { return {}; }
+  // Whether the transport can vouch that every connection still delivers: nothing this rank sent
+  // has waited `quiet` or longer for the peer's acknowledgement. A silent rail that delivers has a
+  // late or busy peer (a starved CPU, a full receive window), not a broken path, and is not failed
+  // over (failing it over would not help). false: some connection is stuck, or it cannot tell.
+  virtual bool delivering(std::chrono::milliseconds quiet) const { return false; }
+
+  // The rail's kind: PointToPointRail and CollectiveRail each answer theirs (final there), so a
+  // rail answers exactly one; make_rail() refuses a rail that answers neither.
+  virtual PointToPointRail* as_point_to_point() { return nullptr; }
+  virtual CollectiveRail* as_collective() { return nullptr; }
+};
+
+// A rail that carries messages between ranks: what the ring, log-step and every other algorithm in
+// core/src/collectives/ run on.
+class PointToPointRail : public Rail {
+ public:
+  PointToPointRail* as_point_to_point() final { return this; }
+
+  // After connect(): true if data calls to peer can work on this rail (false for itself, for a rank
+  // a kHost rail does not reach, and for a peer whose connection was closed by an error).
+  virtual bool reaches(int peer) const = 0;
 
   virtual void send(int peer, uint64_t tag, const void* data, size_t bytes,
                     const Deadline& deadline) = 0;
@@ -129,20 +161,10 @@ class Rail {
   // flight ahead of the one it receives without risking a deadlock; it must not assume more.
   virtual size_t send_buffer_bytes() const { return 0; }
 
-  virtual RailCounters counters() const = 0;
-  virtual void abort(const std::string& reason) = 0;
-  // Non-empty when this rank's own link of the rail is known to be gone (its interface lost its
-  // carrier): a certain failure, unlike silence, which may be a late peer. "" when up or unknown.
-  // Thread-safe and cheap: the watchdog asks a few times per silence limit while the rail works.
-  virtual std::string link_fault() const { return {}; }
-  // Whether the transport can vouch that every connection still delivers: nothing this rank sent
-  // has waited `quiet` or longer for the peer's acknowledgement. A silent rail that delivers has a
-  // late or busy peer (a starved CPU, a full receive window), not a broken path, and is not failed
-  // over (failing it over would not help). false: some connection is stuck, or it cannot tell.
-  virtual bool delivering(std::chrono::milliseconds quiet) const { return false; }
-
-  // The in-network reduction this rail offers (collective_rail.h), or null for a point-to-point rail.
-  virtual CollectiveRail* collective() { return nullptr; }
+  // Capability: the host lane a network rail was paired with for the hierarchical allreduce
+  // (host_lane.h), once connect() found a host with several ranks; null otherwise (allreduces on
+  // this rail then run flat).
+  virtual HostLane* host_lane() { return nullptr; }
 };
 
 }  // namespace nezha::transport

@@ -50,6 +50,9 @@ std::unique_ptr<Rail> make_rail(const RailSpec& spec, const RailContext& ctx) {
                           "' (known kinds: " + join(known_rail_kinds()) + ")");
   std::unique_ptr<Rail> rail = row->maker(spec, ctx);
   if (!rail) throw NezhaError("rail '" + spec.name + "': the maker of kind '" + spec.kind + "' built nothing");
+  if (!rail->as_point_to_point() && !rail->as_collective())
+    throw NezhaError("rail '" + spec.name + "': the maker of kind '" + spec.kind +
+                     "' built a rail that is neither point-to-point nor collective");
   return rail;
 }
 

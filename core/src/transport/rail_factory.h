@@ -1,4 +1,4 @@
-// The rail factory: builds a Rail from one item of the user's rail list, without the caller naming
+// The rail factory: builds a rail (point-to-point or collective: rail.h) from one item of the user's rail list, without the caller naming
 // a transport. Every kind is one row of one table (rail_kinds.cc): its maker, how its target
 // resolves, whether ';' continues that target, and whether it can carry the control channel. Adding
 // a transport is a folder under core/src/transport/ plus one row there; the grammar (rail_spec.h),

@@ -18,7 +18,7 @@ const std::vector<RailKind>& builtin_rail_kinds() {
       {"tcp",   &make_tcp_rail,  T::kLocalAddress,            false, &make_tcp_message_path},
       {"mptcp", &make_tcp_rail,  T::kLocalAddress,            false, nullptr},
       {"shm",   &make_shm_rail,  T::kNone,                    false, nullptr},
-      // Collective-only: allreduces of a job whose ranks all share this host, reduced in place.
+      // A collective rail: allreduces of a job whose ranks all share this host, reduced in place.
       {"shmcoll", &make_shm_coll_rail, T::kNone,              false, nullptr},
       // Without libfabric's headers at build time the maker raises a NezhaError naming libfabric.
       {"ofi",   &make_ofi_rail,  T::kProviderAtLocalAddress,  true,  nullptr},

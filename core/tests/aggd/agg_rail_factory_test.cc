@@ -19,24 +19,21 @@ RailContext ctx(int size = 4) {
   return c;
 }
 
-TEST(AggRailFactory, SpecNamesTheDaemonAndTheRailDescribesItselfAsCollectiveOnly) {
+TEST(AggRailFactory, SpecNamesTheDaemonAndTheRailIsACollectiveRail) {
   const RailSpec spec = parse_rail_spec("agg:10.51.0.5:7219;window=4;gbps=1");
   EXPECT_EQ(spec.kind, "agg");
   EXPECT_EQ(spec.local_addr, "10.51.0.5:7219");
   auto rail = make_rail(spec, ctx());
   const RailProperties& p = rail->properties();
   EXPECT_EQ(p.kind, "agg");
-  EXPECT_FALSE(p.point_to_point);
-  EXPECT_TRUE(p.in_network_reduce);
   EXPECT_DOUBLE_EQ(p.gbps_prior, 1.0);
-  for (int peer = 0; peer < 4; ++peer) EXPECT_FALSE(rail->reaches(peer));
-  CollectiveRail* coll = rail->collective();
+  // Its kind answers the one question: collective, not point to point (it has no send or recv).
+  EXPECT_EQ(rail->as_point_to_point(), nullptr);
+  CollectiveRail* coll = rail->as_collective();
   ASSERT_NE(coll, nullptr);
   EXPECT_TRUE(coll->reduces(DataType::kBFloat16, ReduceOp::kProduct));
   EXPECT_EQ(rail->local_address().size(), 8u);  // the job id candidate: random bytes
-  // Point-to-point calls are never made on it; if they are, they say why.
   char b = 0;
-  EXPECT_THROW(rail->send(0, 1, &b, 1, Deadline::after_seconds(1)), ProtocolError);
   // Not connected: an allreduce fails at once, naming the daemon.
   try {
     coll->start_allreduce(&b, &b, 1, DataType::kUInt8, ReduceOp::kSum, 0);

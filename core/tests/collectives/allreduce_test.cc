@@ -21,7 +21,7 @@ using nezha::testing::reference_reduction;
 using nezha::testing::run_ranks;
 using nezha::testing::test_options;
 
-using AllreduceFn = void (*)(transport::Rail&, void*, size_t, DataType, ReduceOp,
+using AllreduceFn = void (*)(transport::PointToPointRail&, void*, size_t, DataType, ReduceOp,
                              const CollectiveOptions&);
 
 struct Algorithm {
@@ -67,7 +67,7 @@ TEST_P(AllreduceTest, MatchesSerialReferenceOnEveryRank) {
                    reduce_op_name(c.op));
       std::vector<std::vector<uint8_t>> bufs(static_cast<size_t>(size));
       for (int r = 0; r < size; ++r) bufs[r] = make_input(c.dtype, r, count);
-      run_ranks(size, [&](transport::Rail& rail) {
+      run_ranks(size, [&](transport::PointToPointRail& rail) {
         CollectiveOptions opt = test_options(/*seq=*/3, segment_bytes);
         opt.logstep_max_bytes = algo.logstep_max_bytes;
         algo.fn(rail, bufs[rail.rank()].data(), count, c.dtype, c.op, opt);
@@ -109,7 +109,7 @@ TEST(AllreduceBitIdentical, RandomFloat32SumsAgreeOnEveryRank) {
           exact[i] += b[i];
         }
       }
-      run_ranks(size, [&](transport::Rail& rail) {
+      run_ranks(size, [&](transport::PointToPointRail& rail) {
         CollectiveOptions opt = test_options(/*seq=*/9, /*segment_bytes=*/1000);
         opt.logstep_max_bytes = algo.logstep_max_bytes;
         algo.fn(rail, bufs[rail.rank()].data(), count, DataType::kFloat32, ReduceOp::kSum, opt);
@@ -139,7 +139,7 @@ TEST(AllreduceBitIdentical, NanMinMaxAgreeOnEveryRank) {
           bufs[r][i] = ((i + r) % 4 == 0) ? std::nanf("") : static_cast<float>(r * 10 + i % 5);
         }
       }
-      run_ranks(size, [&](transport::Rail& rail) {
+      run_ranks(size, [&](transport::PointToPointRail& rail) {
         CollectiveOptions opt = test_options(1, 32);
         opt.logstep_max_bytes = algo.logstep_max_bytes;
         algo.fn(rail, bufs[rail.rank()].data(), count, DataType::kFloat32, op, opt);
@@ -170,7 +170,7 @@ TEST(AllreduceOutOfPlace, SameBitsAsInPlaceAndTheInputIsNeverWritten) {
           for (auto& in : inputs)
             for (auto& v : in) v = dist(rng) * 1e3f;
           auto run = [&](std::vector<std::vector<float>>& outs, bool mixed) {
-            run_ranks(size, [&](transport::Rail& rail) {
+            run_ranks(size, [&](transport::PointToPointRail& rail) {
               CollectiveOptions opt = test_options(/*seq=*/5, /*segment_bytes=*/1000);
               opt.logstep_max_bytes = algo.logstep_max_bytes;
               opt.postscale = postscale;
@@ -187,7 +187,7 @@ TEST(AllreduceOutOfPlace, SameBitsAsInPlaceAndTheInputIsNeverWritten) {
             });
           };
           std::vector<std::vector<float>> in_place = inputs;  // reference: every rank in place
-          run_ranks(size, [&](transport::Rail& rail) {
+          run_ranks(size, [&](transport::PointToPointRail& rail) {
             CollectiveOptions opt = test_options(/*seq=*/5, /*segment_bytes=*/1000);
             opt.logstep_max_bytes = algo.logstep_max_bytes;
             opt.postscale = postscale;

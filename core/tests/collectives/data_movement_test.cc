@@ -60,7 +60,7 @@ TEST_P(DataMovementTest, AllgathervConcatenatesEveryRanksBlock) {
         for (size_t i = 0; i < sizes[r]; ++i) ins[r][i] = pattern(r, 0, i);
         if (in_place) std::copy(ins[r].begin(), ins[r].end(), outs[r].begin() + offset[r]);
       }
-      run_ranks(n, [&](transport::Rail& rail) {
+      run_ranks(n, [&](transport::PointToPointRail& rail) {
         const int r = rail.rank();
         const void* in = in_place ? outs[r].data() + offset[r] : ins[r].data();
         allgatherv(rail, in, outs[r].data(), sizes, test_options(11, segment_bytes));
@@ -83,7 +83,7 @@ TEST_P(DataMovementTest, BroadcastFromEveryRoot) {
   for (int root = 0; root < n; ++root) {
     std::vector<std::vector<uint8_t>> bufs(n, std::vector<uint8_t>(bytes, 0xEE));
     for (size_t i = 0; i < bytes; ++i) bufs[root][i] = pattern(root, 0, i);
-    run_ranks(n, [&](transport::Rail& rail) {
+    run_ranks(n, [&](transport::PointToPointRail& rail) {
       broadcast(rail, bufs[rail.rank()].data(), bytes, root, test_options(12, segment_bytes));
     });
     for (int r = 0; r < n; ++r) {
@@ -113,7 +113,7 @@ TEST_P(DataMovementTest, AlltoallvDeliversEachBlockToItsRank) {
     for (int p = 0; p < n; ++p) total_in += recv[r][p];
     outs[r].assign(total_in, 0xEE);
   }
-  run_ranks(n, [&](transport::Rail& rail) {
+  run_ranks(n, [&](transport::PointToPointRail& rail) {
     const int r = rail.rank();
     alltoallv(rail, ins[r].data(), send[r], outs[r].data(), recv[r], test_options(13, segment_bytes));
   });
@@ -140,7 +140,7 @@ TEST(DataMovement, BroadcastTreeAndChainDeliverEveryByte) {
         for (int root = 0; root < n; root += (n > 3 ? 3 : 1)) {
           std::vector<std::vector<uint8_t>> bufs(n, std::vector<uint8_t>(bytes, 0xEE));
           for (size_t i = 0; i < bytes; ++i) bufs[root][i] = pattern(root, 0, i);
-          run_ranks(n, [&](transport::Rail& rail) {
+          run_ranks(n, [&](transport::PointToPointRail& rail) {
             broadcast(rail, bufs[rail.rank()].data(), bytes, root, test_options(12, segment));
           });
           for (int r = 0; r < n; ++r)
@@ -153,7 +153,7 @@ TEST(DataMovement, BroadcastTreeAndChainDeliverEveryByte) {
 }
 
 TEST(DataMovement, InvalidArgumentsAreRejectedBeforeAnyTraffic) {
-  const auto errors = run_ranks_collect(2, [&](transport::Rail& rail) {
+  const auto errors = run_ranks_collect(2, [&](transport::PointToPointRail& rail) {
     std::vector<uint8_t> buf(8);
     const CollectiveOptions opt = nezha::testing::test_options();
     EXPECT_THROW(broadcast(rail, buf.data(), buf.size(), 2, opt), InvalidArgument);

@@ -32,9 +32,9 @@ bool threw(const std::exception_ptr& e, std::string* what = nullptr) {
 // Runs `op` on ranks 0..n-2 while rank n-1 never calls it; every caller must fail with
 // TimeoutError close to the deadline.
 void expect_timeout_when_last_rank_is_absent(
-    int n, const std::function<void(transport::Rail&, const CollectiveOptions&)>& op) {
+    int n, const std::function<void(transport::PointToPointRail&, const CollectiveOptions&)>& op) {
   const auto start = Clock::now();
-  const auto errors = run_ranks_collect(n, [&](transport::Rail& rail) {
+  const auto errors = run_ranks_collect(n, [&](transport::PointToPointRail& rail) {
     if (rail.rank() == n - 1) return;
     CollectiveOptions opt;
     opt.seq = 1;
@@ -51,30 +51,30 @@ void expect_timeout_when_last_rank_is_absent(
 }
 
 TEST(Failure, AbsentRankTimesOutRingAllreduce) {
-  expect_timeout_when_last_rank_is_absent(3, [](transport::Rail& rail, const CollectiveOptions& o) {
+  expect_timeout_when_last_rank_is_absent(3, [](transport::PointToPointRail& rail, const CollectiveOptions& o) {
     std::vector<float> buf(1000, 1.0f);
     allreduce_ring(rail, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum, o);
   });
 }
 
 TEST(Failure, AbsentRankTimesOutLogstepAllreduce) {
-  expect_timeout_when_last_rank_is_absent(4, [](transport::Rail& rail, const CollectiveOptions& o) {
+  expect_timeout_when_last_rank_is_absent(4, [](transport::PointToPointRail& rail, const CollectiveOptions& o) {
     std::vector<float> buf(10, 1.0f);
     allreduce_logstep(rail, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum, o);
   });
 }
 
 TEST(Failure, AbsentRankTimesOutBroadcastAllgatherAlltoall) {
-  expect_timeout_when_last_rank_is_absent(3, [](transport::Rail& rail, const CollectiveOptions& o) {
+  expect_timeout_when_last_rank_is_absent(3, [](transport::PointToPointRail& rail, const CollectiveOptions& o) {
     std::vector<uint8_t> buf(30, 1);
     // Root 2 is the absent rank, so every caller waits on data that never comes.
     broadcast(rail, buf.data(), 10, 2, o);
   });
-  expect_timeout_when_last_rank_is_absent(3, [](transport::Rail& rail, const CollectiveOptions& o) {
+  expect_timeout_when_last_rank_is_absent(3, [](transport::PointToPointRail& rail, const CollectiveOptions& o) {
     std::vector<uint8_t> in(10, 1), out(30);
     allgatherv(rail, in.data(), out.data(), {10, 10, 10}, o);
   });
-  expect_timeout_when_last_rank_is_absent(3, [](transport::Rail& rail, const CollectiveOptions& o) {
+  expect_timeout_when_last_rank_is_absent(3, [](transport::PointToPointRail& rail, const CollectiveOptions& o) {
     std::vector<uint8_t> in(30, 1), out(30);
     alltoallv(rail, in.data(), {10, 10, 10}, out.data(), {10, 10, 10}, o);
   });
@@ -82,7 +82,7 @@ TEST(Failure, AbsentRankTimesOutBroadcastAllgatherAlltoall) {
 
 TEST(Failure, RankRunningAnotherOperationIsAProtocolError) {
   const int n = 3;
-  const auto errors = run_ranks_collect(n, [&](transport::Rail& rail) {
+  const auto errors = run_ranks_collect(n, [&](transport::PointToPointRail& rail) {
     CollectiveOptions opt;
     opt.seq = rail.rank() == 1 ? 5 : 4;  // rank 1 is one operation ahead
     opt.deadline = Deadline::after_seconds(2);

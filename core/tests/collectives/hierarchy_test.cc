@@ -60,7 +60,7 @@ TEST(HierarchyPlan, MorePiecesThanElementsStillCoverEveryElementOnce) {
 }
 
 TEST(GroupRail, AllreduceAmongSomeRanksLeavesTheOthersAlone) {
-  nezha::testing::run_ranks(4, [](transport::Rail& rail) {
+  nezha::testing::run_ranks(4, [](transport::PointToPointRail& rail) {
     std::vector<float> v(1000, static_cast<float>(rail.rank() + 1));
     if (rail.rank() == 1 || rail.rank() == 3) {
       transport::GroupRail group(rail, {3, 1});  // group rank 0 is job rank 3
@@ -76,7 +76,7 @@ TEST(GroupRail, AllreduceAmongSomeRanksLeavesTheOthersAlone) {
 }
 
 TEST(GroupRail, RefusesAGroupWithoutThisRankOrWithRanksOutsideTheJob) {
-  nezha::testing::run_ranks(2, [](transport::Rail& rail) {
+  nezha::testing::run_ranks(2, [](transport::PointToPointRail& rail) {
     EXPECT_THROW(transport::GroupRail(rail, {1 - rail.rank()}), InvalidArgument);
     EXPECT_THROW(transport::GroupRail(rail, {0, 1, 2}), InvalidArgument);
     EXPECT_THROW(transport::GroupRail(rail, {rail.rank(), rail.rank()}), InvalidArgument);

@@ -50,7 +50,7 @@ class MemoryWorld {
   }
 
   int size() const { return size_; }
-  transport::Rail& rail(int rank) { return *rails_.at(static_cast<size_t>(rank)); }
+  transport::PointToPointRail& rail(int rank) { return *rails_.at(static_cast<size_t>(rank)); }
 
   // What the rails report as send_buffer_bytes(): sends are never limited here, but a world can
   // claim 0 so that the algorithms take their unpipelined (lock-step) paths.
@@ -133,7 +133,7 @@ class MemoryWorld {
     return std::string("mem\0\xff", 5) + std::to_string(rank);
   }
 
-  class RankRail : public transport::Rail {
+  class RankRail : public transport::PointToPointRail {
    public:
     RankRail(MemoryWorld& world, int rank, const std::string& name)
         : world_(world), rank_(rank) {
@@ -353,7 +353,7 @@ namespace nezha::testing {
 // Option host_size=N makes it a host-local rail (RailReach::kHost) whose "hosts" are blocks of N
 // consecutive ranks: it reaches only the ranks of its own block. Option hosts=3-1 does the same with
 // blocks of the sizes given (uneven placements).
-class MemoryWorldRail : public transport::Rail {
+class MemoryWorldRail : public transport::PointToPointRail {
  public:
   MemoryWorldRail(std::shared_ptr<MemoryWorld> world, int rank, std::vector<int> host_of_rank)
       : world_(std::move(world)), rail_(world_->rail(rank)), props_(rail_.properties()),
@@ -396,7 +396,7 @@ class MemoryWorldRail : public transport::Rail {
 
  private:
   std::shared_ptr<MemoryWorld> world_;
-  transport::Rail& rail_;
+  transport::PointToPointRail& rail_;
   transport::RailProperties props_;
   std::vector<int> host_of_rank_;  // empty: reach the job
 };

@@ -49,7 +49,7 @@ void check_rebuilds_input(int size, size_t count, size_t segment_bytes, size_t l
   std::vector<std::vector<uint8_t>> rebuilt(static_cast<size_t>(size));
   run_ranks(
       size,
-      [&](transport::Rail& rail) {
+      [&](transport::PointToPointRail& rail) {
         auto& buf = bufs[static_cast<size_t>(rail.rank())];
         Saver saver(buf.data(), buf.size());
         CollectiveOptions opt = test_options(/*seq=*/4, segment_bytes);
@@ -89,7 +89,7 @@ void check_reports_every_output_byte(int size, size_t count, size_t segment_byte
   }
   std::vector<std::vector<bool>> covered(static_cast<size_t>(size));
   std::vector<int> late(static_cast<size_t>(size), 0);
-  run_ranks(size, [&](transport::Rail& rail) {
+  run_ranks(size, [&](transport::PointToPointRail& rail) {
     const size_t r = static_cast<size_t>(rail.rank());
     auto& out = outs[r];
     covered[r].assign(out.size(), false);

@@ -40,7 +40,7 @@ std::vector<std::vector<uint8_t>> run(Algorithm algo, std::vector<std::vector<ui
   const int size = static_cast<int>(bufs.size());
   run_ranks(
       size,
-      [&](transport::Rail& rail) {
+      [&](transport::PointToPointRail& rail) {
         CollectiveOptions opt = test_options(/*seq=*/3, /*segment_bytes=*/256);
         opt.postscale = postscale;
         void* b = bufs[rail.rank()].data();
@@ -86,7 +86,7 @@ TEST(Postscale, OverwriteHookStillSeesEveryChangedByteFirst) {
   std::vector<std::vector<uint8_t>> bufs = inputs;
   std::vector<std::vector<uint8_t>> saved(size, std::vector<uint8_t>(count * 4));
   std::vector<std::vector<bool>> covered(size, std::vector<bool>(count * 4, false));
-  run_ranks(size, [&](transport::Rail& rail) {
+  run_ranks(size, [&](transport::PointToPointRail& rail) {
     const int r = rail.rank();
     CollectiveOptions opt = test_options(/*seq=*/4, /*segment_bytes=*/256);
     opt.postscale = 1.0 / size;

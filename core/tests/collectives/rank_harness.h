@@ -29,7 +29,8 @@ inline Deadline test_deadline() { return Deadline::after_seconds(20); }
 // Runs body(*rails[r]) on one thread per rank; returns the exception each rank threw (null where
 // it returned normally).
 template <typename Rails>
-std::vector<std::exception_ptr> run_body_on(Rails& rails, int size, const std::function<void(transport::Rail&)>& body) {
+std::vector<std::exception_ptr> run_body_on(Rails& rails, int size,
+                                            const std::function<void(transport::PointToPointRail&)>& body) {
   std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
@@ -53,7 +54,7 @@ inline bool harness_uses_shm() {
 // The shm variant: a ring that holds a 64 KiB segment, so pipelined and lock-step paths both run
 // (send_buffer_bytes cannot be claimed here; the ring size decides it).
 inline std::vector<std::exception_ptr> run_ranks_collect_shm(
-    int size, const std::function<void(transport::Rail&)>& body) {
+    int size, const std::function<void(transport::PointToPointRail&)>& body) {
   transport::ShmRailConfig config = transport::testing::small_ring_config("collectives");
   config.ring_bytes = 96 << 10;
   auto rails = transport::testing::make_shm_mesh(size, config);
@@ -68,7 +69,8 @@ inline bool harness_uses_ofi() {
 }
 
 
-inline std::vector<std::exception_ptr> run_ranks_collect_ofi(int size, const std::function<void(transport::Rail&)>& body) {
+inline std::vector<std::exception_ptr> run_ranks_collect_ofi(
+    int size, const std::function<void(transport::PointToPointRail&)>& body) {
 #ifdef NEZHA_WITH_OFI
   // Building a mesh (endpoints, connections, handshakes) costs far more than a small collective, and
   // a test runs dozens: the last mesh is kept while every call on it succeeds (a completed collective
@@ -92,13 +94,13 @@ inline std::vector<std::exception_ptr> run_ranks_collect_ofi(int size, const std
 // Runs `body` per rank over the rails this binary's copy tests (memory, shm or ofi). send_buffer_bytes:
 // what the in-memory rails claim they buffer (0 makes the algorithms run unpipelined).
 inline std::vector<std::exception_ptr> run_ranks_collect(
-    int size, const std::function<void(transport::Rail&)>& body,
+    int size, const std::function<void(transport::PointToPointRail&)>& body,
     size_t send_buffer_bytes = std::numeric_limits<size_t>::max()) {
   if (harness_uses_shm()) return run_ranks_collect_shm(size, body);
   if (harness_uses_ofi()) return run_ranks_collect_ofi(size, body);
   MemoryWorld world(size);
   world.set_send_buffer_bytes(send_buffer_bytes);
-  std::vector<transport::Rail*> rails;
+  std::vector<transport::PointToPointRail*> rails;
   for (int r = 0; r < size; ++r) rails.push_back(&world.rail(r));
   auto errors = run_body_on(rails, size, body);
   // A completed collective consumed every message it sent.
@@ -111,7 +113,7 @@ inline std::vector<std::exception_ptr> run_ranks_collect(
 }
 
 // Runs body on every rank and fails the test with each rank's error message if any rank threw.
-inline void run_ranks(int size, const std::function<void(transport::Rail&)>& body,
+inline void run_ranks(int size, const std::function<void(transport::PointToPointRail&)>& body,
                       size_t send_buffer_bytes = std::numeric_limits<size_t>::max()) {
   const auto errors = run_ranks_collect(size, body, send_buffer_bytes);
   for (size_t r = 0; r < errors.size(); ++r) {

@@ -45,7 +45,7 @@ TEST_P(ReducescatterTest, RankRGetsTheReductionOfBlockR) {
         ins[r] = make_input(dtype, r, total);
         outs[r].assign(counts[r] * esize, 0xEE);
       }
-      run_ranks(n, [&](transport::Rail& rail) {
+      run_ranks(n, [&](transport::PointToPointRail& rail) {
         const int r = rail.rank();
         reducescatterv(rail, ins[r].data(), outs[r].data(), counts, dtype, op,
                        test_options(21, segment_bytes));
@@ -72,7 +72,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(Reducescatter, RejectsWrongNumberOfBlocks) {
-  nezha::testing::run_ranks(2, [&](transport::Rail& rail) {
+  nezha::testing::run_ranks(2, [&](transport::PointToPointRail& rail) {
     float buf[4] = {};
     EXPECT_THROW(reducescatterv(rail, buf, buf, {4}, DataType::kFloat32, ReduceOp::kSum,
                                 test_options()),

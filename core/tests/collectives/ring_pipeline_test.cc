@@ -37,7 +37,7 @@ std::vector<std::vector<float>> allreduce_in_memory(const std::vector<std::vecto
   const int size = static_cast<int>(bufs.size());
   run_ranks(
       size,
-      [&](transport::Rail& rail) {
+      [&](transport::PointToPointRail& rail) {
         auto& b = bufs[static_cast<size_t>(rail.rank())];
         allreduce_ring(rail, b.data(), b.size(), DataType::kFloat32, ReduceOp::kSum,
                        test_options(/*seq=*/5, segment_bytes));
@@ -78,7 +78,7 @@ TEST(RingPipeline, AllgatherPipelinedMatchesTheBlocksOfEveryRank) {
   std::vector<std::vector<uint8_t>> bufs(size, std::vector<uint8_t>(offsets.back()));
   for (int r = 0; r < size; ++r)
     for (size_t i = 0; i < blocks[r]; ++i) bufs[r][offsets[r] + i] = static_cast<uint8_t>(i * 7 + r);
-  run_ranks(size, [&](transport::Rail& rail) {
+  run_ranks(size, [&](transport::PointToPointRail& rail) {
     uint8_t* out = bufs[rail.rank()].data();
     allgatherv(rail, out + offsets[rail.rank()], out, blocks, test_options(/*seq=*/9, 8 << 10));
   });
@@ -107,7 +107,7 @@ std::vector<std::vector<float>> allreduce_over_tcp(const std::vector<std::vector
   }
   auto bufs = inputs;
   const Deadline connect = Deadline::after_seconds(10);
-  run_ranks(size, [&](transport::Rail& mem) {
+  run_ranks(size, [&](transport::PointToPointRail& mem) {
     auto& rail = *rails[static_cast<size_t>(mem.rank())];
     rail.connect(addrs, connect);
     auto& b = bufs[static_cast<size_t>(rail.rank())];

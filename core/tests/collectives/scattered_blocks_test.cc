@@ -81,7 +81,7 @@ TEST_P(ScatteredBlocksTest, AllgathervBlocksFillsEveryBlockWhereItLies) {
     ins[r].resize(sizes[r]);
     for (size_t i = 0; i < sizes[r]; ++i) ins[r][i] = pattern(r, 0, i);
   }
-  run_ranks(n, [&](transport::Rail& rail) {
+  run_ranks(n, [&](transport::PointToPointRail& rail) {
     const int r = rail.rank();
     allgatherv_blocks(rail, ins[r].data(), outs[r].blocks(), sizes, test_options(31, segment_bytes));
   });
@@ -110,7 +110,7 @@ TEST_P(ScatteredBlocksTest, AlltoallvBlocksReadsAndWritesPartsWhereTheyLie) {
     for (int d = 0; d < n; ++d)
       for (size_t i = 0; i < send[r][d]; ++i) ins[r].buf[ins[r].at[d] + i] = pattern(r, d, i);
   }
-  run_ranks(n, [&](transport::Rail& rail) {
+  run_ranks(n, [&](transport::PointToPointRail& rail) {
     const int r = rail.rank();
     alltoallv_blocks(rail, ins[r].const_blocks(), send[r], outs[r].blocks(), recv[r],
                      test_options(32, segment_bytes));
@@ -150,7 +150,7 @@ TEST_P(ScatteredBlocksTest, ReducescattervBlocksLeavesItsInputAndMatchesTheConti
       outs[r].assign(bytes[r] + 2 * kGap, kGuard);  // this rank's block goes to its own buffer
     }
     const std::vector<Scattered> ins_before = ins;
-    run_ranks(n, [&](transport::Rail& rail) {
+    run_ranks(n, [&](transport::PointToPointRail& rail) {
       const int r = rail.rank();
       std::vector<uint8_t*> work = works[r].blocks();
       work[r] = outs[r].data() + kGap;
@@ -187,7 +187,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(ScatteredBlocks, RejectWrongNumberOfBlocksOrNullBlocks) {
-  run_ranks(2, [&](transport::Rail& rail) {
+  run_ranks(2, [&](transport::PointToPointRail& rail) {
     uint8_t a[8] = {}, b[8] = {};
     EXPECT_THROW(allgatherv_blocks(rail, a, {b}, {4, 4}, test_options()), InvalidArgument);
     EXPECT_THROW(allgatherv_blocks(rail, a, {b, nullptr}, {4, 4}, test_options()), InvalidArgument);

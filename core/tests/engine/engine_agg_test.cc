@@ -1,6 +1,6 @@
 // The engine over a loopback TCP rail and an aggregation rail (nezha-aggd in-process; ranks as
 // threads): allreduces striped over both with exact results, other collectives kept off the
-// collective-only rail, and the daemon killed mid-run (shares fail over to TCP, results exact) and
+// collective rail, and the daemon killed mid-run (shares fail over to TCP, results exact) and
 // restarted (the rail is probed and re-admitted); killed once some of a share's sums landed (the
 // redo starts from the input kept chunk by chunk).
 #include <gtest/gtest.h>
@@ -60,7 +60,7 @@ TEST(EngineAgg, AllreducesStripeOverTcpAndAggregationExactly) {
   EXPECT_GT(daemon->stats().chunks_reduced, 0u);
 }
 
-TEST(EngineAgg, OtherCollectivesNeverUseTheCollectiveOnlyRail) {
+TEST(EngineAgg, OtherCollectivesNeverUseTheCollectiveRail) {
   auto daemon = start_daemon();
   Cluster c(3, tcp_and_agg(*daemon), tweak);
   const uint64_t agg_before = stat_of(c[0].rail_stats(), "agg").bytes_sent;

@@ -15,7 +15,8 @@
 namespace nezha::engine {
 namespace {
 
-// A rail that only records what failover does to it (data calls are not failover's to make).
+// A rail that only records what failover does to it: the base contract alone (rail.h), neither point
+// to point nor collective, since failover makes no data call.
 class RecordingRail : public transport::Rail {
  public:
   explicit RecordingRail(std::string name) { props_.name = std::move(name); }
@@ -26,12 +27,6 @@ class RecordingRail : public transport::Rail {
   void connect(const std::vector<std::string>& addresses, const Deadline&) override { connected_to = addresses; }
   void reset() override { ++resets; }
   void close() override {}
-  bool reaches(int) const override { return true; }
-  void send(int, uint64_t, const void*, size_t, const Deadline&) override { throw NezhaError("no data here"); }
-  void recv(int, uint64_t, void*, size_t, const Deadline&) override { throw NezhaError("no data here"); }
-  void sendrecv_tags(int, const void*, size_t, uint64_t, int, void*, size_t, uint64_t, const Deadline&) override {
-    throw NezhaError("no data here");
-  }
   transport::RailCounters counters() const override { return {}; }
   void abort(const std::string& reason) override { aborts.push_back(reason); }
 

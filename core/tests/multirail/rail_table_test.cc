@@ -151,7 +151,7 @@ TEST(RailTable, SharesAndStatesShowInStatus) {
   EXPECT_THROW(t.plan({4 << 20, 4, true}, PlanSource::kNegotiation), NezhaError);
 }
 
-// A collective-only rail (aggregation): its prior is the link speed itself, a ring's 2(n-1)/n less.
+// A collective rail (aggregation): its prior is the link speed itself, a ring's 2(n-1)/n less.
 RailDescription agg_rail(double alpha_us, double link_gbps) {
   RailDescription d{"agg", alpha_us, share_gbps_prior(link_gbps, true, 4)};
   d.point_to_point = false;

@@ -186,7 +186,8 @@ TEST(OfiRail, TheFactoryBuildsItFromASpecWithASemicolonInTheProvider) {
     rails[me]->connect(addrs, generous());
     auto out = pattern(me, 1, 50000);
     std::vector<uint8_t> in(50000);
-    rails[me]->sendrecv(1 - me, out.data(), out.size(), 1 - me, in.data(), in.size(), 3, generous());
+    rails[me]->as_point_to_point()->sendrecv(1 - me, out.data(), out.size(), 1 - me, in.data(), in.size(), 3,
+                                             generous());
     EXPECT_EQ(first_mismatch(in, 1 - me, 1), -1);
   });
 }
@@ -298,7 +299,8 @@ TEST(OfiRail, SendsNobodyReceivedAreDrainedByResetSoTheMeshCanBeReadmitted) {
     run_ranks(2, [&](int me) {
       const auto out = pattern(me, 7, bytes * 3);
       std::vector<uint8_t> in(bytes * 3);
-      rails[me]->sendrecv(1 - me, out.data(), out.size(), 1 - me, in.data(), in.size(), 3, generous());
+      rails[me]->as_point_to_point()->sendrecv(1 - me, out.data(), out.size(), 1 - me, in.data(), in.size(), 3,
+                                             generous());
       EXPECT_EQ(first_mismatch(in, 1 - me, 7), -1) << "rank " << me << " round " << round;
     });
   }

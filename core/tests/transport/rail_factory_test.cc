@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <stdexcept>
 
 #include "collectives/memory_rail.h"
 #include "common/error.h"
@@ -24,6 +25,13 @@ RailContext context(int rank, int size) {
   ctx.size = size;
   ctx.secret = "factory-secret";
   return ctx;
+}
+
+// The rail as the point-to-point rail its kind builds (a failed test, not a crash, if it is not).
+PointToPointRail& p2p(const std::unique_ptr<Rail>& rail) {
+  PointToPointRail* p = rail->as_point_to_point();
+  if (!p) throw std::logic_error("rail '" + rail->properties().name + "' is not point to point");
+  return *p;
 }
 
 TEST(RailFactory, UnknownKindIsAnInvalidArgumentNamingItAndTheKnownKinds) {
@@ -132,7 +140,8 @@ TEST(RailFactory, TcpAndMptcpKindsBuildTcpRailsDescribingThemselves) {
     EXPECT_EQ(rail->properties().reach, RailReach::kJob);
     EXPECT_EQ(rail->properties().max_share_bytes, 65536u);
     EXPECT_EQ(rail->local_address().rfind("127.0.0.1:", 0), 0u) << rail->local_address();
-    EXPECT_FALSE(rail->reaches(1));  // not connected yet
+    EXPECT_EQ(rail->as_collective(), nullptr);
+    EXPECT_FALSE(p2p(rail).reaches(1));  // not connected yet
   }
 }
 
@@ -154,22 +163,22 @@ TEST(RailFactory, TcpRailsFromTheFactoryConnectAndExchange) {
   }
   run_ranks(n, [&](int r) { rails[r]->connect(addrs, Deadline::after_seconds(10)); });
   for (int r = 0; r < n; ++r)
-    for (int p = 0; p < n; ++p) EXPECT_EQ(rails[r]->reaches(p), p != r) << r << "->" << p;
+    for (int p = 0; p < n; ++p) EXPECT_EQ(p2p(rails[r]).reaches(p), p != r) << r << "->" << p;
   run_ranks(n, [&](int r) {
     const int next = (r + 1) % n, prev = (r + n - 1) % n;
     uint32_t out = 100 + r, in = 0;
-    rails[r]->sendrecv(next, &out, sizeof out, prev, &in, sizeof in, 7, Deadline::after_seconds(10));
+    p2p(rails[r]).sendrecv(next, &out, sizeof out, prev, &in, sizeof in, 7, Deadline::after_seconds(10));
     EXPECT_EQ(in, 100u + prev);
   });
   // reset() + connect() re-forms the rail (failover re-admission).
   for (auto& rail : rails) rail->reset();
-  for (int r = 0; r < n; ++r) EXPECT_FALSE(rails[r]->reaches((r + 1) % n));
+  for (int r = 0; r < n; ++r) EXPECT_FALSE(p2p(rails[r]).reaches((r + 1) % n));
   run_ranks(n, [&](int r) { rails[r]->connect(addrs, Deadline::after_seconds(10)); });
   run_ranks(n, [&](int r) {
     uint32_t out = 7 * r, in = 0;
     const int peer = r ^ 1;
     if (peer >= n) return;
-    rails[r]->sendrecv(peer, &out, sizeof out, peer, &in, sizeof in, 8, Deadline::after_seconds(10));
+    p2p(rails[r]).sendrecv(peer, &out, sizeof out, peer, &in, sizeof in, 8, Deadline::after_seconds(10));
     EXPECT_EQ(in, 7u * peer);
   });
   for (auto& rail : rails) rail->close();
@@ -197,7 +206,7 @@ TEST(RailFactory, ANewKindIsOneRow) {
   run_ranks(n, [&](int r) { rails[r]->connect(addrs, Deadline::after_seconds(5)); });
   run_ranks(n, [&](int r) {
     double out = 1.5 + r, in = 0;
-    rails[r]->sendrecv(1 - r, &out, sizeof out, 1 - r, &in, sizeof in, 3, Deadline::after_seconds(5));
+    p2p(rails[r]).sendrecv(1 - r, &out, sizeof out, 1 - r, &in, sizeof in, 3, Deadline::after_seconds(5));
     EXPECT_EQ(in, 1.5 + (1 - r));
   });
   // An address altered on the way is refused, naming the rank whose address it was.
@@ -205,6 +214,44 @@ TEST(RailFactory, ANewKindIsOneRow) {
   mangled[1] = std::string(mangled[1].c_str());  // cut at the NUL, as a C-string path would
   rails[0]->reset();
   EXPECT_THROW(rails[0]->connect(mangled, Deadline::after_seconds(1)), ProtocolError);
+}
+
+// A rail with the base contract only: lifecycle and counters, no way to carry work.
+class KindlessRail : public Rail {
+ public:
+  const RailProperties& properties() const override { return props_; }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string local_address() const override { return {}; }
+  void connect(const std::vector<std::string>&, const Deadline&) override {}
+  void reset() override {}
+  void close() override {}
+  RailCounters counters() const override { return {}; }
+  void abort(const std::string&) override {}
+
+ private:
+  RailProperties props_;
+};
+
+std::unique_ptr<Rail> make_kindless_rail(const RailSpec&, const RailContext&) {
+  return std::make_unique<KindlessRail>();
+}
+
+TEST(RailFactory, ARailThatIsNeitherPointToPointNorCollectiveIsRefusedNamingTheKind) {
+  static std::once_flag once;
+  std::call_once(once, [] { register_rail_kind({"kindless", &make_kindless_rail}); });
+  RailSpec spec;
+  spec.kind = "kindless";
+  spec.name = "k0";
+  try {
+    make_rail(spec, context(0, 1));
+    FAIL() << "a rail of neither kind was built";
+  } catch (const NezhaError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rail 'k0'"), std::string::npos) << what;
+    EXPECT_NE(what.find("kind 'kindless'"), std::string::npos) << what;
+    EXPECT_NE(what.find("neither point-to-point nor collective"), std::string::npos) << what;
+  }
 }
 
 TEST(RailFactory, TheGrammarFollowsARegisteredRow) {

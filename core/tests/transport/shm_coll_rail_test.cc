@@ -319,21 +319,20 @@ TEST(ShmCollRail, ARankOfAnotherHostIsRefusedByName) {
   }
 }
 
-TEST(ShmCollRail, TheFactoryBuildsItCollectiveOnly) {
+TEST(ShmCollRail, TheFactoryBuildsACollectiveRail) {
   RailSpec spec;
   spec.kind = "shmcoll";
   spec.options = {{"chunk_bytes", "8192"}, {"slots", "3"}};
   RailContext ctx;
   ctx.secret = "s";
   auto without_kernel = make_rail(spec, ctx);
-  ASSERT_NE(without_kernel->collective(), nullptr);
-  EXPECT_FALSE(without_kernel->collective()->reduces(DataType::kFloat32, ReduceOp::kSum));
+  ASSERT_NE(without_kernel->as_collective(), nullptr);
+  EXPECT_FALSE(without_kernel->as_collective()->reduces(DataType::kFloat32, ReduceOp::kSum));
   ctx.reduce_into = &collectives::reduce_into;
   auto rail = make_rail(spec, ctx);
-  EXPECT_FALSE(rail->properties().point_to_point);
-  EXPECT_TRUE(rail->properties().in_network_reduce);
+  EXPECT_EQ(rail->as_point_to_point(), nullptr);
   EXPECT_EQ(rail->properties().kind, "shmcoll");
-  EXPECT_TRUE(rail->collective()->reduces(DataType::kBFloat16, ReduceOp::kProduct));
+  EXPECT_TRUE(rail->as_collective()->reduces(DataType::kBFloat16, ReduceOp::kProduct));
   spec.options = {{"slots", "1"}};
   EXPECT_THROW(make_rail(spec, ctx), InvalidArgument);
   spec.options = {{"ring_bytes", "8192"}};

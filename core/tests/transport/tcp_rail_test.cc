@@ -88,7 +88,8 @@ TEST(TcpRail, PropertiesDescribeTheRail) {
   EXPECT_EQ(p.name, "lo");
   EXPECT_EQ(p.local_addr, "127.0.0.1");
   EXPECT_EQ(p.kind, "tcp");
-  EXPECT_FALSE(p.in_network_reduce);
+  EXPECT_EQ(rails[0]->as_collective(), nullptr);
+  EXPECT_EQ(rails[0]->as_point_to_point(), rails[0].get());
   EXPECT_EQ(rails[1]->rank(), 1);
   EXPECT_EQ(rails[1]->size(), 2);
   EXPECT_EQ(rails[0]->local_address().rfind("127.0.0.1:", 0), 0u) << rails[0]->local_address();

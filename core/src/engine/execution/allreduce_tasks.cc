@@ -85,9 +85,8 @@ void AllreduceJob::finish() {
 void AllreduceShare::run(TaskContext& ctx) {
   AllreduceJob& job = *job_;
   const int r = rail();
-  transport::Rail* rail = ctx.rails[r];
+  const std::string& rail_name = ctx.rails[r]->properties().name;
   std::optional<transport::GroupRail> set_view;  // a process set's operation: among its members
-  if (job.members) rail = &set_view.emplace(*rail, *job.members);
   const size_t esize = dtype_size(job.resp.dtype);
   const size_t bytes = share_.count * esize;
   uint8_t* target = job.data + share_.offset * esize;
@@ -123,7 +122,8 @@ void AllreduceShare::run(TaskContext& ctx) {
   if (ctx.watchdog) ctx.watchdog->begin(r, "allreduce of " + names_str(job.resp));
   try {
     if (job.members)  // among the set's members: flat, over the set's view of the rail
-      collectives::allreduce(*rail, in, target, share_.count, job.resp.dtype, job.resp.op, copt);
+      collectives::allreduce(set_view.emplace(ctx.point_to_point(r, "allreduce of a process set"), *job.members),
+                             in, target, share_.count, job.resp.dtype, job.resp.op, copt);
     else
       ctx.allreduce_on(r, in, target, share_.count, job.resp.dtype, job.resp.op, copt);
     if (ctx.watchdog) ctx.watchdog->end(r, true);
@@ -131,7 +131,7 @@ void AllreduceShare::run(TaskContext& ctx) {
     ctx.observe(r, bytes, start, label(*this, job.resp), /*measure=*/true);
     if (!for_others()) job.part_done();
   } catch (const std::exception& e) {
-    failed(*this, job, ctx, rail->properties().name, e.what());
+    failed(*this, job, ctx, rail_name, e.what());
   }
 }
 
@@ -157,26 +157,26 @@ size_t AllreduceShare::redo_bytes() const { return share_.count * dtype_size(job
 void BalancedRange::run(TaskContext& ctx) {
   AllreduceJob& job = *job_;
   const int r = rail();
-  transport::Rail* rail = ctx.rails[r];
   std::optional<transport::GroupRail> set_view;  // a process set's operation: among its members
-  if (job.members) rail = &set_view.emplace(*rail, *job.members);
   if (!may_run(*this, job, ctx)) return;
   ctx.started(*this);  // the input is saved range by range, in job.original
   size_t total = 0;
   for (int64_t c : job.resp.counts) total += static_cast<size_t>(c);
   if (ctx.watchdog) ctx.watchdog->begin(r, "allreduce of " + names_str(job.resp));
   try {
+    transport::PointToPointRail* rail = &ctx.point_to_point(r, "balanced allreduce");
+    if (job.members) rail = &set_view.emplace(*rail, *job.members);
     for_each_balanced_range(*rail, /*leader=*/0, *job.balancer, part_, seq, is_redo(), total, ctx.opt.timeout_s,
                             [&](const ShareBalancer::Range& range) { run_range(ctx, *rail, range); });
     if (ctx.watchdog) ctx.watchdog->end(r, true);
     ctx.done(*this);
     if (!for_others()) job.part_done();
   } catch (const std::exception& e) {
-    failed(*this, job, ctx, rail->properties().name, e.what());
+    failed(*this, job, ctx, ctx.rails[r]->properties().name, e.what());
   }
 }
 
-void BalancedRange::run_range(TaskContext& ctx, transport::Rail& rail, const ShareBalancer::Range& range) {
+void BalancedRange::run_range(TaskContext& ctx, transport::PointToPointRail& rail, const ShareBalancer::Range& range) {
   AllreduceJob& job = *job_;
   const int r = this->rail();
   const size_t esize = dtype_size(job.resp.dtype);

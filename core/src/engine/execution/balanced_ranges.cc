@@ -21,12 +21,13 @@ struct WireRange {
   uint64_t offset, count;
 };
 
-void send_to_others(transport::Rail& rail, uint64_t tag, const void* data, size_t bytes, const Deadline& d) {
+void send_to_others(transport::PointToPointRail& rail, uint64_t tag, const void* data, size_t bytes,
+                    const Deadline& d) {
   for (int p = 0; p < rail.size(); ++p)
     if (p != rail.rank()) rail.send(p, tag, data, bytes, d);
 }
 
-ShareBalancer::Range checked(const WireRange& w, size_t total, const transport::Rail& rail) {
+ShareBalancer::Range checked(const WireRange& w, size_t total, const transport::PointToPointRail& rail) {
   if (w.offset > total || w.count > total - w.offset)
     throw ProtocolError("rail '" + rail.properties().name + "': the balancing leader sent range [" + std::to_string(w.offset) +
                         ", +" + std::to_string(w.count) + ") of an operation of " + std::to_string(total) +
@@ -35,7 +36,7 @@ ShareBalancer::Range checked(const WireRange& w, size_t total, const transport::
 }
 
 // The next range of `part`: taken from the pool by the leader and sent to the others, received by them.
-ShareBalancer::Range next_range(transport::Rail& rail, int leader, ShareBalancer& balancer, size_t part,
+ShareBalancer::Range next_range(transport::PointToPointRail& rail, int leader, ShareBalancer& balancer, size_t part,
                                 uint64_t tag, size_t total, const Deadline& d) {
   WireRange w{};
   if (rail.rank() == leader) {
@@ -49,8 +50,9 @@ ShareBalancer::Range next_range(transport::Rail& rail, int leader, ShareBalancer
 }
 
 // The ranges the leader handed `part` (its record), as the leader has them.
-std::vector<ShareBalancer::Range> redo_ranges(transport::Rail& rail, int leader, const ShareBalancer& balancer,
-                                              size_t part, uint64_t tag, size_t total, const Deadline& d) {
+std::vector<ShareBalancer::Range> redo_ranges(transport::PointToPointRail& rail, int leader,
+                                              const ShareBalancer& balancer, size_t part, uint64_t tag, size_t total,
+                                              const Deadline& d) {
   std::vector<WireRange> wire;
   uint64_t n = 0;
   if (rail.rank() == leader) {
@@ -73,8 +75,8 @@ std::vector<ShareBalancer::Range> redo_ranges(transport::Rail& rail, int leader,
 
 }  // namespace
 
-void for_each_balanced_range(transport::Rail& rail, int leader, ShareBalancer& balancer, size_t part, uint64_t seq,
-                             bool is_redo, size_t total, double timeout_s,
+void for_each_balanced_range(transport::PointToPointRail& rail, int leader, ShareBalancer& balancer, size_t part,
+                             uint64_t seq, bool is_redo, size_t total, double timeout_s,
                              const std::function<void(const ShareBalancer::Range&)>& run,
                              const std::function<void(bool)>& waiting) {
   // Only a rank other than the leader waits for a claim.

@@ -27,8 +27,8 @@ namespace nezha::engine {
 // (a broadcast's root may wait there a long time while the chain's end catches up). `seq` numbers
 // the operation on the rail; `total` bounds every range (elements of the plan); each message waits
 // at most `timeout_s`.
-void for_each_balanced_range(transport::Rail& rail, int leader, ShareBalancer& balancer, size_t part, uint64_t seq,
-                             bool is_redo, size_t total, double timeout_s,
+void for_each_balanced_range(transport::PointToPointRail& rail, int leader, ShareBalancer& balancer, size_t part,
+                             uint64_t seq, bool is_redo, size_t total, double timeout_s,
                              const std::function<void(const ShareBalancer::Range&)>& run,
                              const std::function<void(bool)>& waiting = {});
 

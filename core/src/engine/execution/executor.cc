@@ -14,11 +14,11 @@
 #include "engine/execution/task_context.h"
 #include "engine/execution/task_kinds.h"
 #include "engine/failover/rail_watchdog.h"
-#include "transport/collective_rail.h"
+#include "transport/host_lane.h"
 
 namespace nezha::engine {
 namespace {
-constexpr double kHierarchyStallS = 0.5;  // see use_hierarchical()
+constexpr double kHierarchyStallS = 0.5;  // see the constructor
 }  // namespace
 
 Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, multirail::RailTable* table,
@@ -27,6 +27,17 @@ Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, mul
       ctx_(std::make_unique<TaskContext>(opt, std::move(rails), table, std::move(observer), std::move(hooks))),
       seq_(ctx_->rails.size(), 0) {
   for (size_t i = 0; i < ctx_->rails.size(); ++i) workers_.push_back(std::make_unique<RailWorker>());
+  if (!ctx_->watchdog) return;
+  for (size_t r = 0; r < ctx_->rails.size(); ++r) {
+    const transport::HostLane* lane = ctx_->host_lane(static_cast<int>(r));
+    // Across hosts a rank's network rail is silent while the other host's ranks still
+    // reduce-scatter over shared memory, and (uneven placements) while the host with fewer ranks
+    // serves the other slices' groups (collectives/hierarchy.h): on a loaded host such silences
+    // outlast the default limit, which would take them for a cut cable. Such rails get a higher
+    // floor; a cut is still found.
+    if (lane && lane->placement().hosts() > 1)
+      ctx_->watchdog->set_min_silence(static_cast<int>(r), kHierarchyStallS);
+  }
 }
 
 Executor::~Executor() { stop(); }
@@ -113,21 +124,6 @@ void Executor::timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double
   ctx_->completed[rail] = seq + 1;
   if (ctx_->table && observe) ctx_->table->observe(rail, count * sizeof(float), secs);
   if (ctx_->observer) ctx_->observer(rail, count * sizeof(float), start, secs, label);
-}
-
-void Executor::use_hierarchical(std::vector<transport::HierarchicalRail*> rails) {
-  ctx_->hierarchical = std::move(rails);
-  if (!ctx_->watchdog) return;
-  for (size_t r = 0; r < ctx_->hierarchical.size(); ++r) {
-    const transport::HierarchicalRail* h = ctx_->hierarchical[r];
-    // Across hosts a rank's network rail is silent while the other host's ranks still
-    // reduce-scatter over shared memory, and (uneven placements) while the host with fewer ranks
-    // serves the other slices' groups (collectives/hierarchy.h): on a loaded host such silences
-    // outlast the default limit, which would take them for a cut cable. Such rails get a higher
-    // floor; a cut is still found.
-    if (h && h->hierarchical() && h->placement().hosts() > 1)
-      ctx_->watchdog->set_min_silence(static_cast<int>(r), kHierarchyStallS);
-  }
 }
 
 void Executor::calibrate(int rail_index, size_t bytes, bool observe) {
@@ -218,10 +214,9 @@ bool Executor::balances(const std::vector<multirail::RailShare>& plan, size_t by
   if (opt_.balance_bytes == 0 || plan.size() < 2 || size < 2 || bytes < kBalanceMinRanges * min_range_bytes)
     return false;
   for (const auto& share : plan) {
-    transport::Rail* rail = ctx_->rails[share.rail];
-    // An aggregation rail reduces its share in the network and carries no claims: the plan's split
-    // (its own cost model) stands.
-    if (!rail->properties().point_to_point || rail->collective()) return false;
+    // A collective rail reduces its share itself and carries no claims: the plan's split (its own
+    // cost model) stands.
+    if (!ctx_->rails[share.rail]->as_point_to_point()) return false;
   }
   return true;
 }

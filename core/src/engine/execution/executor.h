@@ -31,7 +31,6 @@
 #include "engine/request.h"
 #include "engine/tensor_entry.h"
 #include "multirail/rail_table.h"
-#include "transport/hierarchical_rail.h"
 #include "transport/rail.h"
 
 namespace nezha::engine {
@@ -75,15 +74,12 @@ struct FusedTensors;  // executor_jobs.h
 class Executor {
  public:
   // `table` (may be null: nothing is measured) hears every allreduce share's time, from the
-  // worker that ran it.
+  // worker that ran it. Allreduce shares (and calibration, probes) on a rail that offers a host lane
+  // (PointToPointRail::host_lane()) run the hierarchical allreduce over it; rails offer one only once
+  // connected, so the engine builds the executor after connecting them.
   Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, multirail::RailTable* table,
            ShareObserver observer, ExecutorHooks hooks = {});
   ~Executor();
-
-  // Allreduce shares (and calibration, probes) on rail i run the hierarchical allreduce over
-  // rails[i]'s host lane where rails[i] is non-null and hierarchical() (engine, before any work).
-  // After the rails connected (the placement is known).
-  void use_hierarchical(std::vector<transport::HierarchicalRail*> rails);
 
   // entries[i] belongs to resp.names[i]; an entry with no handle means this rank has joined and
   // takes part with zeros. An operation of a process set runs among its members, over views of the

@@ -17,7 +17,7 @@ namespace {
 
 // Runs the collective of `resp` on `rail` (the operation's rail, or its process set's view of it:
 // rank() and size() in the set; `members` the set's job ranks, null for every rank).
-void run_collective(TaskContext& ctx, const Response& resp, const TensorEntry& e, transport::Rail& rail,
+void run_collective(TaskContext& ctx, const Response& resp, const TensorEntry& e, transport::PointToPointRail& rail,
                     const std::vector<int>* members, uint64_t seq, const void* input, void* output, OpResult& res) {
   collectives::CollectiveOptions copt = ctx.collective_options(seq, ctx.opt.timeout_s);
   const size_t esize = dtype_size(resp.dtype);
@@ -138,11 +138,12 @@ void SingleOp::run(TaskContext& ctx) {
   const std::string what = std::string(op_type_name(resp.type)) + " of " + names_str(resp);
   if (ctx.watchdog) ctx.watchdog->begin(r, what);
   try {
+    transport::PointToPointRail& rail = ctx.point_to_point(r, op_type_name(resp.type));
     if (job.members) {
-      transport::GroupRail set_view(*ctx.rails[r], *job.members);
+      transport::GroupRail set_view(rail, *job.members);
       run_collective(ctx, resp, e, set_view, job.members.get(), seq, input, output, res);
     } else {
-      run_collective(ctx, resp, e, *ctx.rails[r], nullptr, seq, input, output, res);
+      run_collective(ctx, resp, e, rail, nullptr, seq, input, output, res);
     }
     if (ctx.watchdog) ctx.watchdog->end(r, true);
     ctx.done(*this);

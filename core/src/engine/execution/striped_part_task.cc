@@ -92,11 +92,11 @@ void StripedPart::run(TaskContext& ctx) {
     return;
   }
   std::optional<transport::GroupRail> set_view;
-  transport::Rail* rail = ctx.rails[r];
-  if (job.members) rail = &set_view.emplace(*rail, *job.members);
   const std::string what = std::string(op_type_name(resp.type)) + " of " + names_str(resp);
   PartWatch watch(ctx.watchdog.get(), r, what);
   try {
+    transport::PointToPointRail* rail = &ctx.point_to_point(r, op_type_name(resp.type));
+    if (job.members) rail = &set_view.emplace(*rail, *job.members);
     if (job.balancer) {
       ctx.started(*this);  // each range saves its parts of the input (job.original)
       int leader = 0;  // a broadcast's: the chain's last rank (balanced_ranges.h)
@@ -142,7 +142,8 @@ std::unique_ptr<ShareTask> StripedPart::redo_on(int target, Pass pass, TaskConte
 
 void StripedPart::abandon(TaskContext& ctx) { job_->part_done(ctx.fatal_error(job_->resp)); }
 
-void StripedPart::run_range(TaskContext& ctx, transport::Rail& rail, size_t offset, size_t count, PartWatch& watch) {
+void StripedPart::run_range(TaskContext& ctx, transport::PointToPointRail& rail, size_t offset, size_t count,
+                            PartWatch& watch) {
   SingleJob& job = *job_;
   const Response& resp = job.resp;
   TensorEntry& e = job.entry;

@@ -3,7 +3,10 @@
 #include <chrono>
 #include <cstring>
 
+#include "common/error.h"
 #include "engine/failover/rail_watchdog.h"
+#include "transport/collective_rail.h"
+#include "transport/host_lane.h"
 
 namespace nezha::engine {
 
@@ -60,16 +63,31 @@ collectives::CollectiveOptions TaskContext::collective_options(uint64_t seq, dou
   return copt;
 }
 
+transport::PointToPointRail& TaskContext::point_to_point(int rail, const std::string& what) const {
+  transport::PointToPointRail* p2p = rails[static_cast<size_t>(rail)]->as_point_to_point();
+  if (!p2p)
+    throw InvalidArgument("rail '" + rails[static_cast<size_t>(rail)]->properties().name +
+                          "' is a collective rail: it runs only allreduces it reduces itself, not the " + what);
+  return *p2p;
+}
+
+transport::HostLane* TaskContext::host_lane(int rail) const {
+  transport::PointToPointRail* p2p = rails[static_cast<size_t>(rail)]->as_point_to_point();
+  return p2p ? p2p->host_lane() : nullptr;
+}
+
 void TaskContext::allreduce_on(int rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                                const collectives::CollectiveOptions& copt) {
-  transport::HierarchicalRail* h =
-      static_cast<size_t>(rail) < hierarchical.size() ? hierarchical[static_cast<size_t>(rail)] : nullptr;
-  if (h && h->hierarchical()) {
+  transport::Rail& r = *rails[static_cast<size_t>(rail)];
+  if (transport::CollectiveRail* coll = r.as_collective()) {
+    collectives::allreduce(*coll, in, out, count, dtype, op, copt);
+  } else if (transport::HostLane* lane = host_lane(rail)) {
     // In place only: the copy writes the input itself, nothing before_overwrite must hear of.
     if (in != out) std::memcpy(out, in, count * dtype_size(dtype));
-    collectives::allreduce_hierarchical(h->host_lane(), h->network(), h->placement(), out, count, dtype, op, copt);
+    collectives::allreduce_hierarchical(lane->lane(), lane->network(), lane->placement(), out, count, dtype, op,
+                                        copt);
   } else {
-    collectives::allreduce(*rails[rail], in, out, count, dtype, op, copt);
+    collectives::allreduce(point_to_point(rail, "allreduce"), in, out, count, dtype, op, copt);
   }
 }
 

@@ -29,7 +29,6 @@ class TaskContext {
 
   const ExecutorOptions opt;
   const std::vector<transport::Rail*> rails;
-  std::vector<transport::HierarchicalRail*> hierarchical;  // per rail, may be empty / null
   multirail::RailTable* const table;  // may be null: nothing is measured
   const ShareObserver observer;       // may be empty
   const ExecutorHooks hooks;
@@ -39,8 +38,14 @@ class TaskContext {
   BufferPool originals{64, size_t{1} << 30};
 
   collectives::CollectiveOptions collective_options(uint64_t seq, double timeout_s) const;
-  // An allreduce of `in` into `out` (the same buffer: in place) on one rail: flat, or hierarchical
-  // where Executor::use_hierarchical() said so.
+  // The rail as the point-to-point rail every algorithm but a collective rail's allreduce needs.
+  // Throws InvalidArgument naming the rail and `what` for a collective rail (the rail table gives
+  // one nothing but the allreduces it reduces).
+  transport::PointToPointRail& point_to_point(int rail, const std::string& what) const;
+  // The rail's host lane (transport/host_lane.h), or null: not point to point, or none offered.
+  transport::HostLane* host_lane(int rail) const;
+  // An allreduce of `in` into `out` (the same buffer: in place) on one rail: reduced by a collective
+  // rail itself, hierarchical over a rail's host lane, or flat.
   void allreduce_on(int rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                     const collectives::CollectiveOptions& copt);
   // Tells the observer, and with `measure` the rail table (allreduce patterns only: its cost models

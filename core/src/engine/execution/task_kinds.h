@@ -48,7 +48,7 @@ class BalancedRange final : public ShareTask {
 
  private:
   // One range on `rail` (the task's, or its process set's view).
-  void run_range(TaskContext& ctx, transport::Rail& rail, const ShareBalancer::Range& range);
+  void run_range(TaskContext& ctx, transport::PointToPointRail& rail, const ShareBalancer::Range& range);
 
   std::shared_ptr<AllreduceJob> job_;
   size_t part_;
@@ -86,7 +86,7 @@ class StripedPart final : public ShareTask {
  private:
   // The parts of every block that [offset, offset + count) of the plan carries (striped_layout),
   // on `rail` (the task's, or its process set's view); `watch` is paused while this rank only computes.
-  void run_range(TaskContext& ctx, transport::Rail& rail, size_t offset, size_t count, PartWatch& watch);
+  void run_range(TaskContext& ctx, transport::PointToPointRail& rail, size_t offset, size_t count, PartWatch& watch);
 
   std::shared_ptr<SingleJob> job_;
   multirail::RailShare share_;

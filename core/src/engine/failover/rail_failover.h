@@ -55,7 +55,7 @@ class RailFailover {
   Decision on_query_reply(int rail, int rank, uint64_t seq, bool behind, Clock::time_point now);
   Decision on_drained(int rail, int rank, uint64_t completed,
                       const std::vector<multirail::RailEstimate>& estimates);
-  // Rails a failed rail's work may be redone on (default: all). A collective-only rail is not one:
+  // Rails a failed rail's work may be redone on (default: all). A collective rail is not one:
   // the lost work may hold operations it cannot run.
   void set_redo_targets(std::vector<bool> allowed) { redo_targets_ = std::move(allowed); }
   Decision on_probe_ready(int rail, int rank);

@@ -146,7 +146,7 @@ std::vector<multirail::RailShare> Negotiator::plan_for(const Response& r) {
   op.count = planned_elements(r);
   op.elem_size = dtype_size(r.dtype);
   // Every collective that moves data is striped (execution/striped_part_task.cc for all but allreduce); a
-  // collective-only rail (aggregation) takes shares only of allreduces of every rank it reduces.
+  // collective rail (aggregation) takes shares only of allreduces of every rank it reduces.
   op.splittable = op.count > 0 && r.type != OpType::kBarrier && r.type != OpType::kJoin;
   op.allreduce = r.type == OpType::kAllreduce && r.process_set == 0;
   op.dtype = r.dtype;

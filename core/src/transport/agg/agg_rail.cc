@@ -40,8 +40,6 @@ AggRail::AggRail(AggRailConfig config, int rank, int size)
   // A collective rail at link speed L moves a share of N bytes in N / L: its prior is the link itself
   // (a ring's would be L / (2(n-1)/n)).
   properties_.gbps_prior = config_.gbps_prior;
-  properties_.point_to_point = false;
-  properties_.in_network_reduce = true;
   nonce_.assign(8, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce_.data()), 8) != 1)
     throw NezhaError("rail '" + config_.name + "': RAND_bytes failed");
@@ -55,17 +53,6 @@ AggRail::~AggRail() {
 }
 
 std::string AggRail::who() const { return "rail '" + config_.name + "' (nezha-aggd at " + config_.daemon + ")"; }
-
-void AggRail::send(int peer, uint64_t, const void*, size_t, const Deadline&) {
-  throw ProtocolError(who() + " is collective-only: no message to rank " + std::to_string(peer));
-}
-void AggRail::recv(int peer, uint64_t, void*, size_t, const Deadline&) {
-  throw ProtocolError(who() + " is collective-only: no message from rank " + std::to_string(peer));
-}
-void AggRail::sendrecv_tags(int peer, const void*, size_t, uint64_t, int, void*, size_t, uint64_t,
-                            const Deadline&) {
-  throw ProtocolError(who() + " is collective-only: no message to rank " + std::to_string(peer));
-}
 
 RailCounters AggRail::counters() const { return {bytes_sent_.load(), bytes_received_.load()}; }
 

@@ -1,4 +1,4 @@
-// AggRail: the client of nezha-aggd, a collective-only rail (collective_rail.h). Every rank sends each
+// AggRail: the client of nezha-aggd, a collective rail (collective_rail.h). Every rank sends each
 // allreduce share to the daemon once, in chunks, and receives the sum once (a ring sends 2(n-1)/n of
 // it through each link).
 //
@@ -20,7 +20,6 @@
 #include <string>
 
 #include "transport/collective_rail.h"
-#include "transport/rail.h"
 #include "transport/rail_factory.h"
 #include "transport/tcp/link_state.h"
 
@@ -36,7 +35,7 @@ struct AggRailConfig {
   double handshake_timeout_s = 5;
 };
 
-class AggRail final : public Rail, public CollectiveRail {
+class AggRail final : public CollectiveRail {
  public:
   AggRail(AggRailConfig config, int rank, int size);
   ~AggRail() override;
@@ -48,15 +47,8 @@ class AggRail final : public Rail, public CollectiveRail {
   void connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) override;
   void reset() override;
   void close() override;
-  bool reaches(int) const override { return false; }  // collective-only: no peer point to point
-  // Never called (properties().point_to_point is false): a ProtocolError if they are.
-  void send(int peer, uint64_t tag, const void*, size_t, const Deadline&) override;
-  void recv(int peer, uint64_t tag, void*, size_t, const Deadline&) override;
-  void sendrecv_tags(int, const void*, size_t, uint64_t, int, void*, size_t, uint64_t,
-                     const Deadline&) override;
   RailCounters counters() const override;
   void abort(const std::string& reason) override;
-  CollectiveRail* collective() override { return this; }
   // The interface this rank reaches the daemon through lost its carrier: a cut reported at once.
   std::string link_fault() const override;
   // The daemon's host acknowledges what we sent: silence is then the daemon waiting for a late rank
@@ -64,7 +56,6 @@ class AggRail final : public Rail, public CollectiveRail {
   bool delivering(std::chrono::milliseconds quiet) const override;
 
   bool reduces(DataType dtype, ReduceOp op) const override;
-  size_t max_share_bytes() const override { return 0; }
   std::unique_ptr<CollectiveRequest> start_allreduce(const void* input, void* output, size_t count,
                                                       DataType dtype, ReduceOp op, uint64_t seq,
                                                       OverwriteHook before_overwrite = {}) override;

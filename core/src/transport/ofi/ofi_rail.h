@@ -1,5 +1,6 @@
-// OfiRail: a Rail over libfabric RDM endpoints and tagged messages. The same code runs over
-// verbs;ofi_rxm on InfiniBand/RoCE and over tcp;ofi_rxm or shm anywhere (CI tests it over tcp).
+// OfiRail: a point-to-point rail over libfabric RDM endpoints and tagged messages. The same code
+// runs over verbs;ofi_rxm on InfiniBand/RoCE and over tcp;ofi_rxm or shm anywhere (CI tests it over
+// tcp).
 //
 // Wire. Each rail message of N bytes travels as ceil(N / chunk) tagged messages (one when N is 0)
 // with the same wire tag, several in flight (window), copied through the registered staging pool
@@ -71,7 +72,7 @@ namespace ofi {
 class OfiEndpoint;
 }
 
-class OfiRail : public Rail {
+class OfiRail : public PointToPointRail {
  public:
   // Opens the provider's endpoint and registers the staging pool (2 * window chunks). Throws
   // NezhaError naming the provider when libfabric does not have it.

@@ -1,4 +1,4 @@
-// ShmRail: a Rail between the ranks of one host through shared memory (reach: this host only).
+// ShmRail: a point-to-point rail between the ranks of one host through shared memory (reach: this host only).
 //
 // Layout. Each rank owns one segment holding its inbound rings, one per local sender
 // (shm_segment.h); a rank sends by copying into its ring in the receiver's segment and receives by
@@ -62,7 +62,7 @@ struct ShmRailConfig {
   bool direct = true;              // single-copy reads of messages larger than the ring (shm_ring.h)
 };
 
-class ShmRail : public Rail {
+class ShmRail : public PointToPointRail {
  public:
   static constexpr size_t kMinRingBytes = size_t{64} << 10;
 

@@ -35,8 +35,6 @@ ShmCollRail::ShmCollRail(ShmCollRailConfig config, int rank, int size)
   properties_.latency_us_prior = 5;
   properties_.gbps_prior = 60;
   properties_.max_share_bytes = config_.max_share_bytes;
-  properties_.point_to_point = false;
-  properties_.in_network_reduce = true;
   properties_.host_memory = true;
   job_tag_ = shm::sha256("nezha-shmcoll-job\n" + config_.secret).substr(0, 16);
   nonce_.assign(16, '\0');
@@ -54,17 +52,6 @@ ShmCollRail::~ShmCollRail() { close(); }
 std::string ShmCollRail::who() const { return "rail '" + config_.name + "', rank " + std::to_string(rank_); }
 
 std::string ShmCollRail::local_address() const { return shm::encode_address(address_); }
-
-void ShmCollRail::send(int peer, uint64_t, const void*, size_t, const Deadline&) {
-  throw ProtocolError(who() + " is collective-only: no message to rank " + std::to_string(peer));
-}
-void ShmCollRail::recv(int peer, uint64_t, void*, size_t, const Deadline&) {
-  throw ProtocolError(who() + " is collective-only: no message from rank " + std::to_string(peer));
-}
-void ShmCollRail::sendrecv_tags(int peer, const void*, size_t, uint64_t, int, void*, size_t, uint64_t,
-                                const Deadline&) {
-  throw ProtocolError(who() + " is collective-only: no message to rank " + std::to_string(peer));
-}
 
 RailCounters ShmCollRail::counters() const { return {bytes_sent_.load(), bytes_received_.load()}; }
 

@@ -1,4 +1,4 @@
-// ShmCollRail: a collective-only rail (collective_rail.h) for the ranks of one host, reducing through
+// ShmCollRail: a collective rail (collective_rail.h) for the ranks of one host, reducing through
 // shared memory the way DeepSpeed's CPU shm allreduce and oneCCL's do: every rank copies its share,
 // chunk by chunk, into a workspace in its own segment that every peer maps; each rank reduces ITS
 // slice of the chunk (1/n of it) straight from all ranks' workspaces, in rank order, into its own
@@ -39,7 +39,6 @@
 #include <vector>
 
 #include "transport/collective_rail.h"
-#include "transport/rail.h"
 #include "transport/rail_factory.h"
 #include "transport/shm/shm_address.h"
 #include "transport/shm/shm_handoff.h"
@@ -59,10 +58,10 @@ struct ShmCollRailConfig {
   size_t small_bytes = 32 << 10;   // shares up to this are reduced whole by every rank (one wait)
   double spin_us = 20;             // busy-wait before sleeping on the futex
   double liveness_slice_ms = 50;   // futex sleep slice; peers' processes are checked after each
-  size_t max_share_bytes = 0;      // RailProperties/CollectiveRail::max_share_bytes (0: no limit)
+  size_t max_share_bytes = 0;      // RailProperties::max_share_bytes (0: no limit)
 };
 
-class ShmCollRail final : public Rail, public CollectiveRail {
+class ShmCollRail final : public CollectiveRail {
  public:
   ShmCollRail(ShmCollRailConfig config, int rank, int size);
   ~ShmCollRail() override;
@@ -76,18 +75,10 @@ class ShmCollRail final : public Rail, public CollectiveRail {
   void connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) override;
   void reset() override;
   void close() override;
-  bool reaches(int) const override { return false; }  // collective-only: no peer point to point
-  // Never called (properties().point_to_point is false): a ProtocolError if they are.
-  void send(int peer, uint64_t tag, const void*, size_t, const Deadline&) override;
-  void recv(int peer, uint64_t tag, void*, size_t, const Deadline&) override;
-  void sendrecv_tags(int, const void*, size_t, uint64_t, int, void*, size_t, uint64_t,
-                     const Deadline&) override;
   RailCounters counters() const override;
   void abort(const std::string& reason) override;
-  CollectiveRail* collective() override { return this; }
 
   bool reduces(DataType dtype, ReduceOp op) const override;
-  size_t max_share_bytes() const override { return config_.max_share_bytes; }
   std::unique_ptr<CollectiveRequest> start_allreduce(const void* input, void* output, size_t count,
                                                       DataType dtype, ReduceOp op, uint64_t seq,
                                                       OverwriteHook before_overwrite = {}) override;

@@ -1,5 +1,5 @@
-// TcpRail: a Rail over one TCP (or MPTCP) connection per peer, all bound to one local address so
-// the rail's traffic leaves on its own NIC.
+// TcpRail: a point-to-point rail over one TCP (or MPTCP) connection per peer, all bound to one
+// local address so the rail's traffic leaves on its own NIC.
 //
 // Connections. The constructor binds and listens on local_addr:0 and starts the accept thread
 // (tcp/acceptor.h). connect() dials every lower rank and waits for every higher rank; every
@@ -63,7 +63,7 @@ struct TcpRailConfig {
   size_t max_share_bytes = 0;        // RailProperties::max_share_bytes (0: no limit)
 };
 
-class TcpRail : public Rail, public MessagePath {
+class TcpRail : public PointToPointRail, public MessagePath {
  public:
   TcpRail(TcpRailConfig config, int rank, int size);
   ~TcpRail() override;
