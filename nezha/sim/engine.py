@@ -231,7 +231,8 @@ class SimJob:
         largest = max(plan_shares, key=lambda s: s.count)
         min_claim = max(p.balance_bytes, planner.amortized_range_bytes(estimates[largest.rail])) // ELEM
         balancer = planner.ShareBalancer(plan_shares, min_claim, max(1, 4096 // ELEM),
-                                         min_claim // planner.MIN_CLAIM_SPREAD)
+                                         min_claim // planner.MIN_CLAIM_SPREAD,
+                                         min_claim // planner.TAIL_CLAIM_SPREAD)
         rails = [s.rail for s in plan_shares]
         queue = [(t, part) for part in range(len(rails))]
         heapq.heapify(queue)
