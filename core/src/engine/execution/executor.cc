@@ -191,8 +191,8 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
     // Ranges start on 4 KiB from their share's start (whole pages for the copies and the ring).
     const size_t align = std::max<size_t>(1, 4096 / esize);
     const size_t min_claim = leader_min_range_bytes(plan, opt_.balance_bytes) / esize;
-    job->balancer = std::make_unique<ShareBalancer>(plan, min_claim, align, min_claim / kMinClaimSpread,
-                                                    min_claim / kTailClaimSpread);
+    const size_t tail_claim = leader_min_range_bytes(plan, opt_.balance_bytes / kTailClaimSpread) / esize;
+    job->balancer = std::make_unique<ShareBalancer>(plan, min_claim, align, min_claim / kMinClaimSpread, tail_claim);
     if (opt_.failover) job->original = ctx_->originals.acquire(total * esize);
   }
   job->parts_left = static_cast<int>(plan.size());
