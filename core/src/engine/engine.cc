@@ -92,6 +92,9 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   loop_epoll_ = epoll_create1(EPOLL_CLOEXEC);
   if (loop_epoll_ < 0 || epoll_add_readable(loop_epoll_, wake_fd_) != 0)
     throw NezhaError(std::string("the engine loop's epoll set: ") + std::strerror(errno));
+  lead_epoll_ = epoll_create1(EPOLL_CLOEXEC);
+  if (lead_epoll_ < 0 || epoll_add_readable(lead_epoll_, wake_fd_) != 0)
+    throw NezhaError(std::string("the leading caller's epoll set: ") + std::strerror(errno));
 }
 
 Engine::~Engine() {
@@ -102,6 +105,7 @@ Engine::~Engine() {
   }
   if (wake_fd_ >= 0) ::close(wake_fd_);
   if (loop_epoll_ >= 0) ::close(loop_epoll_);
+  if (lead_epoll_ >= 0) ::close(lead_epoll_);
 }
 
 std::vector<std::string> Engine::listen_addresses() const {
@@ -142,7 +146,8 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   calibrate_rails();
   // After calibration: the negotiator's liveness clocks start with the loop.
   make_negotiator();
-  if (config_.size > 1 && epoll_add_readable(loop_epoll_, control_->watch_fd()) != 0)
+  if (config_.size > 1 && (epoll_add_readable(loop_epoll_, control_->watch_fd()) != 0 ||
+                           epoll_add_readable(lead_epoll_, control_->watch_fd()) != 0))
     throw NezhaError(std::string("the engine loop's epoll set: ") + std::strerror(errno));
   thread_ = std::thread([this] { loop(); });
 }

@@ -29,9 +29,9 @@
 //     loop thread sleeps, the caller takes the loop's lock and the control connections out of the
 //     loop thread's epoll set (which wakes no one), runs the loop's passes until its operations are
 //     done, then hands both back; the loop thread is woken only when a timer it sleeps past is due
-//     sooner. Work other threads submit meanwhile wakes the loop thread, which takes it once the
-//     lead ends (bounded by lead_s). The loop's state is touched only under loop_mu_, by one thread
-//     at a time. Callers that lead: nezha.jax inside jit (NEZHA_JAX_WAIT_US) and every synchronous
+//     sooner. Work other threads submit meanwhile (or a failover report, a shutdown) wakes the loop
+//     thread and ends the lead, so the loop thread takes it at once. The loop's state is touched
+//     only under loop_mu_, by one thread at a time. Callers that lead: nezha.jax inside jit (NEZHA_JAX_WAIT_US) and every synchronous
 //     Python call, numpy's and nezha.torch's (NEZHA_LEAD_US; bindings/module.cc, nezha/ops.py).
 #pragma once
 
@@ -220,6 +220,7 @@ class Engine {
   // caller leading it: point 5); the loop thread drops it only while it waits.
   std::mutex loop_mu_;
   int loop_epoll_ = -1;  // the loop thread's wait: wake_fd_ and, unless a caller leads, control_->watch_fd()
+  int lead_epoll_ = -1;  // a leading caller's wait: control_->watch_fd() and wake_fd_ (which ends the lead)
   std::atomic<uint64_t> leads_{0};  // times a caller led the loop (changed under loop_mu_)
   Clock::time_point loop_sleeps_until_{};  // the loop thread's current wait ends by then
   std::optional<Clock::time_point> shutdown_deadline_;
