@@ -32,6 +32,16 @@
 
 namespace nezha::multirail {
 
+// Allreduces of at least this many bytes go to a collective host-memory rail (shmcoll) rather than a
+// point-to-point one (the shm ring) without asking the cost models. Per rank both move the same
+// bytes through memory, but the collective rail pipelines fixed chunks with one synchronisation
+// each, where the ring steps 2(n-1) times in lock-step with its neighbours; its lead grows with the
+// payload and the ranks. The models, calibrated on payloads up to 2 MiB, extrapolate to 64 MiB
+// with errors larger than that lead: on a loaded 2-core host they gave one run's 64 MiB allreduces
+// to the ring at 1.8x the collective rail's time (benchmarks/SHM.md). Below this the two are on
+// par there and the models decide.
+constexpr size_t kCollectiveHostMemoryBytes = size_t{4} << 20;
+
 // What the table needs to know about one rail (from transport::RailProperties).
 struct RailDescription {
   std::string name;
@@ -104,7 +114,8 @@ class RailTable {
                               const std::vector<RailEstimate>& round_estimates = {},
                               const std::function<void(int rail, size_t bytes)>& on_probe = {});
   // Of the host-memory rails usable for an allreduce of `bytes`, keeps the collective ones or the
-  // point-to-point ones, whichever is predicted faster alone (see plan()).
+  // point-to-point ones: the collective ones from kCollectiveHostMemoryBytes on, below it whichever
+  // is predicted faster alone (see plan()).
   void keep_one_host_memory_kind(const std::vector<RailEstimate>& est, std::vector<bool>& usable,
                                  size_t bytes) const;
   // The single-rail pick for an operation that is not split: the usable rail with the lowest
