@@ -35,12 +35,13 @@ namespace nezha::multirail {
 // Allreduces of at least this many bytes go to a collective host-memory rail (shmcoll) rather than a
 // point-to-point one (the shm ring) without asking the cost models. Per rank both move the same
 // bytes through memory, but the collective rail pipelines fixed chunks with one synchronisation
-// each, where the ring steps 2(n-1) times in lock-step with its neighbours; its lead grows with the
-// payload and the ranks. The models, calibrated on payloads up to 2 MiB, extrapolate to 64 MiB
-// with errors larger than that lead: on a loaded 2-core host they gave one run's 64 MiB allreduces
-// to the ring at 1.8x the collective rail's time (benchmarks/SHM.md). Below this the two are on
-// par there and the models decide.
-constexpr size_t kCollectiveHostMemoryBytes = size_t{4} << 20;
+// each, where the ring steps 2(n-1) times in lock-step with its neighbours; on a 2-core host with 4
+// ranks it was faster on average from 64 KiB to 64 MiB, and its lead grows with the ranks. The
+// models cannot be trusted to see it: calibrated on payloads up to 2 MiB, on a loaded host they
+// swapped the two from run to run and gave one run's 64 MiB allreduces to the ring at 1.8x the
+// collective rail's time (benchmarks/SHM.md). Latency-bound payloads below this (log-step against
+// one wait) are left to the models.
+constexpr size_t kCollectiveHostMemoryBytes = kLatencyBoundBytes;
 
 // What the table needs to know about one rail (from transport::RailProperties).
 struct RailDescription {
