@@ -16,6 +16,7 @@
 #include "common/knobs.h"
 #include "common/logging.h"
 #include "engine/engine_internal.h"
+#include "engine/failover/redo_scope.h"
 #include "engine/negotiation/message_codec.h"
 
 namespace nezha::engine {
@@ -150,6 +151,13 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
                            epoll_add_readable(lead_epoll_, control_->watch_fd()) != 0))
     throw NezhaError(std::string("the engine loop's epoll set: ") + std::strerror(errno));
   thread_ = std::thread([this] { loop(); });
+}
+
+bool Engine::failover_needed() const {
+  if (!config_.rail_failover || config_.size < 2) return false;
+  std::vector<const transport::RailProperties*> props;
+  for (const auto& r : rails_) props.push_back(&r->properties());
+  return failover_can_help(props);
 }
 
 void Engine::wire_components(const std::vector<std::vector<std::string>>& addrs_by_rank) {
@@ -363,7 +371,10 @@ EngineStats Engine::stats() const {
     s.rounds = n.rounds;
   }
   s.callers_led = leads_;
-  if (executor_) s.bytes_staged = executor_->bytes_staged();  // set once, in connect_and_start()
+  if (executor_) {  // set once, in connect_and_start()
+    s.bytes_staged = executor_->bytes_staged();
+    s.bytes_kept_for_redo = executor_->bytes_kept_for_redo();
+  }
   return s;
 }
 

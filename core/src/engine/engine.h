@@ -125,6 +125,7 @@ struct EngineStats {
   uint64_t operations_on_rails = 0;     // operations this rank ran on the rails (fused: one)
   uint64_t callers_led = 0;  // times a caller ran the loop itself (enqueue_all's lead_s)
   uint64_t bytes_staged = 0;  // allreduce inputs copied before their rails started (Executor::bytes_staged)
+  uint64_t bytes_kept_for_redo = 0;  // inputs copied aside for failover (Executor::bytes_kept_for_redo)
 };
 
 struct RailStat {
@@ -197,7 +198,8 @@ class Engine {
   void make_negotiator();
   void fail_everything(const std::string& reason);
   void wake();
-  bool failover_needed() const { return config_.rail_failover && rails_.size() > 1 && config_.size > 1; }
+  // Failover is on, and some rail's shares could be redone elsewhere (failover/redo_scope.h).
+  bool failover_needed() const;
 
   EngineConfig config_;
   std::unique_ptr<ProcessSetTable> process_sets_;  // read by the negotiator and the executor

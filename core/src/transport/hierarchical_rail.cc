@@ -39,6 +39,7 @@ HierarchicalRail::HierarchicalRail(std::unique_ptr<Rail> network, std::unique_pt
   properties_ = network_->properties();
   properties_.kind += "+" + host_lane_->properties().kind;
   properties_.host_memory = network_->properties().host_memory && host_lane_->properties().host_memory;
+  properties_.can_fail_alone = network_->properties().can_fail_alone || host_lane_->properties().can_fail_alone;
 }
 
 HierarchicalRail::~HierarchicalRail() { close(); }

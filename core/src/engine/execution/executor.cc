@@ -31,6 +31,8 @@ Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, mul
 
 Executor::~Executor() { stop(); }
 
+uint64_t Executor::bytes_kept_for_redo() const { return ctx_->kept_bytes; }
+
 void Executor::stop() {
   for (auto& w : workers_) w->stop();
   if (ctx_->watchdog) ctx_->watchdog->stop();

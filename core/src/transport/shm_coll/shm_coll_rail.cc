@@ -38,6 +38,7 @@ ShmCollRail::ShmCollRail(ShmCollRailConfig config, int rank, int size)
   properties_.point_to_point = false;
   properties_.in_network_reduce = true;
   properties_.host_memory = true;
+  properties_.can_fail_alone = false;  // shared memory: fails only with a rank
   job_tag_ = shm::sha256("nezha-shmcoll-job\n" + config_.secret).substr(0, 16);
   nonce_.assign(16, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce_.data()), 16) != 1)
