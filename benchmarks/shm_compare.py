@@ -1,10 +1,12 @@
-"""One host, 4 ranks: allreduce with Nezha's defaults (no rails given: the loopback TCP rail with the
-automatic shm lane) vs the same with the automatic shm collective rail (NEZHA_AUTO_SHM_COLL=1) vs
-Nezha over loopback TCP alone (NEZHA_AUTO_SHM=0; --skip-loopback leaves it out) vs Gloo on lo, in
-one run; --with-shm-rail adds `--rails shm` (the shm rail alone),
---with-shmcoll-rail `--rails shmcoll` with NEZHA_AUTO_SHM=0 (the collective rail alone). Gloo is
-timed inside the default job's processes (--baseline gloo); the other jobs run right after. Prints
-a markdown table for benchmarks/SHM.md.
+"""One host, 4 ranks: allreduce with the one-host rails with and without the automatic shm collective
+rail (NEZHA_AUTO_SHM_COLL=0: the loopback TCP rail with the automatic shm lane, the ring; =1: that
+and the collective rail `shmcoll`, the rail table giving each allreduce to one of them) vs Nezha over
+loopback TCP alone (NEZHA_AUTO_SHM=0; --skip-loopback leaves it out) vs Gloo on lo, in one run;
+--with-shm-rail adds `--rails shm` (the shm rail alone), --with-shmcoll-rail `--rails shmcoll` with
+NEZHA_AUTO_SHM=0 (the collective rail alone). The knob is set either way, so the labels mean the same
+whatever the default. Gloo is timed inside the first job's processes (--baseline gloo); the other
+jobs run right after. Prints a markdown table for benchmarks/SHM.md, and which rail carried each size
+in the job with both rails.
 
     .venv/bin/python benchmarks/shm_compare.py [--sizes 8,64K,1M,64M] [--out DIR]
 """
@@ -45,10 +47,11 @@ def main():
                    help="also time --rails shmcoll with NEZHA_AUTO_SHM=0 (the collective rail alone)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    records = run("nezha-default", os.path.join(args.out, "default.json"), args.sizes, gloo=True)
+    records = run("nezha-ring", os.path.join(args.out, "ring.json"), args.sizes, gloo=True,
+                  env={"NEZHA_AUTO_SHM_COLL": "0"})
     records += run("nezha-auto-shmcoll", os.path.join(args.out, "auto_shmcoll.json"), args.sizes,
                    env={"NEZHA_AUTO_SHM_COLL": "1"})
-    impls = ["nezha-default", "nezha-auto-shmcoll", "gloo-lo"]
+    impls = ["nezha-ring", "nezha-auto-shmcoll", "gloo-lo"]
     if not args.skip_loopback:
         records += run("nezha-loopback", os.path.join(args.out, "tcp.json"), args.sizes,
                        env={"NEZHA_AUTO_SHM": "0"})
@@ -63,7 +66,7 @@ def main():
     by = {(r["impl"], r["bytes"]): r for r in records}
     sizes = sorted({r["bytes"] for r in records})
     print("\n| size | " + " | ".join(f"{i} time" for i in impls) + " | " +
-          " | ".join(f"{i} busbw" for i in impls) + " | default vs gloo | auto-shmcoll vs gloo |")
+          " | ".join(f"{i} busbw" for i in impls) + " | ring vs gloo | auto-shmcoll vs gloo |")
     print("|---:|" + "---:|" * (2 * len(impls) + 2))
     for b in sizes:
         row = [by.get((i, b)) for i in impls]
@@ -72,6 +75,11 @@ def main():
         gloo = row[impls.index("gloo-lo")]
         ratios = [f"{gloo['time_us'] / r['time_us']:.2f}x" if r and gloo else "-" for r in row[:2]]
         print(f"| {b} | " + " | ".join(times) + " | " + " | ".join(bws) + " | " + " | ".join(ratios) + " |")
+    print("\nnezha-auto-shmcoll, bytes per rail (rank 0, the timed iterations and warm-up):")
+    for b in sizes:
+        r = by.get(("nezha-auto-shmcoll", b))
+        if r:
+            print(f"  {b}: " + ", ".join(f"{x['name']} {x['share']:.0%}" for x in r.get("rails", [])))
 
 
 if __name__ == "__main__":

@@ -107,8 +107,9 @@ def _automatic_rails(specs: List[rails_mod.RailSpec], info: environ.WorldInfo) -
     rank, which must agree on the rails, a rank alone on its host included) and no rail of the spec
     is host-local already: the core makes it the network rails' host lane (hierarchical allreduce;
     on one host it carries the allreduces); the shm rail itself checks who really shares a host.
-    ``shmcoll`` with ``NEZHA_AUTO_SHM_COLL=1`` where the whole job is on one host. ``NEZHA_AUTO_SHM=0``
-    turns both off (only the rails listed)."""
+    ``shmcoll`` (``NEZHA_AUTO_SHM_COLL``, on by default) where the whole job is on one host: the
+    collective rail that takes the allreduces of 64 KiB and more (faster than the ring there,
+    benchmarks/SHM.md). ``NEZHA_AUTO_SHM=0`` turns both off (only the rails listed)."""
     if info.size <= 1 or info.cross_size >= info.size or _core.knob_value("NEZHA_AUTO_SHM") == "0":
         return []
     added = []
@@ -116,10 +117,10 @@ def _automatic_rails(specs: List[rails_mod.RailSpec], info: environ.WorldInfo) -
         lane = _core.RailConfig("shm", "", "shm", {})
         lane.automatic = True
         added.append(lane)
-    # Every rank on one host, when asked: the collective shm rail too, for the allreduces the cost
-    # model finds it fastest for (the shm lane keeps what needs messages). It joins the whole job or
-    # fails at connect, so it is added only where the launcher puts the whole job on one host.
-    if (info.local_size >= info.size and _core.knob_value("NEZHA_AUTO_SHM_COLL") == "1"
+    # Every rank on one host: the collective shm rail too, for the allreduces the rail table gives
+    # it (the shm lane keeps what needs messages). It joins the whole job or fails at connect, so it
+    # is added only where the launcher puts the whole job on one host.
+    if (info.local_size >= info.size and _core.knob_value("NEZHA_AUTO_SHM_COLL") != "0"
             and "shmcoll" in _core.rail_kinds() and not any(s.kind == "shmcoll" for s in specs)):
         coll = _core.RailConfig("shmcoll", "", "shmcoll", {})
         coll.automatic = True

@@ -27,21 +27,22 @@ def test_every_collective_with_shmcoll_beside_shm_matches_numpy(job):
         assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
 
 
-def test_the_knob_adds_shmcoll_to_a_one_host_job_and_the_default_does_not():
+def test_a_one_host_job_gets_shmcoll_by_default_and_the_knob_turns_it_off():
     code = ("import nezha; nezha.init(); "
             "print('KINDS', sorted(s['kind'] for s in nezha.rail_stats()))")
-    result = run_job(2, [sys.executable, "-c", code], env={"NEZHA_AUTO_SHM_COLL": "1"}, timeout=60)
+    result = run_job(2, [sys.executable, "-c", code], timeout=60)
     assert result.returncode == 0, result.output[-2000:]
     for r in range(2):
         assert "KINDS ['shmcoll', 'tcp+shm']" in "\n".join(result.lines(r)), result.output[-2000:]
-    result = run_job(2, [sys.executable, "-c", code], timeout=60)
+    result = run_job(2, [sys.executable, "-c", code], env={"NEZHA_AUTO_SHM_COLL": "0"}, timeout=60)
     assert result.returncode == 0, result.output[-2000:]
     for r in range(2):
         assert "KINDS ['tcp+shm']" in "\n".join(result.lines(r)), result.output[-2000:]
 
 
 def test_allreduces_with_the_automatic_shmcoll_match_numpy(job):
-    result = job(4, "shm_coll_check.py", env={"NEZHA_AUTO_SHM_COLL": "1"}, timeout=300)
+    # The default rails: the large allreduces must reach shmcoll (expect_large_on_shmcoll).
+    result = job(4, "shm_coll_check.py", "expect_large_on_shmcoll", timeout=300)
     assert result.returncode == 0, result.output[-4000:]
     for r in range(4):
         assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
@@ -52,6 +53,15 @@ def test_killed_rank_is_named_on_every_other_rank():
     results = launch_direct(3, "dead_peer.py", "kill", str(victim),
                             env={"NEZHA_RAILS": "shmcoll", "NEZHA_AUTO_SHM": "0",
                                  "NEZHA_TIMEOUT_S": str(TIMEOUT_S)},
+                            timeout=TIMEOUT_S + 20, wait_for=survivors)
+    assert_victim_named(results, victim, survivors, within_s=TIMEOUT_S)
+
+
+def test_killed_rank_is_named_on_every_other_rank_with_the_default_rails():
+    # lo with its shm lane beside shmcoll: no failover there (both fail only with a rank), so the
+    # death fails the operation naming the rank, as with one rail.
+    victim, survivors = 2, [0, 1]
+    results = launch_direct(3, "dead_peer.py", "kill", str(victim), env={"NEZHA_TIMEOUT_S": str(TIMEOUT_S)},
                             timeout=TIMEOUT_S + 20, wait_for=survivors)
     assert_victim_named(results, victim, survivors, within_s=TIMEOUT_S)
 

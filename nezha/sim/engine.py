@@ -229,9 +229,11 @@ class SimJob:
         # The leader's minimum range: Executor's, amortizing the largest share's rail's ring start-up.
         estimates = self.table.estimates()
         largest = max(plan_shares, key=lambda s: s.count)
-        min_claim = max(p.balance_bytes, planner.amortized_range_bytes(estimates[largest.rail])) // ELEM
+        amortized = planner.amortized_range_bytes(estimates[largest.rail])
+        min_claim = max(p.balance_bytes, amortized) // ELEM
+        tail_claim = max(p.balance_bytes // planner.TAIL_CLAIM_SPREAD, amortized) // ELEM
         balancer = planner.ShareBalancer(plan_shares, min_claim, max(1, 4096 // ELEM),
-                                         min_claim // planner.MIN_CLAIM_SPREAD)
+                                         min_claim // planner.MIN_CLAIM_SPREAD, tail_claim)
         rails = [s.rail for s in plan_shares]
         queue = [(t, part) for part in range(len(rails))]
         heapq.heapify(queue)

@@ -98,6 +98,7 @@ void bind_planner(py::module_& parent) {
         "The payloads the engine's calibration runs on each rail at init, in order.");
   m.attr("BALANCE_MIN_RANGES") = engine::kBalanceMinRanges;
   m.attr("MIN_CLAIM_SPREAD") = engine::kMinClaimSpread;
+  m.attr("TAIL_CLAIM_SPREAD") = engine::kTailClaimSpread;
 
   py::class_<multirail::RailTable>(m, "RailTable",
                                    "The engine's rail table (multirail/rail_table.h), one per simulated job.")
@@ -142,10 +143,12 @@ void bind_planner(py::module_& parent) {
 
   py::class_<engine::ShareBalancer>(m, "ShareBalancer",
                                     "Re-splits one striped operation while it runs (share_balancer.h).")
-      .def(py::init([](const std::vector<RailShare>& plan, size_t min_claim, size_t align, size_t floor_claim) {
+      .def(py::init([](const std::vector<RailShare>& plan, size_t min_claim, size_t align, size_t floor_claim,
+                       size_t tail_claim) {
              if (plan.empty()) throw InvalidArgument("ShareBalancer needs at least one share");
-             return std::make_unique<engine::ShareBalancer>(plan, min_claim, align, floor_claim);
-           }), py::arg("plan"), py::arg("min_claim"), py::arg("align") = 1, py::arg("floor_claim") = 0)
+             return std::make_unique<engine::ShareBalancer>(plan, min_claim, align, floor_claim, tail_claim);
+           }), py::arg("plan"), py::arg("min_claim"), py::arg("align") = 1, py::arg("floor_claim") = 0,
+           py::arg("tail_claim") = 0)
       .def("claim", [](engine::ShareBalancer& b, size_t part, double now_s) {
              if (part >= b.parts()) throw InvalidArgument("ShareBalancer.claim: no part " + std::to_string(part));
              const auto r = b.claim(part, at_seconds(now_s));

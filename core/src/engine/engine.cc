@@ -17,6 +17,7 @@
 #include "common/knobs.h"
 #include "common/logging.h"
 #include "engine/engine_internal.h"
+#include "engine/failover/redo_scope.h"
 #include "engine/negotiation/message_codec.h"
 
 namespace nezha::engine {
@@ -93,6 +94,9 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   loop_epoll_ = epoll_create1(EPOLL_CLOEXEC);
   if (loop_epoll_ < 0 || epoll_add_readable(loop_epoll_, wake_fd_) != 0)
     throw NezhaError(std::string("the engine loop's epoll set: ") + std::strerror(errno));
+  lead_epoll_ = epoll_create1(EPOLL_CLOEXEC);
+  if (lead_epoll_ < 0 || epoll_add_readable(lead_epoll_, wake_fd_) != 0)
+    throw NezhaError(std::string("the leading caller's epoll set: ") + std::strerror(errno));
 }
 
 Engine::~Engine() {
@@ -103,6 +107,7 @@ Engine::~Engine() {
   }
   if (wake_fd_ >= 0) ::close(wake_fd_);
   if (loop_epoll_ >= 0) ::close(loop_epoll_);
+  if (lead_epoll_ >= 0) ::close(lead_epoll_);
 }
 
 std::vector<std::string> Engine::listen_addresses() const {
@@ -143,9 +148,17 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   calibrate_rails();
   // After calibration: the negotiator's liveness clocks start with the loop.
   make_negotiator();
-  if (config_.size > 1 && epoll_add_readable(loop_epoll_, control_->watch_fd()) != 0)
+  if (config_.size > 1 && (epoll_add_readable(loop_epoll_, control_->watch_fd()) != 0 ||
+                           epoll_add_readable(lead_epoll_, control_->watch_fd()) != 0))
     throw NezhaError(std::string("the engine loop's epoll set: ") + std::strerror(errno));
   thread_ = std::thread([this] { loop(); });
+}
+
+bool Engine::failover_needed() const {
+  if (!config_.rail_failover || config_.size < 2) return false;
+  std::vector<RedoRail> rails;
+  for (const auto& r : rails_) rails.push_back({r->properties().can_fail_alone, r->as_point_to_point() != nullptr});
+  return failover_can_help(rails);
 }
 
 void Engine::wire_components(const std::vector<std::vector<std::string>>& addrs_by_rank) {
@@ -359,7 +372,10 @@ EngineStats Engine::stats() const {
     s.rounds = n.rounds;
   }
   s.callers_led = leads_;
-  if (executor_) s.bytes_staged = executor_->bytes_staged();  // set once, in connect_and_start()
+  if (executor_) {  // set once, in connect_and_start()
+    s.bytes_staged = executor_->bytes_staged();
+    s.bytes_kept_for_redo = executor_->bytes_kept_for_redo();
+  }
   return s;
 }
 

@@ -29,9 +29,9 @@
 //     loop thread sleeps, the caller takes the loop's lock and the control connections out of the
 //     loop thread's epoll set (which wakes no one), runs the loop's passes until its operations are
 //     done, then hands both back; the loop thread is woken only when a timer it sleeps past is due
-//     sooner. Work other threads submit meanwhile wakes the loop thread, which takes it once the
-//     lead ends (bounded by lead_s). The loop's state is touched only under loop_mu_, by one thread
-//     at a time. Callers that lead: nezha.jax inside jit (NEZHA_JAX_WAIT_US) and every synchronous
+//     sooner. Work other threads submit meanwhile (or a failover report, a shutdown) wakes the loop
+//     thread and ends the lead, so the loop thread takes it at once. The loop's state is touched
+//     only under loop_mu_, by one thread at a time. Callers that lead: nezha.jax inside jit (NEZHA_JAX_WAIT_US) and every synchronous
 //     Python call, numpy's and nezha.torch's (NEZHA_LEAD_US; bindings/module.cc, nezha/ops.py).
 #pragma once
 
@@ -124,6 +124,7 @@ struct EngineStats {
   uint64_t operations_on_rails = 0;     // operations this rank ran on the rails (fused: one)
   uint64_t callers_led = 0;  // times a caller ran the loop itself (enqueue_all's lead_s)
   uint64_t bytes_staged = 0;  // allreduce inputs copied before their rails started (Executor::bytes_staged)
+  uint64_t bytes_kept_for_redo = 0;  // inputs copied aside for failover (Executor::bytes_kept_for_redo)
 };
 
 struct RailStat {
@@ -196,7 +197,8 @@ class Engine {
   void make_negotiator();
   void fail_everything(const std::string& reason);
   void wake();
-  bool failover_needed() const { return config_.rail_failover && rails_.size() > 1 && config_.size > 1; }
+  // Failover is on, and some rail's shares could be redone elsewhere (failover/redo_scope.h).
+  bool failover_needed() const;
 
   EngineConfig config_;
   std::unique_ptr<ProcessSetTable> process_sets_;  // read by the negotiator and the executor
@@ -218,6 +220,7 @@ class Engine {
   // caller leading it: point 5); the loop thread drops it only while it waits.
   std::mutex loop_mu_;
   int loop_epoll_ = -1;  // the loop thread's wait: wake_fd_ and, unless a caller leads, control_->watch_fd()
+  int lead_epoll_ = -1;  // a leading caller's wait: control_->watch_fd() and wake_fd_ (which ends the lead)
   std::atomic<uint64_t> leads_{0};  // times a caller led the loop (changed under loop_mu_)
   Clock::time_point loop_sleeps_until_{};  // the loop thread's current wait ends by then
   std::optional<Clock::time_point> shutdown_deadline_;

@@ -115,12 +115,16 @@ void Engine::lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const s
   const Clock::time_point until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                      std::chrono::duration<double>(lead_s));
   // Led until the operations are done, or have left negotiation for the rails (their rail workers
-  // complete them; the caller waits on the handles then, as without a lead).
+  // complete them; the caller waits on the handles then, as without a lead), or something woke the
+  // loop thread (another caller's work, a failover report, shutdown): that is the loop thread's to
+  // take, and it cannot while this caller holds the loop, so the lead ends at once rather than
+  // making it wait out lead_s.
   auto negotiating = [&] {
     if (std::all_of(handles.begin(), handles.end(), [](const auto& h) { return h->poll(); })) return false;
     return submissions_.any_in_flight(names);
   };
-  while (!finished_ && negotiating()) {
+  bool woken = false;
+  while (!finished_ && !woken && negotiating()) {
     const Clock::time_point now = Clock::now();
     if (now >= until) break;
     loop_pass([&](int timeout_ms) {
@@ -128,9 +132,10 @@ void Engine::lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const s
       if (!negotiating()) return true;
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
       if (left <= 0) return true;  // the lead is over: end the pass
-      epoll_event ev;
-      ::epoll_wait(watch, &ev, 1, static_cast<int>(std::min<long long>(left, timeout_ms)));
-      return false;
+      epoll_event ev[2];
+      const int n = ::epoll_wait(lead_epoll_, ev, 2, static_cast<int>(std::min<long long>(left, timeout_ms)));
+      for (int i = 0; i < n; ++i) woken = woken || ev[i].data.fd == wake_fd_;
+      return woken;
     }, /*leader=*/true);
   }
   listen_to_watch(EPOLLIN);  // readable already: the loop thread wakes

@@ -117,8 +117,8 @@ Plan RailTable::plan(const OpToPlan& op, PlanSource source,
   }
   // Rails through this host's memory share its CPUs and memory bandwidth: a collective one striped
   // with a point-to-point one (shmcoll beside the shm ring) makes both slower, where rails on
-  // separate links add up. Only the faster kind of the two takes the allreduce; probes (below) still
-  // lend the other kind a share now and then, so its estimate stays current.
+  // separate links add up. Only one kind of the two takes the allreduce, and probes (below) lend the
+  // other none: large payloads, the only ones probed, always go to the collective kind.
   std::vector<bool> split_ok = ok;
   if (op.allreduce) keep_one_host_memory_kind(est, split_ok, op.count * op.elem_size);
   PlanRequest pr;
@@ -132,7 +132,7 @@ Plan RailTable::plan(const OpToPlan& op, PlanSource source,
     std::lock_guard<std::mutex> lock(mu_);
     counters = idle_large_ops_[source_index(source)];
   }
-  add_probe_shares(plan, est, op.count, op.elem_size, counters, ok, on_probe);
+  add_probe_shares(plan, est, op.count, op.elem_size, counters, op.allreduce ? split_ok : ok, on_probe);
   {
     std::lock_guard<std::mutex> lock(mu_);
     idle_large_ops_[source_index(source)] = counters;
@@ -155,9 +155,12 @@ void RailTable::keep_one_host_memory_kind(const std::vector<RailEstimate>& est, 
         bytes < kLatencyBoundBytes ? est[i].alpha_us : std::max(est[i].alpha_us, est[i].bulk_alpha_us);
     best[kind] = std::min(best[kind], start_us + static_cast<double>(bytes) * 8 / (est[i].beta_gbps * 1e3));
   }
-  // Both kinds, both estimated: otherwise the plan's cold rule (one rail, lowest alpha) decides.
-  if (!present[0] || !present[1] || best[0] == kUnknown || best[1] == kUnknown) return;
-  const bool collective_wins = best[0] <= best[1];
+  if (!present[0] || !present[1]) return;
+  // Large: the collective kind, whatever the estimates say (kCollectiveHostMemoryBytes). Smaller:
+  // both estimated, the one predicted faster; else the plan's cold rule (one rail, lowest alpha).
+  const bool large = bytes >= kCollectiveHostMemoryBytes;
+  if (!large && (best[0] == kUnknown || best[1] == kUnknown)) return;
+  const bool collective_wins = large || best[0] <= best[1];
   for (size_t i = 0; i < rails_.size() && i < usable.size(); ++i)
     if (usable[i] && rails_[i].host_memory && rails_[i].point_to_point == collective_wins) usable[i] = false;
 }

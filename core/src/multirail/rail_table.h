@@ -32,6 +32,17 @@
 
 namespace nezha::multirail {
 
+// Allreduces of at least this many bytes go to a collective host-memory rail (shmcoll) rather than a
+// point-to-point one (the shm ring) without asking the cost models. Per rank both move the same
+// bytes through memory, but the collective rail pipelines fixed chunks with one synchronisation
+// each, where the ring steps 2(n-1) times in lock-step with its neighbours; on a 2-core host with 4
+// ranks it was faster on average from 64 KiB to 64 MiB, and its lead grows with the ranks. The
+// models cannot be trusted to see it: calibrated on payloads up to 2 MiB, on a loaded host they
+// swapped the two from run to run and gave one run's 64 MiB allreduces to the ring at 1.8x the
+// collective rail's time (benchmarks/SHM.md). Latency-bound payloads below this (log-step against
+// one wait) are left to the models.
+constexpr size_t kCollectiveHostMemoryBytes = kLatencyBoundBytes;
+
 // What the table needs to know about one rail (from transport::RailProperties).
 struct RailDescription {
   std::string name;
@@ -105,7 +116,8 @@ class RailTable {
                               const std::vector<RailEstimate>& round_estimates = {},
                               const std::function<void(int rail, size_t bytes)>& on_probe = {});
   // Of the host-memory rails usable for an allreduce of `bytes`, keeps the collective ones or the
-  // point-to-point ones, whichever is predicted faster alone (see plan()).
+  // point-to-point ones: the collective ones from kCollectiveHostMemoryBytes on, below it whichever
+  // is predicted faster alone (see plan()).
   void keep_one_host_memory_kind(const std::vector<RailEstimate>& est, std::vector<bool>& usable,
                                  size_t bytes) const;
   // The single-rail pick for an operation that is not split: the usable rail with the lowest

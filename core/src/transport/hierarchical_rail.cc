@@ -19,6 +19,7 @@ HierarchicalRail::HierarchicalRail(std::unique_ptr<Rail> network, std::unique_pt
   properties_ = network_->properties();
   properties_.kind += "+" + lane_->properties().kind;
   properties_.host_memory = network_->properties().host_memory && lane_->properties().host_memory;
+  properties_.can_fail_alone = network_->properties().can_fail_alone || lane_->properties().can_fail_alone;
 }
 
 HierarchicalRail::~HierarchicalRail() { close(); }

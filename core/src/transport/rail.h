@@ -71,6 +71,11 @@ struct RailProperties {
   // loopback): such rails draw on one resource, so striping one operation over several of them adds
   // no bandwidth. The rail table never stripes a collective rail of this kind with another one.
   bool host_memory = false;
+  // Whether the rail can fail while every rank it joins lives on (a cut cable, a closed socket, a
+  // daemon gone). False where its data path is this host's shared memory only: there is no link to
+  // cut, so it fails only when a rank does, and every other rail of the job fails with that rank.
+  // A failover redo can never save such a rail's share, so no input is kept for it.
+  bool can_fail_alone = true;
 };
 
 struct RailCounters {

@@ -352,13 +352,16 @@ namespace nezha::testing {
 // to the world's rail for that rank, so engines built from specs share one world.
 // Option host_size=N makes it a host-local rail (RailReach::kHost) whose "hosts" are blocks of N
 // consecutive ranks: it reaches only the ranks of its own block. Option hosts=3-1 does the same with
-// blocks of the sizes given (uneven placements).
+// blocks of the sizes given (uneven placements). Option fails_alone=0 says the rail cannot fail
+// apart from the ranks (RailProperties::can_fail_alone), as a shared-memory rail says.
 class MemoryWorldRail : public transport::PointToPointRail {
  public:
-  MemoryWorldRail(std::shared_ptr<MemoryWorld> world, int rank, std::vector<int> host_of_rank)
+  MemoryWorldRail(std::shared_ptr<MemoryWorld> world, int rank, std::vector<int> host_of_rank,
+                  bool can_fail_alone = true)
       : world_(std::move(world)), rail_(world_->rail(rank)), props_(rail_.properties()),
         host_of_rank_(std::move(host_of_rank)) {
     if (!host_of_rank_.empty()) props_.reach = transport::RailReach::kHost;
+    props_.can_fail_alone = can_fail_alone;
   }
   std::string host_key(const std::string& address) const override {
     for (int p = 0; p < rail_.size(); ++p)
@@ -421,7 +424,7 @@ inline std::shared_ptr<MemoryWorld> find_memory_world(const std::string& name, i
 
 inline std::unique_ptr<transport::Rail> make_memory_rail(const transport::RailSpec& spec,
                                                          const transport::RailContext& ctx) {
-  transport::reject_unknown_options(spec, {"world", "host_size", "hosts"});
+  transport::reject_unknown_options(spec, {"world", "host_size", "hosts", "fails_alone"});
   auto it = spec.options.find("world");
   if (it == spec.options.end()) throw InvalidArgument("rail '" + spec.name + "': kind memory needs world=NAME");
   MemoryWorldRegistry& reg = MemoryWorldRegistry::get();
@@ -454,7 +457,8 @@ inline std::unique_ptr<transport::Rail> make_memory_rail(const transport::RailSp
     if (static_cast<int>(host_of_rank.size()) != ctx.size)
       throw InvalidArgument("memory rail hosts=" + text + " does not add up to " + std::to_string(ctx.size));
   }
-  return std::make_unique<MemoryWorldRail>(world, ctx.rank, std::move(host_of_rank));
+  const bool fails_alone = transport::rail_option_bytes(spec, "fails_alone", 1) != 0;
+  return std::make_unique<MemoryWorldRail>(world, ctx.rank, std::move(host_of_rank), fails_alone);
 }
 
 // Registers kind "memory" once per process: the one row a transport needs. Its target is none

@@ -183,6 +183,39 @@ TEST(EngineLead, AnotherCallersWorkDuringALeadIsTakenWhenItEnds) {
   EXPECT_TRUE(led) << "rank 1's caller never led the loop in " << kTries << " tries";
 }
 
+TEST(EngineLead, AnotherCallersWorkEndsALead) {
+  // Rank 1's caller could lead for 5 s waiting for "x" (rank 0 submits it only once "y" is done);
+  // another thread of rank 1 submits "y" without leading. The lead ends when "y" wakes the loop
+  // thread, so "y" completes at once, not when the leader next hears from a peer.
+  Cluster c(2);
+  Allreduce x0(0, 2), x1(1, 2), y0(0, 2), y1(1, 2);
+  bool led = false;
+  for (int k = 0; k < kTries && !led; ++k) {
+    const std::string x = "x." + std::to_string(k), y = "y." + std::to_string(k);
+    auto hy0 = y0.submit(c[0], y, 0);
+    const uint64_t leads = c[1].stats().callers_led;
+    std::shared_ptr<OpHandle> hx1;
+    std::thread leader([&] { hx1 = x1.submit(c[1], x, /*lead_s=*/5.0); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto start = std::chrono::steady_clock::now();
+    auto hy1 = y1.submit(c[1], y, 0);
+    while (!hy1->poll() && seconds_since(start) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const double y_took = seconds_since(start);
+    auto hx0 = x0.submit(c[0], x, 0);
+    leader.join();
+    led = c[1].stats().callers_led > leads;
+    // Without the hand-over "y" waited for the leader's next control message: a heartbeat, ~1 s.
+    if (led) EXPECT_LT(y_took, 0.3) << y << " waited for the lead on " << x;
+    expect_ok(hy1, y + " on rank 1");
+    expect_ok(hx0, x + " on rank 0");
+    expect_ok(hx1, x + " on rank 1");
+    expect_ok(hy0, y + " on rank 0");
+    x1.expect_sum(2, x);
+    y1.expect_sum(2, y);
+  }
+  EXPECT_TRUE(led) << "rank 1's caller never led the loop in " << kTries << " tries";
+}
+
 TEST(EngineLead, HeartbeatsAndTimersGoOnAfterALead) {
   // timeout_s 2.5: a rank whose loop thread stopped reading after a lead would time rank 0 out.
   Cluster c(2, testing::loopback_rails(2), [](EngineConfig& cfg) { cfg.timeout_s = 2.5; });

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 
 #include <algorithm>
 #include <thread>
@@ -53,6 +54,61 @@ TEST(ShareBalancerTest, EqualRailsEachDrainTheirOwnShareInHalvingRanges) {
   EXPECT_EQ(got[0][0].offset, 0u);
   EXPECT_EQ(got[1][0].offset, 1000u);  // a rail starts on its own share
   for (size_t p = 0; p < 2; ++p) EXPECT_EQ(b.claimed(p).size(), got[p].size());
+}
+
+// Runs the balancer against a clock: part p moves rates[p] elements per second after a start-up of
+// `startup` seconds per range, claims its next range when its last one ends, and ends when told
+// nothing is left. Returns each part's end time; every element is covered exactly once.
+std::vector<double> run_clocked(ShareBalancer& b, const std::vector<double>& rates, double startup, size_t total) {
+  using clock = std::chrono::steady_clock;
+  const clock::time_point t0{};
+  std::vector<double> free_at(b.parts(), 0.0), end(b.parts(), -1.0);
+  std::vector<std::vector<Range>> got(b.parts());
+  for (;;) {
+    size_t p = b.parts();  // the part whose range ends first claims next
+    for (size_t q = 0; q < b.parts(); ++q)
+      if (end[q] < 0 && (p == b.parts() || free_at[q] < free_at[p])) p = q;
+    if (p == b.parts()) break;
+    const Range r = b.claim(p, t0 + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(free_at[p])));
+    if (r.count == 0) {
+      end[p] = free_at[p];
+      continue;
+    }
+    got[p].push_back(r);
+    free_at[p] += startup + static_cast<double>(r.count) / rates[p];
+  }
+  expect_exact_cover(got, total);
+  return end;
+}
+
+TEST(ShareBalancerTest, TheLastRangesShrinkToTheTailMinimum) {
+  ShareBalancer b({{0, 0, 1000}, {1, 1000, 1000}}, 100, 10, 0, 25);
+  auto got = claim_all(b, {0, 1});
+  expect_exact_cover(got, 2000);
+  // Halves down to the minimum as without a tail (500, 250, 130); then, with fewer than two minimum
+  // ranges left, halves down to the tail minimum.
+  std::vector<size_t> want0 = {500, 250, 130, 60, 30, 30};
+  ASSERT_EQ(got[0].size(), want0.size());
+  for (size_t i = 0; i < want0.size(); ++i) EXPECT_EQ(got[0][i].count, want0[i]) << i;
+}
+
+// A misjudged plan (equal shares; rail 1 runs at 0.7 of rail 0's rate): the rail that finishes first
+// idles until the other's last range ends. With the tail minimum that wait is about one tail range;
+// without it, up to one minimum range.
+TEST(ShareBalancerTest, TheTailMinimumShortensTheIdleEndOfAMisjudgedPlan) {
+  const std::vector<multirail::RailShare> plan = {{0, 0, 32 << 20}, {1, 32 << 20, 32 << 20}};
+  const std::vector<double> rates = {1e8, 0.7e8};  // elements per second
+  const size_t min = 1 << 20, tail = min / kTailClaimSpread;
+  const double startup = 200e-6;
+  auto gap = [&](size_t tail_claim) {
+    ShareBalancer b(plan, min, 1024, min / kMinClaimSpread, tail_claim);
+    const std::vector<double> end = run_clocked(b, rates, startup, 64 << 20);
+    return std::abs(end[0] - end[1]);
+  };
+  const double with_tail = gap(tail), without = gap(0);
+  const double one_tail_range = startup + static_cast<double>(tail) / rates[1];
+  EXPECT_LE(with_tail, 2 * one_tail_range);
+  EXPECT_LT(with_tail, without);
 }
 
 TEST(ShareBalancerTest, TheLeadersMinimumRangeAmortizesTheLargestSharesBulkStartUp) {

@@ -221,11 +221,28 @@ TEST(RailTable, HostMemoryRailsOfBothKindsAreNotStripedTogether) {
   EXPECT_EQ(by_rail[0], 0u) << "the slower host-memory kind took a share";
   EXPECT_GT(by_rail[1], 0u);
   EXPECT_GT(by_rail[2], 0u) << "a rail on its own link still stripes";
-  // The point-to-point kind predicted faster: the collective rail is left out instead.
+  // Below kCollectiveHostMemoryBytes the estimates decide: the point-to-point kind predicted
+  // faster, the collective rail is left out instead.
   RailTable u({host_rail("shm", 20, 32, false), host_rail("shmcoll", 20, 16, true)}, options());
-  p = u.plan({count, 4, true, true, DataType::kFloat32, ReduceOp::kSum}, PlanSource::kNegotiation);
+  const size_t below = kCollectiveHostMemoryBytes / 4 / 2;
+  p = u.plan({below, 4, true, true, DataType::kFloat32, ReduceOp::kSum}, PlanSource::kNegotiation);
   ASSERT_EQ(p.shares.size(), 1u);
   EXPECT_EQ(p.shares[0].rail, 0);
+  // From it on the collective kind takes the allreduce whatever the estimates say, and the ring is
+  // never lent a probe share (however many large allreduces it sits out).
+  for (size_t large : {kCollectiveHostMemoryBytes / 4, count}) {
+    for (int op = 0; op < 40; ++op) {
+      p = u.plan({large, 4, true, true, DataType::kFloat32, ReduceOp::kSum}, PlanSource::kNegotiation);
+      ASSERT_EQ(p.shares.size(), 1u) << large << " op " << op;
+      EXPECT_EQ(p.shares[0].rail, 1) << large << " op " << op;
+    }
+  }
+  // An allreduce the collective rail does not reduce still goes to the ring.
+  RailDescription sum_only = host_rail("shmcoll", 20, 16, true);
+  sum_only.reduces = [](DataType, ReduceOp o) { return o == ReduceOp::kSum; };
+  RailTable w({host_rail("shm", 20, 32, false), sum_only}, options());
+  p = w.plan({count, 4, true, true, DataType::kFloat32, ReduceOp::kMax}, PlanSource::kNegotiation);
+  for (const auto& s : p.shares) EXPECT_EQ(s.rail, 0);
   // Rails off the host's memory stripe as before, and non-allreduce operations are unaffected.
   RailTable v({{"a", 20, 8}, host_rail("shmcoll", 20, 16, true)}, options());
   p = v.plan({count, 4, true, true, DataType::kFloat32, ReduceOp::kSum}, PlanSource::kNegotiation);

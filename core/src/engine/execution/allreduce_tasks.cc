@@ -113,9 +113,12 @@ void AllreduceShare::run(TaskContext& ctx) {
   collectives::CollectiveOptions copt = ctx.collective_options(seq, ctx.opt.timeout_s);
   copt.postscale = effective_postscale(job.resp, job.size);
   if (original_.data()) {
-    copt.before_overwrite = [this, in](size_t offset, size_t n) {
+    copt.before_overwrite = [this, in, &ctx](size_t offset, size_t n) {
       uint8_t* copy = original_.data();
-      saved_.save(offset, offset + n, [&](size_t b, size_t e) { std::memcpy(copy + b, in + b, e - b); });
+      saved_.save(offset, offset + n, [&](size_t b, size_t e) {
+        std::memcpy(copy + b, in + b, e - b);
+        ctx.kept_bytes += e - b;
+      });
     };
   }
   auto start = std::chrono::steady_clock::now();
@@ -205,10 +208,12 @@ void BalancedRange::run_range(TaskContext& ctx, transport::PointToPointRail& rai
   collectives::CollectiveOptions copt = ctx.collective_options(seq, ctx.opt.timeout_s);
   copt.postscale = effective_postscale(job.resp, job.size);
   if (job.original.data()) {
-    copt.before_overwrite = [this, in, begin](size_t offset, size_t n) {
+    copt.before_overwrite = [this, in, begin, &ctx](size_t offset, size_t n) {
       uint8_t* copy = job_->original.data();
-      saved_.save(begin + offset, begin + offset + n,
-                  [&](size_t b, size_t e) { std::memcpy(copy + b, in + (b - begin), e - b); });
+      saved_.save(begin + offset, begin + offset + n, [&](size_t b, size_t e) {
+        std::memcpy(copy + b, in + (b - begin), e - b);
+        ctx.kept_bytes += e - b;
+      });
     };
   }
   auto start = std::chrono::steady_clock::now();

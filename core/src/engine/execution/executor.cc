@@ -42,6 +42,8 @@ Executor::Executor(ExecutorOptions opt, std::vector<transport::Rail*> rails, mul
 
 Executor::~Executor() { stop(); }
 
+uint64_t Executor::bytes_kept_for_redo() const { return ctx_->kept_bytes; }
+
 void Executor::stop() {
   for (auto& w : workers_) w->stop();
   if (ctx_->watchdog) ctx_->watchdog->stop();
@@ -187,7 +189,8 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
     // Ranges start on 4 KiB from their share's start (whole pages for the copies and the ring).
     const size_t align = std::max<size_t>(1, 4096 / esize);
     const size_t min_claim = leader_min_range_bytes(plan, opt_.balance_bytes) / esize;
-    job->balancer = std::make_unique<ShareBalancer>(plan, min_claim, align, min_claim / kMinClaimSpread);
+    const size_t tail_claim = leader_min_range_bytes(plan, opt_.balance_bytes / kTailClaimSpread) / esize;
+    job->balancer = std::make_unique<ShareBalancer>(plan, min_claim, align, min_claim / kMinClaimSpread, tail_claim);
     if (opt_.failover) job->original = ctx_->originals.acquire(total * esize);
   }
   job->parts_left = static_cast<int>(plan.size());

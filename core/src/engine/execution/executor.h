@@ -100,6 +100,9 @@ class Executor {
   // fusion buffers, or a prescaled lone tensor into its output); a lone tensor is read where it is
   // (any thread; tests and EngineStats).
   uint64_t bytes_staged() const { return staged_bytes_; }
+  // Bytes of inputs copied aside so that a failed share could be redone on another rail (0 without
+  // failover; any thread; tests and EngineStats).
+  uint64_t bytes_kept_for_redo() const;
 
   // --- Failover (engine thread only, except where noted) ---
   // Runs `task` on the rail's worker after everything posted before it (reconnects, drain marks).

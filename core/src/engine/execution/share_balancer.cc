@@ -13,7 +13,7 @@ size_t leader_min_range_bytes(const std::vector<multirail::RailShare>& plan,
 }
 
 ShareBalancer::ShareBalancer(const std::vector<multirail::RailShare>& plan, size_t min_claim, size_t align,
-                             size_t floor_claim)
+                             size_t floor_claim, size_t tail_claim)
     : claims_(plan.size()), progress_(plan.size()), align_(std::max<size_t>(1, align)) {
   double largest = 0;
   for (const auto& share : plan) {
@@ -23,9 +23,12 @@ ShareBalancer::ShareBalancer(const std::vector<multirail::RailShare>& plan, size
   }
   const size_t top = std::max(min_claim, align_);
   const size_t floor = std::min(top, std::max(floor_claim, align_));
+  const size_t tail_top = std::clamp(tail_claim == 0 ? top : tail_claim, floor, top);
   for (double w : weights_) {
-    const auto scaled = largest > 0 ? static_cast<size_t>(static_cast<double>(top) * w / largest) : top;
-    min_claim_.push_back(std::clamp(round_up(scaled), floor, top));
+    const double share = largest > 0 ? w / largest : 1.0;
+    min_claim_.push_back(std::clamp(round_up(static_cast<size_t>(static_cast<double>(top) * share)), floor, top));
+    tail_claim_.push_back(
+        std::clamp(round_up(static_cast<size_t>(static_cast<double>(tail_top) * share)), floor, min_claim_.back()));
   }
 }
 
@@ -49,9 +52,10 @@ ShareBalancer::Range ShareBalancer::claim(size_t part, std::chrono::steady_clock
   mine.last = now;
   Pool& own = pools_[part];
   const size_t min = min_claim_[part];
+  const size_t tail = tail_claim_[part];
   if (own.begin < own.end) {
     const size_t left = own.end - own.begin;
-    r = {own.begin, half_of_own(left, min)};
+    r = {own.begin, half_of_own(left, left < 2 * min ? tail : min)};
     own.begin += r.count;
   } else {
     // The share with the most time left at its planned rate (the lowest part on ties, so the choice
@@ -76,11 +80,11 @@ ShareBalancer::Range ShareBalancer::claim(size_t part, std::chrono::steady_clock
       theirs = weights_[victim];
     }
     const double fraction = ours + theirs > 0 ? ours / (ours + theirs) : 0.5;
-    // The thief takes at least its minimum and leaves the victim at least the victim's (a remnant
-    // below it would be a range too small: an alltoall's pieces unpaced), or takes all of it.
-    const size_t victim_min = min_claim_[victim];
+    // The thief takes at least its tail minimum and leaves the victim at least the victim's (a
+    // remnant below it would be a range too small: an alltoall's pieces unpaced), or takes all of it.
+    const size_t victim_tail = tail_claim_[victim];
     const size_t want = static_cast<size_t>(static_cast<double>(left) * fraction);
-    const size_t take = left < min + victim_min ? left : std::clamp(round_up(want), min, left - victim_min);
+    const size_t take = left < tail + victim_tail ? left : std::clamp(round_up(want), tail, left - victim_tail);
     size_t keep = std::min(left, round_up(left - take));  // the range starts aligned
     r = {v.begin + keep, left - keep};
     v.end = v.begin + keep;

@@ -33,6 +33,13 @@
 // share's is scaled down with it (never below floor_claim). With one minimum for all, a slow rail's
 // last ranges would run long after a fast rail beside it had nothing left.
 //
+// The tail. Whichever rail ends first idles until the last range on another rail ends, so the
+// operation's last ranges bound its imbalance. Once a share has less than two minimum ranges left
+// (and for every steal), ranges may shrink down to the tail minimum (tail_claim, scaled per share
+// as min_claim is): a few more small ranges at the very end, each costing one more claim message and
+// algorithm start-up, against a rail idling for up to a whole minimum range. tail_claim = min_claim
+// keeps every range at its minimum (what a paced alltoall needs).
+//
 // Failover. Every range taken is recorded per part (plan share); a part lost with its rail is redone
 // on a surviving rail from the leader's record (claimed()), which it sends before the redo runs, so
 // ranks that had not heard of a range the leader handed out redo it too.
@@ -54,6 +61,11 @@ constexpr size_t kBalanceMinRanges = 4;
 // claims' messages and the rings' restarts must stay small beside what a range carries.
 constexpr size_t kMinClaimSpread = 8;
 
+// An allreduce's tail minimum is its agreed minimum range divided by this, raised as the minimum is
+// (leader_min_range_bytes): on hundreds of ranks a smaller range would spend more time in its
+// algorithm's start-up than the idle tail it saves.
+constexpr size_t kTailClaimSpread = 4;
+
 // The smallest range the balancing leader hands out: `agreed_min` (what the decision to balance
 // was made by, the same on every rank), raised so each range's bulk start-up on the largest share's
 // rail stays small (multirail::amortized_range_bytes): every range runs that rail's algorithm from
@@ -68,13 +80,14 @@ class ShareBalancer {
     size_t count = 0;   // 0: nothing left
   };
 
-  // `plan`: the operation's shares (one part each, in this order). `min_claim`, `align` and
-  // `floor_claim`, in elements: the largest share's rail takes ranges of at least min_claim (except
-  // a share's last piece), a rail with a share s times as large ranges of at least s x min_claim but
-  // never below floor_claim; ranges start at a multiple of `align` from their share's start where
-  // they can.
+  // `plan`: the operation's shares (one part each, in this order). `min_claim`, `align`,
+  // `floor_claim` and `tail_claim`, in elements: the largest share's rail takes ranges of at least
+  // min_claim (at least tail_claim at the end, and a share's last piece may be smaller), a rail with
+  // a share s times as large at least s x min_claim (s x tail_claim) but never below floor_claim;
+  // ranges start at a multiple of `align` from their share's start where they can. tail_claim 0:
+  // min_claim (no smaller ranges at the end).
   ShareBalancer(const std::vector<multirail::RailShare>& plan, size_t min_claim, size_t align,
-                size_t floor_claim = 0);
+                size_t floor_claim = 0, size_t tail_claim = 0);
 
   // Leader only: the next range for `part`'s rail, asked for at `now` (thread-safe; rails ask
   // concurrently).
@@ -107,6 +120,7 @@ class ShareBalancer {
   std::vector<Progress> progress_;
   std::vector<double> weights_;   // each part's planned share, elements
   std::vector<size_t> min_claim_;  // each part's minimum range, elements
+  std::vector<size_t> tail_claim_;  // each part's minimum range at the end (<= min_claim_), elements
   size_t align_;
 };
 

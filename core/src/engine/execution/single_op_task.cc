@@ -120,6 +120,7 @@ void SingleOp::run(TaskContext& ctx) {
   if (ctx.opt.failover && !original_.data() && in_bytes > 0) {  // first run: keep the input
     original_ = ctx.originals.acquire(in_bytes);
     std::memcpy(original_.data(), e.input, in_bytes);
+    ctx.kept_bytes += in_bytes;
   }
   const void* input = is_redo() && in_bytes > 0 ? original_.data() : e.input;
   // A rank that had completed the operation takes part in its redo without touching what it
@@ -168,6 +169,7 @@ std::unique_ptr<ShareTask> SingleOp::redo_on(int target, Pass pass, TaskContext&
   } else if (bytes > 0) {  // never started here: the caller's input is still intact
     redo->original_ = ctx.originals.acquire(bytes);
     std::memcpy(redo->original_.data(), job_->entry.input, bytes);
+    ctx.kept_bytes += bytes;
   }
   return redo;
 }

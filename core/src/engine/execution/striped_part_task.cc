@@ -183,10 +183,15 @@ void StripedPart::run_range(TaskContext& ctx, transport::PointToPointRail& rail,
     if (for_others() && saved) {
       base = saved;
     } else if (saved) {  // keep this range's parts for a redo, at their own offsets
-      if (l.packs)
-        for (int i = 0; i < n; ++i) std::memcpy(saved + l.send_at[i], in + l.send_at[i], l.send_bytes[i]);
-      else if (l.input_bytes > 0)
+      if (l.packs) {
+        for (int i = 0; i < n; ++i) {
+          std::memcpy(saved + l.send_at[i], in + l.send_at[i], l.send_bytes[i]);
+          ctx.kept_bytes += l.send_bytes[i];
+        }
+      } else if (l.input_bytes > 0) {
         std::memcpy(saved + l.input_at, in + l.input_at, l.input_bytes);
+        ctx.kept_bytes += l.input_bytes;
+      }
     }
     if (l.input_bytes > 0 && !l.packs) input = base + l.input_at;
     if (l.packs)
@@ -204,6 +209,7 @@ void StripedPart::run_range(TaskContext& ctx, transport::PointToPointRail& rail,
       original_ = ctx.originals.acquire(l.input_bytes);
       if (l.packs) pack(original_.data());
       else std::memcpy(original_.data(), input, l.input_bytes);
+      ctx.kept_bytes += l.input_bytes;
     }
     const bool kept = original_.data() && l.input_bytes > 0;
     if (kept && !l.packs) input = original_.data();

@@ -36,6 +36,8 @@ class TaskContext {
   // Input copies kept for redo: one per operation in flight, reused step after step (a fresh 100 MB
   // allocation per step costs more in page faults than the copy itself).
   BufferPool originals{64, size_t{1} << 30};
+  // Bytes of inputs copied aside for a redo (Executor::bytes_kept_for_redo); tasks add what they copy.
+  std::atomic<uint64_t> kept_bytes{0};
 
   collectives::CollectiveOptions collective_options(uint64_t seq, double timeout_s) const;
   // The rail as the point-to-point rail every algorithm but a collective rail's allreduce needs.

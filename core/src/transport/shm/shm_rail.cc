@@ -62,6 +62,7 @@ ShmRail::ShmRail(ShmRailConfig config, int rank, int size)
   properties_.kind = "shm";
   properties_.reach = RailReach::kHost;
   properties_.host_memory = true;
+  properties_.can_fail_alone = false;  // shared memory: fails only with a rank
   // Priors until the cost model has measured: a futex wake-up and two copies through memory.
   properties_.latency_us_prior = 5;
   properties_.gbps_prior = 40;

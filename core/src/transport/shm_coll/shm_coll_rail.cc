@@ -36,6 +36,7 @@ ShmCollRail::ShmCollRail(ShmCollRailConfig config, int rank, int size)
   properties_.gbps_prior = 60;
   properties_.max_share_bytes = config_.max_share_bytes;
   properties_.host_memory = true;
+  properties_.can_fail_alone = false;  // shared memory: fails only with a rank
   job_tag_ = shm::sha256("nezha-shmcoll-job\n" + config_.secret).substr(0, 16);
   nonce_.assign(16, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce_.data()), 16) != 1)
