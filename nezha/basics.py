@@ -101,15 +101,24 @@ def _start(info: environ.WorldInfo, rails: Optional[str], timeout_s: Optional[fl
     _core.attach_engine(engine)  # for native callers: nezha.jax's XLA FFI handlers
 
 
+# The automatic shmcoll rail pays for itself up to this many ranks on the host. Every rank maps
+# every other rank's workspace at start-up, and a chunk is reduced only once all ranks have copied
+# theirs in: past a few ranks per core, start-up grows 3-5x (0.09 -> 0.32 s at 32 ranks, 0.89 ->
+# 2.7 s at 128 on 2 cores) and 4 MB allreduces fall behind the ring (benchmarks/SCALE.md). A larger
+# job lists it (--rails shmcoll,...) where it wins.
+_AUTO_SHM_COLL_MAX_RANKS = 8
+
+
 def _automatic_rails(specs: List[rails_mod.RailSpec], info: environ.WorldInfo) -> List[Any]:
     """The shared-memory rails nezha adds by itself. ``shm`` (``NEZHA_AUTO_SHM``) where the
     launcher places several ranks on some host (fewer hosts than ranks: decided alike on every
     rank, which must agree on the rails, a rank alone on its host included) and no rail of the spec
     is host-local already: the core makes it the network rails' host lane (hierarchical allreduce;
     on one host it carries the allreduces); the shm rail itself checks who really shares a host.
-    ``shmcoll`` (``NEZHA_AUTO_SHM_COLL``, on by default) where the whole job is on one host: the
-    collective rail that takes the allreduces of 64 KiB and more (faster than the ring there,
-    benchmarks/SHM.md). ``NEZHA_AUTO_SHM=0`` turns both off (only the rails listed)."""
+    ``shmcoll`` (``NEZHA_AUTO_SHM_COLL``, on by default) where the whole job is on one host and
+    has at most ``_AUTO_SHM_COLL_MAX_RANKS`` ranks: the collective rail that takes the allreduces of
+    64 KiB and more (faster than the ring there, benchmarks/SHM.md). ``NEZHA_AUTO_SHM=0`` turns
+    both off (only the rails listed)."""
     if info.size <= 1 or info.cross_size >= info.size or _core.knob_value("NEZHA_AUTO_SHM") == "0":
         return []
     added = []
@@ -120,7 +129,8 @@ def _automatic_rails(specs: List[rails_mod.RailSpec], info: environ.WorldInfo) -
     # Every rank on one host: the collective shm rail too, for the allreduces the rail table gives
     # it (the shm lane keeps what needs messages). It joins the whole job or fails at connect, so it
     # is added only where the launcher puts the whole job on one host.
-    if (info.local_size >= info.size and _core.knob_value("NEZHA_AUTO_SHM_COLL") != "0"
+    if (info.local_size >= info.size and info.size <= _AUTO_SHM_COLL_MAX_RANKS
+            and _core.knob_value("NEZHA_AUTO_SHM_COLL") != "0"
             and "shmcoll" in _core.rail_kinds() and not any(s.kind == "shmcoll" for s in specs)):
         coll = _core.RailConfig("shmcoll", "", "shmcoll", {})
         coll.automatic = True

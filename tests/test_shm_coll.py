@@ -40,6 +40,17 @@ def test_a_one_host_job_gets_shmcoll_by_default_and_the_knob_turns_it_off():
         assert "KINDS ['tcp+shm']" in "\n".join(result.lines(r)), result.output[-2000:]
 
 
+def test_a_one_host_job_of_more_than_eight_ranks_gets_no_automatic_shmcoll():
+    # Past 8 ranks on the host the collective rail's start-up and its large allreduces cost more
+    # than it gains (nezha/basics.py _AUTO_SHM_COLL_MAX_RANKS): the ring alone, unless listed.
+    code = ("import nezha; nezha.init(); "
+            "print('KINDS', sorted(s['kind'] for s in nezha.rail_stats()))")
+    result = run_job(9, [sys.executable, "-c", code], timeout=120)
+    assert result.returncode == 0, result.output[-2000:]
+    for r in range(9):
+        assert "KINDS ['tcp+shm']" in "\n".join(result.lines(r)), result.output[-2000:]
+
+
 def test_allreduces_with_the_automatic_shmcoll_match_numpy(job):
     # The default rails: the large allreduces must reach shmcoll (expect_large_on_shmcoll).
     result = job(4, "shm_coll_check.py", "expect_large_on_shmcoll", timeout=300)
