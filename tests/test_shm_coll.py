@@ -27,28 +27,25 @@ def test_every_collective_with_shmcoll_beside_shm_matches_numpy(job):
         assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
 
 
-def test_a_one_host_job_gets_shmcoll_by_default_and_the_knob_turns_it_off():
+def assert_rail_kinds(ranks, want, env=None):
+    """Every rank of a plain one-host job of `ranks` ranks reports the rail kinds `want`."""
     code = ("import nezha; nezha.init(); "
             "print('KINDS', sorted(s['kind'] for s in nezha.rail_stats()))")
-    result = run_job(2, [sys.executable, "-c", code], timeout=60)
+    result = run_job(ranks, [sys.executable, "-c", code], env=env or {}, timeout=60 + 10 * ranks)
     assert result.returncode == 0, result.output[-2000:]
-    for r in range(2):
-        assert "KINDS ['shmcoll', 'tcp+shm']" in "\n".join(result.lines(r)), result.output[-2000:]
-    result = run_job(2, [sys.executable, "-c", code], env={"NEZHA_AUTO_SHM_COLL": "0"}, timeout=60)
-    assert result.returncode == 0, result.output[-2000:]
-    for r in range(2):
-        assert "KINDS ['tcp+shm']" in "\n".join(result.lines(r)), result.output[-2000:]
+    for r in range(ranks):
+        assert f"KINDS {sorted(want)}" in "\n".join(result.lines(r)), result.output[-2000:]
+
+
+def test_a_one_host_job_gets_shmcoll_by_default_and_the_knob_turns_it_off():
+    assert_rail_kinds(2, ["shmcoll", "tcp+shm"])
+    assert_rail_kinds(2, ["tcp+shm"], env={"NEZHA_AUTO_SHM_COLL": "0"})
 
 
 def test_a_one_host_job_of_more_than_eight_ranks_gets_no_automatic_shmcoll():
     # Past 8 ranks on the host the collective rail's start-up and its large allreduces cost more
     # than it gains (nezha/basics.py _AUTO_SHM_COLL_MAX_RANKS): the ring alone, unless listed.
-    code = ("import nezha; nezha.init(); "
-            "print('KINDS', sorted(s['kind'] for s in nezha.rail_stats()))")
-    result = run_job(9, [sys.executable, "-c", code], timeout=120)
-    assert result.returncode == 0, result.output[-2000:]
-    for r in range(9):
-        assert "KINDS ['tcp+shm']" in "\n".join(result.lines(r)), result.output[-2000:]
+    assert_rail_kinds(9, ["tcp+shm"])
 
 
 def test_allreduces_with_the_automatic_shmcoll_match_numpy(job):

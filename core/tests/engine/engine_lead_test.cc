@@ -153,65 +153,69 @@ TEST(EngineLead, TheLoopThreadAnswersWhatArrivesAfterTheLead) {
   EXPECT_TRUE(led) << "rank 1's caller never led the loop in " << kTries << " tries";
 }
 
-TEST(EngineLead, AnotherCallersWorkDuringALeadIsTakenWhenItEnds) {
-  // Rank 1's caller leads for 0.3 s waiting for "x" (rank 0 submits it late); meanwhile another
-  // thread of rank 1 submits "y" without leading. "y" must not wait past the lead (its wake-up is
-  // the loop thread's; a leader that swallowed it would leave "y" to the loop's idle wake-up).
-  Cluster c(2);
-  Allreduce x0(0, 2), x1(1, 2), y0(0, 2), y1(1, 2);
-  bool led = false;
-  for (int k = 0; k < kTries && !led; ++k) {
-    const std::string x = "x." + std::to_string(k), y = "y." + std::to_string(k);
-    auto hy0 = y0.submit(c[0], y, 0);
-    const uint64_t leads = c[1].stats().callers_led;
-    std::shared_ptr<OpHandle> hx1, hy1;
-    const auto start = std::chrono::steady_clock::now();
-    std::thread leader([&] { hx1 = x1.submit(c[1], x, /*lead_s=*/0.3); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    hy1 = y1.submit(c[1], y, 0);
-    leader.join();
-    led = c[1].stats().callers_led > leads;
+// Rank 1's caller leads while it waits for "x"; another thread of rank 1 submits "y" without
+// leading. Both are allreduces of both ranks; rank 0 submits "y" first and "x" late.
+struct LeaderBesideAPlainCaller {
+  Cluster c{2};
+  Allreduce x0{0, 2}, x1{1, 2}, y0{0, 2}, y1{1, 2};
+  std::shared_ptr<OpHandle> hx0, hx1, hy0, hy1;
+
+  // Every handle completes and both sums are right.
+  void expect_done(const std::string& x, const std::string& y) {
     expect_ok(hy1, y + " on rank 1");
-    if (led) EXPECT_LT(seconds_since(start), 0.3 + 0.4) << y << " waited past the lead";
-    auto hx0 = x0.submit(c[0], x, 0);
     expect_ok(hx0, x + " on rank 0");
     expect_ok(hx1, x + " on rank 1");
     expect_ok(hy0, y + " on rank 0");
     x1.expect_sum(2, x);
     y1.expect_sum(2, y);
   }
+};
+
+TEST(EngineLead, AnotherCallersWorkDuringALeadIsTakenWhenItEnds) {
+  // The lead (0.3 s) runs out before rank 0 submits "x". "y" must not wait past the lead (its
+  // wake-up is the loop thread's; a leader that swallowed it would leave "y" to the loop's idle
+  // wake-up).
+  LeaderBesideAPlainCaller t;
+  bool led = false;
+  for (int k = 0; k < kTries && !led; ++k) {
+    const std::string x = "x." + std::to_string(k), y = "y." + std::to_string(k);
+    t.hy0 = t.y0.submit(t.c[0], y, 0);
+    const uint64_t leads = t.c[1].stats().callers_led;
+    const auto start = std::chrono::steady_clock::now();
+    std::thread leader([&] { t.hx1 = t.x1.submit(t.c[1], x, /*lead_s=*/0.3); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    t.hy1 = t.y1.submit(t.c[1], y, 0);
+    leader.join();
+    led = t.c[1].stats().callers_led > leads;
+    expect_ok(t.hy1, y + " on rank 1");
+    if (led) EXPECT_LT(seconds_since(start), 0.3 + 0.4) << y << " waited past the lead";
+    t.hx0 = t.x0.submit(t.c[0], x, 0);
+    t.expect_done(x, y);
+  }
   EXPECT_TRUE(led) << "rank 1's caller never led the loop in " << kTries << " tries";
 }
 
 TEST(EngineLead, AnotherCallersWorkEndsALead) {
-  // Rank 1's caller could lead for 5 s waiting for "x" (rank 0 submits it only once "y" is done);
-  // another thread of rank 1 submits "y" without leading. The lead ends when "y" wakes the loop
-  // thread, so "y" completes at once, not when the leader next hears from a peer.
-  Cluster c(2);
-  Allreduce x0(0, 2), x1(1, 2), y0(0, 2), y1(1, 2);
+  // The lead could last 5 s (rank 0 submits "x" only once "y" is done). It ends when "y" wakes the
+  // loop thread, so "y" completes at once, not when the leader next hears from a peer.
+  LeaderBesideAPlainCaller t;
   bool led = false;
   for (int k = 0; k < kTries && !led; ++k) {
     const std::string x = "x." + std::to_string(k), y = "y." + std::to_string(k);
-    auto hy0 = y0.submit(c[0], y, 0);
-    const uint64_t leads = c[1].stats().callers_led;
-    std::shared_ptr<OpHandle> hx1;
-    std::thread leader([&] { hx1 = x1.submit(c[1], x, /*lead_s=*/5.0); });
+    t.hy0 = t.y0.submit(t.c[0], y, 0);
+    const uint64_t leads = t.c[1].stats().callers_led;
+    std::thread leader([&] { t.hx1 = t.x1.submit(t.c[1], x, /*lead_s=*/5.0); });
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const auto start = std::chrono::steady_clock::now();
-    auto hy1 = y1.submit(c[1], y, 0);
-    while (!hy1->poll() && seconds_since(start) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    t.hy1 = t.y1.submit(t.c[1], y, 0);
+    while (!t.hy1->poll() && seconds_since(start) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     const double y_took = seconds_since(start);
-    auto hx0 = x0.submit(c[0], x, 0);
+    t.hx0 = t.x0.submit(t.c[0], x, 0);
     leader.join();
-    led = c[1].stats().callers_led > leads;
+    led = t.c[1].stats().callers_led > leads;
     // Without the hand-over "y" waited for the leader's next control message: a heartbeat, ~1 s.
     if (led) EXPECT_LT(y_took, 0.3) << y << " waited for the lead on " << x;
-    expect_ok(hy1, y + " on rank 1");
-    expect_ok(hx0, x + " on rank 0");
-    expect_ok(hx1, x + " on rank 1");
-    expect_ok(hy0, y + " on rank 0");
-    x1.expect_sum(2, x);
-    y1.expect_sum(2, y);
+    t.expect_done(x, y);
   }
   EXPECT_TRUE(led) << "rank 1's caller never led the loop in " << kTries << " tries";
 }
