@@ -12,7 +12,6 @@
 
 #include <vector>
 
-
 namespace nezha::engine {
 
 // What the decision reads of one rail.
