@@ -4,6 +4,7 @@
 #include "transport/host_lane.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -24,6 +25,15 @@ namespace nezha::engine {
 
 using namespace internal;
 
+namespace {
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+}  // namespace
+
 EngineConfig EngineConfig::from_knobs() {
   EngineConfig c;
   c.fusion_threshold = static_cast<size_t>(std::max<int64_t>(0, knob_int("NEZHA_FUSION_THRESHOLD")));
@@ -41,6 +51,8 @@ EngineConfig EngineConfig::from_knobs() {
   c.rail_stall_ms = knob_double("NEZHA_RAIL_STALL_MS");
   c.rail_failover = knob_int("NEZHA_RAIL_FAILOVER") != 0;
   c.cache_rounds = knob_int("NEZHA_CACHE_ROUNDS") != 0;
+  c.shm_control = knob_int("NEZHA_SHM_CONTROL") != 0;
+  c.control_spin_us = std::max(0.0, knob_double("NEZHA_CONTROL_SPIN_US"));
   // Capped so the largest result fits one control-message string.
   c.hierarchical = knob_int("NEZHA_HIERARCHICAL") != 0;
   c.control_inline_bytes = static_cast<size_t>(
@@ -61,7 +73,17 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
   std::vector<ControlPathConfig> paths;
   for (const auto& rail : rails_) {
     const transport::RailProperties& p = rail->properties();
-    paths.push_back({p.name, p.bind_ip.empty() ? config_.control_addr : p.bind_ip});
+    paths.push_back({p.name, p.bind_ip.empty() ? config_.control_addr : p.bind_ip, "tcp", ""});
+  }
+  // Ranks sharing a host also get a shared-memory path among them, which the channel prefers: no
+  // network stack and no wake-up while the peer is busy (shm_message_path.h). After the rails'
+  // paths, so that path i stays rail i's (failover avoids paths by rail).
+  // Decided alike on every rank (the address columns must agree): some host holds several ranks.
+  if (config_.shm_control && config_.cross_size < config_.size) {
+    paths.push_back({"shm", "", "shm", config_.host_id});
+    // Spinning pays only where every local rank has a core: with more ranks than cores, a rank that
+    // spins takes the CPU the rank it waits for needs.
+    control_spins_ = config_.control_spin_us > 0 && config_.local_size > 1 && config_.local_size <= usable_cores();
   }
   control_ = std::make_unique<ControlChannel>(paths, config_.secret, config_.rank, config_.size,
                                               config_.socket_buffer_bytes);
@@ -111,7 +133,7 @@ Engine::~Engine() {
 }
 
 std::vector<std::string> Engine::listen_addresses() const {
-  // [control path per rail..., data rail...]
+  // [control path per rail..., the host path (if any), data rail...]
   std::vector<std::string> out = control_->listen_addresses();
   for (const auto& r : rails_) out.push_back(r->local_address());
   return out;
@@ -124,17 +146,17 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
   auto column = [&](size_t i) {
     std::vector<std::string> col;
     for (int r = 0; r < config_.size; ++r) {
-      if (addrs_by_rank[r].size() != 2 * rails_.size())
-        throw InvalidArgument("rank " + std::to_string(r) + " has " +
-                              std::to_string(addrs_by_rank[r].size() / 2) + " rails, rank " +
-                              std::to_string(config_.rank) + " has " + std::to_string(rails_.size()));
+      if (addrs_by_rank[r].size() != control_->path_count() + rails_.size())
+        throw InvalidArgument("rank " + std::to_string(r) + " has " + std::to_string(addrs_by_rank[r].size()) +
+                              " addresses (control paths and rails), rank " + std::to_string(config_.rank) +
+                              " has " + std::to_string(control_->path_count() + rails_.size()));
       col.push_back(addrs_by_rank[r][i]);
     }
     return col;
   };
   Deadline deadline = Deadline::after_seconds(config_.connect_timeout_s);
   std::vector<std::vector<std::string>> control_columns;
-  for (size_t i = 0; i < rails_.size(); ++i) control_columns.push_back(column(i));
+  for (size_t i = 0; i < control_->path_count(); ++i) control_columns.push_back(column(i));
   // Negotiation is a star through rank 0 unless cache rounds run among the workers: a worker then
   // connects to rank 0 only (n - 1 connections per path instead of n(n - 1) / 2).
   if (!config_.cache_rounds && config_.rank != 0)
@@ -142,7 +164,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
       for (int r = 1; r < config_.size; ++r)
         if (r != config_.rank) col[static_cast<size_t>(r)].clear();
   control_->connect_all(control_columns, deadline);
-  for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect(column(rails_.size() + i), deadline);
+  for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect(column(control_->path_count() + i), deadline);
   refuse_partial_host_rails();
   wire_components(addrs_by_rank);
   calibrate_rails();
@@ -191,7 +213,7 @@ void Engine::wire_components(const std::vector<std::vector<std::string>>& addrs_
   fo.health.max_backoff = std::chrono::milliseconds(static_cast<int64_t>(config_.rail_probe_backoff_max_s * 1000));
   for (const auto& r : rails_) fo.redo_targets.push_back(r->as_point_to_point() != nullptr);
   for (const auto& addrs : addrs_by_rank)  // [control paths..., data rails...]: the data rails'
-    fo.rail_addrs_by_rank.emplace_back(addrs.begin() + static_cast<std::ptrdiff_t>(rails_.size()), addrs.end());
+    fo.rail_addrs_by_rank.emplace_back(addrs.begin() + static_cast<std::ptrdiff_t>(control_->path_count()), addrs.end());
   failover_ = std::make_unique<FailoverController>(std::move(fo), rails, *rail_table_, std::move(work),
                                                    std::move(flinks));
 
@@ -372,6 +394,8 @@ EngineStats Engine::stats() const {
     s.rounds = n.rounds;
   }
   s.callers_led = leads_;
+  s.control_messages_shared_memory = control_->sent_on_reliable_paths();
+  s.control_messages_network = control_->sent_on_other_paths();
   if (executor_) {  // set once, in connect_and_start()
     s.bytes_staged = executor_->bytes_staged();
     s.bytes_kept_for_redo = executor_->bytes_kept_for_redo();

@@ -103,6 +103,11 @@ struct EngineConfig {
   double rail_probe_backoff_s = 0.25;
   double rail_probe_backoff_max_s = 3;
   bool cache_rounds = false;  // NEZHA_CACHE_ROUNDS: cached allreduces skip rank 0 (cache_rounds.h)
+  // NEZHA_SHM_CONTROL: ranks sharing a host negotiate through shared memory (shm_message_path.h).
+  bool shm_control = true;
+  // NEZHA_CONTROL_SPIN_US: how long a leading caller polls the shared-memory control path before it
+  // sleeps (see lead()).
+  double control_spin_us = 50;
   // NEZHA_CONTROL_INLINE_BYTES: small collectives done by rank 0 inside negotiation (control_inline.h).
   size_t control_inline_bytes = 16384;
   // NEZHA_HIERARCHICAL: with a host-local rail (shm) beside network rails on a job whose hosts hold
@@ -125,6 +130,8 @@ struct EngineStats {
   uint64_t callers_led = 0;  // times a caller ran the loop itself (enqueue_all's lead_s)
   uint64_t bytes_staged = 0;  // allreduce inputs copied before their rails started (Executor::bytes_staged)
   uint64_t bytes_kept_for_redo = 0;  // inputs copied aside for failover (Executor::bytes_kept_for_redo)
+  // Control messages this rank sent through shared memory (ranks of its host) and over the network.
+  uint64_t control_messages_shared_memory = 0, control_messages_network = 0;
 };
 
 struct RailStat {
@@ -188,6 +195,9 @@ class Engine {
   Clock::time_point next_wakeup(Clock::time_point now) const;  // the loop's timers, not the channel's
   void lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const std::vector<std::string>& names,
             double lead_s);
+  // A leader about to sleep: polls the control channel for up to control_spin_us (a host path
+  // only); true once something is there to read.
+  bool spin_for_control() const;
   void build_rails();  // engine_rails.cc
   void calibrate_rails();  // engine_rails.cc
   void refuse_partial_host_rails() const;  // see connect_and_start()
@@ -220,6 +230,7 @@ class Engine {
   // caller leading it: point 5); the loop thread drops it only while it waits.
   std::mutex loop_mu_;
   int loop_epoll_ = -1;  // the loop thread's wait: wake_fd_ and, unless a caller leads, control_->watch_fd()
+  bool control_spins_ = false;  // a shared-memory control path and a spin time: see spin_for_control()
   int lead_epoll_ = -1;  // a leading caller's wait: control_->watch_fd() and wake_fd_ (which ends the lead)
   std::atomic<uint64_t> leads_{0};  // times a caller led the loop (changed under loop_mu_)
   Clock::time_point loop_sleeps_until_{};  // the loop thread's current wait ends by then

@@ -48,6 +48,15 @@ class MessagePath {
   virtual void read_polled(const struct pollfd* fds, size_t n, std::vector<Message>& out) = 0;
   // As Rail::link_fault(): non-empty when this rank's own link of the path is gone (no carrier).
   virtual std::string link_fault() const { return {}; }
+  // After connect: whether messages to `peer` can go this way (a host-local path reaches only the
+  // ranks of its host).
+  virtual bool reaches(int peer) const { return peer >= 0; }
+  // True if a message handed over is never lost while both ranks live (the peer's death is
+  // reported by the path): an unacknowledged message then means a slow peer, not a cut.
+  virtual bool reliable() const { return false; }
+  // Without a system call: whether a message, or news of a failed peer, is waiting (for a caller
+  // that polls briefly before it sleeps). False where the path cannot tell cheaply.
+  virtual bool readable_now() const { return false; }
 };
 
 }  // namespace nezha::transport

@@ -5,6 +5,7 @@
 #include "transport/agg/agg_rail.h"
 #include "transport/ofi/ofi_rail.h"
 #include "transport/rail_factory.h"
+#include "transport/shm/shm_message_path.h"
 #include "transport/shm/shm_rail.h"
 #include "transport/shm_coll/shm_coll_rail.h"
 #include "transport/tcp/tcp_rail.h"
@@ -17,7 +18,8 @@ const std::vector<RailKind>& builtin_rail_kinds() {
       // kind     maker            target                       ';' continues  control path
       {"tcp",   &make_tcp_rail,  T::kLocalAddress,            false, &make_tcp_message_path},
       {"mptcp", &make_tcp_rail,  T::kLocalAddress,            false, nullptr},
-      {"shm",   &make_shm_rail,  T::kNone,                    false, nullptr},
+      // Its control path links only the ranks of one host: the control channel's host path.
+      {"shm",   &make_shm_rail,  T::kNone,                    false, &make_shm_message_path},
       // A collective rail: allreduces of a job whose ranks all share this host, reduced in place.
       {"shmcoll", &make_shm_coll_rail, T::kNone,              false, nullptr},
       // Without libfabric's headers at build time the maker raises a NezhaError naming libfabric.

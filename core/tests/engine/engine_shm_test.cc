@@ -1,5 +1,6 @@
 // The engine over real shm rails (ranks as threads of one process): collectives go over shared
-// memory, alone or striped beside a loopback TCP rail, with exact results.
+// memory, alone or striped beside a loopback TCP rail, with exact results; negotiation among the
+// ranks of a host goes through shared memory too.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -40,6 +41,24 @@ TEST(EngineShm, StripedBesideLoopbackTcp) {
   for (const auto& s : c[0].rail_stats())
     if (s.kind == "shm") shm_bytes = s.bytes_sent;
   EXPECT_GT(shm_bytes, 0u);
+}
+
+TEST(EngineShm, RanksOfOneHostNegotiateThroughSharedMemory) {
+  Cluster c(3);  // one loopback TCP rail; every rank on this host
+  for (int i = 0; i < 5; ++i) allreduce_and_check(c, "negotiated." + std::to_string(i), 100);
+  for (int r = 0; r < 3; ++r) {
+    const EngineStats s = c[r].stats();
+    EXPECT_GT(s.control_messages_shared_memory, 0u) << "rank " << r;
+    EXPECT_EQ(s.control_messages_network, 0u) << "rank " << r;
+  }
+}
+
+TEST(EngineShm, WithoutTheHostPathNegotiationStaysOnTheNetwork) {
+  Cluster c(3, testing::loopback_rails(1), [](EngineConfig& cfg) { cfg.shm_control = false; });
+  allreduce_and_check(c, "negotiated", 100);
+  EXPECT_EQ(c[1].stats().control_messages_shared_memory, 0u);
+  EXPECT_GT(c[1].stats().control_messages_network, 0u);
+  EXPECT_EQ(c[1].listen_addresses().size(), 2u);  // the rail's control path and the rail
 }
 
 }  // namespace

@@ -53,7 +53,7 @@ ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, cons
   if (paths.empty()) throw InvalidArgument("the control channel needs at least one rail");
   for (size_t i = 0; i < paths.size(); ++i) {
     transport::RailSpec spec;
-    spec.kind = "tcp";
+    spec.kind = paths[i].kind;
     spec.name = "control/" + paths[i].name;
     spec.local_addr = paths[i].local_addr;
     transport::RailContext ctx;
@@ -62,9 +62,13 @@ ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, cons
     ctx.rail_index = -1 - static_cast<int>(i);  // control paths never cross-connect with data rails
     ctx.socket_buffer_bytes = socket_buffer_bytes;
     ctx.secret = secret;
+    ctx.host_id = paths[i].host_id;
     names_.push_back(spec.name);
     paths_.push_back(transport::make_message_path(spec, ctx));
   }
+  for (bool reliable : {true, false})
+    for (size_t i = 0; i < paths_.size(); ++i)
+      if (paths_[i]->reliable() == reliable) order_.push_back(static_cast<int>(i));
   for (auto& p : peers_) {
     p.broken.assign(paths_.size(), false);
     p.ack_timeout = kAckTimeout;
@@ -118,14 +122,31 @@ void ControlChannel::connect_all(const std::vector<std::vector<std::string>>& ad
   for (int peer = 0; peer < size_; ++peer)
     linked_[peer] = peer != rank_ && !addrs[0].at(static_cast<size_t>(peer)).empty();
   for (size_t i = 0; i < paths_.size(); ++i) paths_[i]->connect(addrs[i], deadline);
+  // A path that does not reach a peer (shared memory, another host) is as good as broken for it.
+  for (int peer = 0; peer < size_; ++peer) {
+    if (!linked_[peer]) continue;
+    PeerState& p = peers_[peer];
+    for (size_t i = 0; i < paths_.size(); ++i)
+      if (!paths_[i]->reaches(peer)) p.broken[i] = true;
+    p.path = pick_path(p, false);
+    if (p.path < 0) throw PeerError(peer, "no control path reaches rank " + std::to_string(peer));
+  }
+}
+
+bool ControlChannel::readable_now() const {
+  if (!ready_.empty()) return true;
+  for (const auto& p : paths_)
+    if (p->readable_now()) return true;
+  return false;
 }
 
 int ControlChannel::pick_path(const PeerState& p, bool after_current, bool any_path) const {
   const int n = static_cast<int>(paths_.size());
-  const int start = after_current && p.path >= 0 ? p.path + 1 : 0;
+  const int current = p.path >= 0 ? static_cast<int>(std::find(order_.begin(), order_.end(), p.path) - order_.begin()) : -1;
+  const int start = after_current && current >= 0 ? current + 1 : 0;
   for (bool allow_avoided : {any_path, true})
     for (int i = 0; i < n; ++i) {
-      int path = (start + i) % n;
+      int path = order_[static_cast<size_t>((start + i) % n)];
       if (!p.broken[path] && (allow_avoided || !avoided_[path])) return path;
     }
   return -1;
@@ -190,6 +211,7 @@ void ControlChannel::send_on_path(int peer, std::string& envelope) {
   const int path = p.path;
   if (black_hole_[path]) return;
   paths_[path]->send_message(peer, envelope, Deadline::after_seconds(kSendAttemptS));
+  (paths_[path]->reliable() ? sent_reliable_ : sent_other_).fetch_add(1, std::memory_order_relaxed);
 }
 
 void ControlChannel::send_bare_ack(int peer) {
@@ -233,7 +255,9 @@ std::optional<Clock::time_point> ControlChannel::run_timers(Clock::time_point no
         flush(peer, 0);
       }
     }
-    if (!p.unacked.empty() && now - p.unacked.front().sent_at >= p.ack_timeout) {
+    // On a reliable path a message is late, never lost: moving would only leave the fast path.
+    if (!p.unacked.empty() && now - p.unacked.front().sent_at >= p.ack_timeout && p.path >= 0 &&
+        !paths_[p.path]->reliable()) {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.unacked.front().sent_at);
       p.ack_timeout = std::min<Clock::duration>(2 * p.ack_timeout, kMaxAckTimeout);
       // Every path in turn, avoided ones too: a rail marked down by mistake (a false stall on an
@@ -250,7 +274,8 @@ std::optional<Clock::time_point> ControlChannel::run_timers(Clock::time_point no
 
 std::optional<Clock::time_point> ControlChannel::next_timer_of(const PeerState& p, Clock::time_point now) const {
   std::optional<Clock::time_point> next;
-  if (!p.unacked.empty()) next = std::min(p.unacked.front().sent_at + p.ack_timeout, now + kLinkCheck);
+  const bool reliable = p.path >= 0 && paths_[p.path]->reliable();  // no ack timeout, no link to check
+  if (!p.unacked.empty() && !reliable) next = std::min(p.unacked.front().sent_at + p.ack_timeout, now + kLinkCheck);
   if (p.ack_owed_since) next = next ? std::min(*next, *p.ack_owed_since + kAckDelay) : *p.ack_owed_since + kAckDelay;
   return next;
 }

@@ -1,8 +1,10 @@
 // The negotiation channel between ranks, carried over every rail so that losing one rail (rail 0
 // included) does not cut the job's control.
 //
-// One message path (transport/message_path.h, TCP today) per rail address ("path"), each a full mesh with its own connections. A message to a
-// peer goes on that peer's current path; the channel numbers messages per peer and keeps them until
+// One message path (transport/message_path.h) per rail address ("path"), each a full mesh with its own
+// connections, and on a host with several ranks a shared-memory path among them. A message to a peer
+// goes on that peer's current path: at first the first path that reaches it, reliable paths (shared
+// memory: nothing to lose but the peer itself) before the others; the channel numbers messages per peer and keeps them until
 // the peer acknowledges them. Every message carries the count received from the other side; a rank
 // that owes an acknowledgement and sends nothing to that peer within kAckDelay sends a bare one.
 // The receiver delivers in number order, drops duplicates and holds early arrivals. When the
@@ -46,6 +48,8 @@ namespace nezha::engine {
 struct ControlPathConfig {
   std::string name;        // the rail's name (logs)
   std::string local_addr;  // the rail's address
+  std::string kind = "tcp";  // a rail kind that carries control messages (transport::make_message_path)
+  std::string host_id;       // the launcher's host entry (a host-local kind's same-host rule)
 };
 
 class ControlChannel {
@@ -77,6 +81,16 @@ class ControlChannel {
   // paths' connections by recv_any. The engine nests it in the loop thread's wait, so a thread that
   // leads the loop for a while can take the connections out of that wait without waking it.
   int watch_fd() const { return watch_fd_; }
+  // Without a system call: whether recv_any has something to return now, as far as the paths can
+  // tell cheaply (the shared-memory path can). For a caller that polls briefly before it sleeps.
+  bool readable_now() const;
+  size_t path_count() const { return paths_.size(); }
+  // Messages (acknowledgements alone included) this rank handed to reliable paths (shared memory)
+  // and to the others, resends included. Any thread.
+  uint64_t sent_on_reliable_paths() const { return sent_reliable_.load(std::memory_order_relaxed); }
+  uint64_t sent_on_other_paths() const { return sent_other_.load(std::memory_order_relaxed); }
+  // The path messages to `peer` take now (its rail's name, "control/<name>"); tests and logs.
+  const std::string& path_name_of(int peer) const { return names_.at(static_cast<size_t>(peers_.at(peer).path)); }
   // When recv_any must next run for the timers (bare acknowledgements, ack timeouts, link checks).
   std::optional<Clock::time_point> next_timer(Clock::time_point now) const;
 
@@ -140,6 +154,7 @@ class ControlChannel {
   int rank_, size_;
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<transport::MessagePath>> paths_;
+  std::vector<int> order_;  // the paths in order of preference: reliable ones first
   std::vector<bool> avoided_;
   std::vector<bool> black_hole_;
   std::vector<std::string> testing_link_faults_;
@@ -154,6 +169,7 @@ class ControlChannel {
   std::deque<transport::MessagePath::Message> ready_;
   std::exception_ptr deferred_error_;  // a peer lost after sending what ready_ still holds
   std::atomic<bool> aborted_{false};
+  std::atomic<uint64_t> sent_reliable_{0}, sent_other_{0};
   int watch_fd_ = -1;
   std::vector<int> watched_;  // the paths' descriptors as last registered in watch_fd_, in poll order
   std::unordered_map<int, int> path_of_fd_;  // of the watched descriptors

@@ -1,5 +1,6 @@
 #include "transport/shm/shm_address.h"
 
+#include <openssl/rand.h>
 #include <openssl/sha.h>
 #include <poll.h>
 #include <sys/stat.h>
@@ -44,6 +45,18 @@ std::string sha256(const std::string& data) {
   unsigned char out[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), out);
   return std::string(reinterpret_cast<char*>(out), sizeof out);
+}
+
+LocalEndpoint make_local_endpoint(const std::string& purpose, const std::string& secret, const std::string& host_id) {
+  LocalEndpoint e;
+  e.job_tag = sha256("nezha-" + purpose + "-job\n" + secret).substr(0, 16);
+  e.nonce.assign(16, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(e.nonce.data()), 16) != 1)
+    throw NezhaError("shm " + purpose + ": RAND_bytes failed");
+  e.address = local_identity(host_id);
+  e.address.nonce_hex = to_hex(e.nonce);
+  e.address.socket_name = "nezha-" + purpose + "-" + to_hex(sha256(secret + "\n" + e.nonce).substr(0, 16));
+  return e;
 }
 
 bool process_exited(int pidfd, int32_t pid, uint64_t start_time) {

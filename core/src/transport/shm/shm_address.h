@@ -39,6 +39,17 @@ std::string to_hex(const std::string& bytes);
 std::string from_hex(const std::string& hex, const std::string& who);
 std::string sha256(const std::string& data);  // the 32-byte digest
 
+// One instance of a shm-based rail or path: the job tag its segments carry (from the secret and
+// `purpose`, so the kinds never accept each other's segments), a random nonce, and this process's
+// address with an abstract socket name unguessable without the secret and unique to the instance.
+struct LocalEndpoint {
+  std::string job_tag;  // raw 16 bytes
+  std::string nonce;    // raw 16 bytes
+  ShmAddress address;
+};
+// Throws NezhaError if no random bytes can be had.
+LocalEndpoint make_local_endpoint(const std::string& purpose, const std::string& secret, const std::string& host_id);
+
 // Whether a peer process is gone: its pidfd (>= 0) is readable, or else its pid now belongs to a
 // process started at another time (or none). This process is never gone.
 bool process_exited(int pidfd, int32_t pid, uint64_t start_time);

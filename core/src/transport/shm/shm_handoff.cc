@@ -38,37 +38,46 @@ int unix_socket() {
 struct Client {  // our request to one peer
   int fd = -1;
   bool done = false;
-  int segment_fd = -1;
+  std::vector<int> fds;  // received
   std::string last_error;
 };
 
-// Reads the peer's reply (one byte + SCM_RIGHTS fd). Returns the fd, -1 if not there yet.
-int receive_fd(int sock, const std::string& who) {
+// Reads the peer's reply (one byte + SCM_RIGHTS fds). Returns the fds (exactly `expected` of them),
+// or nothing if the reply is not there yet.
+std::vector<int> receive_fds(int sock, size_t expected, const std::string& who) {
   char byte = 0;
   iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxHandoffFds)];
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
   const ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return -1;
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return {};
   if (n <= 0) throw PeerError(-1, who + ": closed the segment handoff without a segment");
+  std::vector<int> fds;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
       int fd = -1;
-      std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-      return fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      fds.push_back(fd);
     }
   }
-  throw ProtocolError(who + ": segment handoff reply carried no fd");
+  if (fds.size() != expected || (msg.msg_flags & MSG_CTRUNC)) {
+    for (int fd : fds) ::close(fd);
+    throw ProtocolError(who + ": segment handoff reply carried " + std::to_string(fds.size()) + " fds, expected " +
+                        std::to_string(expected));
+  }
+  return fds;
 }
 
 // Answers one accepted connection if its request is complete and genuine. Returns the rank served,
 // -1 if the request is not complete yet, -2 if it was refused (logged; the connection is dropped).
-int serve(int sock, const std::map<int, const HandoffPeer*>& by_rank, const std::string& nonce_unused,
-          int segment_fd, const std::string& rail_name) {
+int serve(int sock, const std::map<int, const HandoffPeer*>& by_rank, const std::vector<int>& served_fds,
+          const std::string& rail_name) {
   char req[kRequestBytes];
   const ssize_t n = ::recv(sock, req, sizeof req, MSG_PEEK);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return -1;
@@ -88,18 +97,18 @@ int serve(int sock, const std::map<int, const HandoffPeer*>& by_rank, const std:
   }
   char byte = 1;
   iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxHandoffFds)];
   std::memset(control, 0, sizeof control);
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * served_fds.size());
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &segment_fd, sizeof segment_fd);
+  c->cmsg_len = CMSG_LEN(sizeof(int) * served_fds.size());
+  std::memcpy(CMSG_DATA(c), served_fds.data(), sizeof(int) * served_fds.size());
   if (::sendmsg(sock, &msg, MSG_NOSIGNAL) != 1) return -2;
   return rank;
 }
@@ -136,6 +145,20 @@ std::vector<int> exchange_segment_fds(const HandoffListener& listener, int my_ra
                                       const std::vector<HandoffPeer>& peers,
                                       const std::atomic<bool>& aborted, const Deadline& deadline,
                                       const std::string& rail_name) {
+  std::vector<std::vector<int>> got = exchange_fds(listener, my_rank, my_nonce, {segment_fd}, peers, aborted,
+                                                   deadline, rail_name);
+  std::vector<int> out;
+  for (auto& fds : got) out.push_back(fds[0]);
+  return out;
+}
+
+std::vector<std::vector<int>> exchange_fds(const HandoffListener& listener, int my_rank, const std::string& my_nonce,
+                                           const std::vector<int>& served_fds, const std::vector<HandoffPeer>& peers,
+                                           const std::atomic<bool>& aborted, const Deadline& deadline,
+                                           const std::string& rail_name) {
+  if (served_fds.empty() || served_fds.size() > kMaxHandoffFds)
+    throw InvalidArgument("shm handoff: serves 1 to " + std::to_string(kMaxHandoffFds) + " fds, not " +
+                          std::to_string(served_fds.size()));
   const std::string where = "rail " + rail_name + ", rank " + std::to_string(my_rank);
   std::map<int, const HandoffPeer*> by_rank;
   for (const auto& p : peers) by_rank[p.rank] = &p;
@@ -145,7 +168,7 @@ std::vector<int> exchange_segment_fds(const HandoffListener& listener, int my_ra
   auto cleanup = [&] {
     for (auto& c : clients) {
       if (c.fd >= 0) ::close(c.fd);
-      if (c.segment_fd >= 0) ::close(c.segment_fd);
+      for (int fd : c.fds) ::close(fd);
     }
     for (int fd : accepted) ::close(fd);
   };
@@ -186,9 +209,8 @@ std::vector<int> exchange_segment_fds(const HandoffListener& listener, int my_ra
         }
         if (!client_ready[i]) continue;
         client_ready[i] = 0;
-        const int fd = receive_fd(c.fd, who);
-        if (fd >= 0) {
-          c.segment_fd = fd;
+        c.fds = receive_fds(c.fd, served_fds.size(), who);
+        if (!c.fds.empty()) {
           c.done = true;
           ::close(c.fd);
           c.fd = -1;
@@ -207,7 +229,7 @@ std::vector<int> exchange_segment_fds(const HandoffListener& listener, int my_ra
           ++i;
           continue;
         }
-        const int r = serve(accepted[i], by_rank, my_nonce, segment_fd, rail_name);
+        const int r = serve(accepted[i], by_rank, served_fds, rail_name);
         if (r == -1) {
           accepted_ready[i] = 0;
           ++i;
@@ -258,11 +280,8 @@ std::vector<int> exchange_segment_fds(const HandoffListener& listener, int my_ra
     cleanup();
     throw;
   }
-  std::vector<int> out;
-  for (auto& c : clients) {
-    out.push_back(c.segment_fd);
-    c.segment_fd = -1;
-  }
+  std::vector<std::vector<int>> out;
+  for (auto& c : clients) out.push_back(std::move(c.fds));
   cleanup();
   return out;
 }
