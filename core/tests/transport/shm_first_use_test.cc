@@ -19,6 +19,7 @@
 #include "shm_mesh.h"
 #include "tcp_mesh.h"
 #include "transport/shm/shm_address.h"
+#include "transport/shm/shm_segment.h"
 
 namespace nezha::transport {
 namespace {
@@ -177,36 +178,34 @@ TEST(ShmFirstUse, APeerWhoseRailIsClosedIsNamedAtOnce) {
   });
 }
 
-// Sends `request` (with a memfd attached when attach_fd) to the rail's handoff socket; returns
-// whether a segment came back.
-bool forged_request_answered(const std::string& socket_name, const std::string& request, bool attach_fd) {
+// Sends `request` (with fd attached, if >= 0) to the rail's handoff socket; returns whether an
+// answer came back.
+bool forged_request_answered(const std::string& socket_name, const std::string& request, int fd) {
   const int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path + 1, socket_name.data(), socket_name.size());
   const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + socket_name.size());
   EXPECT_EQ(::connect(sock, reinterpret_cast<sockaddr*>(&addr), len), 0);
-  const int memfd = ::memfd_create("forged", MFD_CLOEXEC);
   iovec iov{const_cast<char*>(request.data()), request.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  if (attach_fd) {
+  if (fd >= 0) {
     msg.msg_control = control;
     msg.msg_controllen = sizeof control;
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &memfd, sizeof memfd);
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
   }
   EXPECT_EQ(::sendmsg(sock, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
   timeval tv{5, 0};  // the server answers or hangs up at once; never wait forever
   ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   char byte = 0;
   const ssize_t got = ::recv(sock, &byte, 1, 0);
-  ::close(memfd);
   ::close(sock);
   return got == 1;
 }
@@ -222,8 +221,10 @@ TEST(ShmFirstUse, ARequestWithoutTheRanksNonceOrSegmentIsRefused) {
   std::string right_nonce = wrong_nonce;
   wrong_nonce += std::string(16, 'x');
   right_nonce += shm::from_hex(claimed.nonce_hex, "test");
-  EXPECT_FALSE(forged_request_answered(target.socket_name, wrong_nonce, true));
-  EXPECT_FALSE(forged_request_answered(target.socket_name, right_nonce, false));  // no segment along
+  const int memfd = ::memfd_create("forged", MFD_CLOEXEC);
+  EXPECT_FALSE(forged_request_answered(target.socket_name, wrong_nonce, memfd));
+  ::close(memfd);
+  EXPECT_FALSE(forged_request_answered(target.socket_name, right_nonce, -1));  // no segment along
   EXPECT_EQ(rails[0]->handoffs().served, 0u);
   // The genuine rank 1 still links (same process, so its credentials match).
   run_ranks(2, [&](int r) {
@@ -235,6 +236,32 @@ TEST(ShmFirstUse, ARequestWithoutTheRanksNonceOrSegmentIsRefused) {
       EXPECT_EQ(std::memcmp(got.data(), "wxyz", 4), 0);
     }
   });
+}
+
+TEST(ShmFirstUse, AClosedSegmentHandedOverWithARequestIsNotLinked) {
+  // A request queued on a rank's socket can outlive the connection of the peer that sent it; the
+  // segment it carries was closed by the peer's reset(). Here: a segment exactly like rank 1's,
+  // marked closed, handed to rank 0 as if rank 1 had asked.
+  auto rails = make_shm_mesh(2);
+  const auto addrs = testing::addresses_of(rails);
+  const shm::ShmAddress target = shm::decode_address(addrs[0], "test");
+  const shm::ShmAddress one = shm::decode_address(addrs[1], "test");
+  const std::string nonce = shm::from_hex(one.nonce_hex, "test");
+  shm::Segment stale = shm::Segment::create({shm::sha256("nezha-shm-job\n" + small_ring_config().secret).substr(0, 16),
+                                             nonce, one.pid, one.start_time, 1, 2, 64 << 10});
+  stale.header()->closed.store(1);
+  const int32_t rank = 1;
+  std::string request(4, '\0');
+  std::memcpy(request.data(), &rank, 4);
+  EXPECT_TRUE(forged_request_answered(target.socket_name, request + nonce, stale.fd()));
+  EXPECT_EQ(rails[0]->handoffs().served, 1u);
+  // Rank 0's first send to rank 1 must reach rank 1's live segment, not the closed one.
+  const auto msg = pattern(0, 5, 100);
+  rails[0]->send(1, 5, msg.data(), msg.size(), Deadline::after_seconds(10));
+  EXPECT_EQ(rails[0]->handoffs().fetched, 1u);
+  std::vector<uint8_t> got(100);
+  rails[1]->recv(0, 5, got.data(), got.size(), Deadline::after_seconds(5));
+  EXPECT_EQ(first_mismatch(got, 0, 5), -1);
 }
 
 TEST(ShmFirstUse, AbortWakesAPeerThatLinkedUsBeforeWeLinkedIt) {

@@ -172,6 +172,13 @@ void ShmRail::serve_own_segment() {
 void ShmRail::offer(int peer, int fd) {
   // Mapped and checked here, off the data thread; kept until the pair's first data call takes it.
   shm::Segment segment = shm::Segment::attach(fd, identity_of(peer), where("segment handed over by", peer));
+  // A request can outlive the connection that sent it (queued on our socket while we were between
+  // reset() and connect()); its segment was closed by the peer's reset. Sends into it would be lost:
+  // drop it, and the pair's first data call fetches the live one.
+  if (segment.header()->closed.load() != 0) {
+    NZ_LOG(Debug) << where("dropped a closed segment handed over by", peer);
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!links_[peer].linked && !offered_[peer].valid()) offered_[peer] = std::move(segment);
 }
