@@ -107,7 +107,8 @@ std::string ShmRail::host_key(const std::string& address) const {
          a.boot_id + netns;
 }
 
-void ShmRail::connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) {
+// Waits for no peer (so the deadline is unused): pairs link on their first data call.
+void ShmRail::connect(const std::vector<std::string>& addresses_by_rank, const Deadline& /*deadline*/) {
   if (static_cast<int>(addresses_by_rank.size()) != size_)
     throw InvalidArgument("rail " + config_.name + ": connect() got " + std::to_string(addresses_by_rank.size()) +
                           " addresses for " + std::to_string(size_) + " ranks");
@@ -134,7 +135,6 @@ void ShmRail::connect(const std::vector<std::string>& addresses_by_rank, const D
   ring_bytes_ = ring_bytes_for(slots);
   shm::Segment own = shm::Segment::create(
       {job_tag_, nonce_, address_.pid, address_.start_time, rank_, slots, ring_bytes_});
-  (void)deadline;  // nothing to wait for: peers link on their first data call
   {
     std::lock_guard<std::mutex> lock(mu_);
     own_ = std::move(own);
