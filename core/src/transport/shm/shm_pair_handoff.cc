@@ -23,6 +23,7 @@ namespace {
 constexpr size_t kRequestBytes = 4 + 16;  // rank (host order: same host) + nonce
 constexpr int kIdleWakeMs = 1000;         // the server's poll bound: it re-checks strangers' age
 constexpr int kHangupGraceMs = 200;       // a dying peer's socket closes just before its pidfd fires
+constexpr size_t kMaxWaiting = 256;       // unfinished requests held at once (abstract names are visible)
 
 std::string errno_text(int err) { return std::strerror(err); }
 
@@ -108,7 +109,12 @@ SegmentServer::SegmentServer(int listener_fd, int segment_fd, std::map<int, Pair
       delivered_(std::move(delivered)) {
   stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (stop_fd_ < 0) throw NezhaError(where_ + ": eventfd for the segment server failed: " + errno_text(errno));
-  thread_ = std::thread([this] { run(); });
+  try {
+    thread_ = std::thread([this] { run(); });
+  } catch (...) {
+    ::close(stop_fd_);
+    throw;
+  }
 }
 
 SegmentServer::~SegmentServer() {
@@ -179,7 +185,7 @@ void SegmentServer::run() {
         const int s = ::accept4(listener_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (s < 0) break;
         // The request is sent right after connect(), so it is usually there already.
-        if (answer(s)) ::close(s);
+        if (answer(s) || waiting.size() >= kMaxWaiting) ::close(s);
         else waiting.push_back({s, Clock::now()});
       }
     }
