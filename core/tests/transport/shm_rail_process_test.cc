@@ -1,6 +1,7 @@
 // ShmRail between real processes (fork): a sendrecv ring of 4 processes, a peer SIGKILLed or
-// SIGSTOPped while another waits on it (named at once / at the deadline), and what the segments are:
-// memfds, never files in /dev/shm, so nothing is left there even when every rank is SIGKILLed.
+// SIGSTOPped while another waits on it, or before their pair's first link (named at once / at the
+// deadline), and what the segments are: memfds mapped by partners only, never files in /dev/shm, so
+// nothing is left there even when every rank is SIGKILLed.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -118,28 +119,90 @@ TEST(ShmRailProcesses, FrozenPeerIsATimeoutAtTheDeadline) {
   job.kill(0, SIGKILL);
 }
 
-TEST(ShmRailProcesses, SegmentsAreMemfdsAndNothingIsLeftInDevShmAfterSigkill) {
+// Memfd segments mapped by a process.
+size_t mapped_segments(pid_t pid) {
+  const std::string maps = read_file("/proc/" + std::to_string(pid) + "/maps");
+  EXPECT_EQ(maps.find("/dev/shm/"), std::string::npos) << maps;
+  size_t memfds = 0;
+  for (size_t at = maps.find("/memfd:nezha-shm"); at != std::string::npos; at = maps.find("/memfd:nezha-shm", at + 1))
+    ++memfds;
+  return memfds;
+}
+
+TEST(ShmRailProcesses, SegmentsAreMemfdsMappedByPartnersOnlyAndNothingIsLeftInDevShmAfterSigkill) {
   const auto before = dev_shm_entries();
   {
-    ProcessJob job(3, [](ShmRail&) -> std::string {
+    // Ranks 0 and 1 exchange a message; rank 2 talks to no one. Then all wait to be killed.
+    ProcessJob job(3, [](ShmRail& rail) -> std::string {
+      std::vector<uint8_t> buf(64);
+      const Deadline d = Deadline::after_seconds(10);
+      if (rail.rank() == 0) rail.send(1, 1, buf.data(), buf.size(), d);
+      if (rail.rank() == 1) rail.recv(0, 1, buf.data(), buf.size(), d);
       ::pause();
       return "";
     }, process_config());
-    for (int r = 0; r < 3; ++r) {
-      // Each rank maps its own segment and its two peers': all anonymous memfds.
-      const std::string maps = read_file("/proc/" + std::to_string(job.pid(r)) + "/maps");
-      size_t memfds = 0;
-      for (size_t at = maps.find("/memfd:nezha-shm"); at != std::string::npos;
-           at = maps.find("/memfd:nezha-shm", at + 1))
-        ++memfds;
-      EXPECT_EQ(memfds, 3u) << "rank " << r << " maps:\n" << maps;
-      EXPECT_EQ(maps.find("/dev/shm/"), std::string::npos) << maps;
-    }
+    // Each maps its own segment and its partner's, once the pair has linked; rank 2 only its own.
+    const Deadline linked = Deadline::after_seconds(10);
+    while ((mapped_segments(job.pid(0)) < 2 || mapped_segments(job.pid(1)) < 2) && !linked.expired())
+      ::usleep(10 * 1000);
+    EXPECT_EQ(mapped_segments(job.pid(0)), 2u);
+    EXPECT_EQ(mapped_segments(job.pid(1)), 2u);
+    EXPECT_EQ(mapped_segments(job.pid(2)), 1u);
     for (int r = 0; r < 3; ++r) job.kill(r, SIGKILL);
     for (int r = 0; r < 3; ++r) job.reap(r);
   }
   for (const auto& name : dev_shm_entries())
     EXPECT_TRUE(before.count(name) || name.find("nezha") == std::string::npos) << "left in /dev/shm: " << name;
+}
+
+TEST(ShmRailProcesses, APeerKilledBeforeItsFirstLinkIsNamedAtOnce) {
+  ProcessJob job(2, [](ShmRail& rail) -> std::string {
+    if (rail.rank() == 0) {
+      ::pause();
+      return "not killed";
+    }
+    ::usleep(300 * 1000);  // rank 0 is dead by now, its segment never handed over
+    std::vector<uint8_t> buf(64);
+    const auto t = Clock::now();
+    try {
+      rail.recv(0, 1, buf.data(), buf.size(), Deadline::after_seconds(30));
+      return "returned";
+    } catch (const PeerError& e) {
+      const double s = std::chrono::duration<double>(Clock::now() - t).count();
+      return std::string(s < 1.0 ? "fast: " : "slow: ") + e.what();
+    }
+  }, process_config());
+  job.kill(0, SIGKILL);
+  job.reap(0);
+  const std::string line = job.result(1);
+  EXPECT_EQ(line.rfind("fast: ", 0), 0u) << line;
+  EXPECT_NE(line.find("rank 0"), std::string::npos) << line;
+  EXPECT_NE(line.find("exited"), std::string::npos) << line;
+}
+
+TEST(ShmRailProcesses, APeerFrozenBeforeItsFirstLinkIsATimeoutAtTheDeadline) {
+  ProcessJob job(2, [](ShmRail& rail) -> std::string {
+    if (rail.rank() == 0) {
+      ::pause();
+      return "not stopped";
+    }
+    ::usleep(300 * 1000);  // rank 0 is stopped by now: its segment server cannot answer
+    std::vector<uint8_t> buf(64);
+    const auto t = Clock::now();
+    try {
+      rail.send(0, 1, buf.data(), buf.size(), Deadline::after_seconds(1.0));
+      return "returned";
+    } catch (const TimeoutError& e) {
+      const double s = std::chrono::duration<double>(Clock::now() - t).count();
+      return std::string(s >= 0.95 && s < 3 ? "at deadline: " : "off: ") + e.what();
+    }
+  }, process_config());
+  job.kill(0, SIGSTOP);
+  const std::string line = job.result(1);
+  EXPECT_EQ(line.rfind("at deadline: ", 0), 0u) << line;
+  EXPECT_NE(line.find("rank 0"), std::string::npos) << line;
+  EXPECT_NE(line.find("shm-test"), std::string::npos) << line;
+  job.kill(0, SIGKILL);
 }
 
 }  // namespace

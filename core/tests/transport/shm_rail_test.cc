@@ -254,17 +254,30 @@ TEST(ShmRail, AnotherBootIdOrNetworkNamespaceIsAnotherHost) {
 }
 
 TEST(ShmRail, SegmentOfAnotherJobIsRefused) {
-  // Rank 1 runs with another job secret: its segment's job tag does not match rank 0's job.
+  // Rank 1 runs with another job secret: its segment's job tag does not match rank 0's job. The
+  // pair's first data call finds out, on either end.
   ShmRailConfig a = small_ring_config("job-a"), b = small_ring_config("job-b");
   ShmRail r0(a, 0, 2), r1(b, 1, 2);
   const std::vector<std::string> addrs{r0.local_address(), r1.local_address()};
+  r0.connect(addrs, Deadline::after_seconds(5));
+  r1.connect(addrs, Deadline::after_seconds(5));
+  std::vector<uint8_t> buf(8);
   std::string err0, err1;
-  std::thread t([&] { err1 = what_of([&] { r1.connect(addrs, Deadline::after_seconds(5)); }); });
-  err0 = what_of([&] { r0.connect(addrs, Deadline::after_seconds(5)); });
-  t.join();
+  try {
+    r0.send(1, 1, buf.data(), buf.size(), Deadline::after_seconds(5));
+  } catch (const ProtocolError& e) {
+    err0 = e.what();
+  }
+  try {
+    r1.recv(0, 1, buf.data(), buf.size(), Deadline::after_seconds(5));
+  } catch (const ProtocolError& e) {
+    err1 = e.what();
+  }
   EXPECT_NE(err0.find("another job"), std::string::npos) << err0;
   EXPECT_NE(err0.find("rank 1"), std::string::npos) << err0;
   EXPECT_NE(err1.find("another job"), std::string::npos) << err1;
+  EXPECT_NE(err1.find("rank 0"), std::string::npos) << err1;
+  EXPECT_FALSE(r0.reaches(1));
 }
 
 TEST(ShmSegment, HeaderChecksRefuseStaleOrForeignSegments) {

@@ -2,13 +2,16 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <fstream>
+#include <map>
 
 #include "common/error.h"
 #include "common/logging.h"
@@ -74,9 +77,14 @@ ShmRail::ShmRail(ShmRailConfig config, int rank, int size)
   // Unguessable without the secret and tied to this instance; abstract, so it vanishes with us.
   address_.socket_name = "nezha-shm-" + shm::to_hex(shm::sha256(config_.secret + "\n" + nonce_).substr(0, 16));
   listener_ = shm::HandoffListener(address_.socket_name);
+  abort_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (abort_fd_ < 0) throw NezhaError("rail " + config_.name + ": eventfd failed: " + std::strerror(errno));
 }
 
-ShmRail::~ShmRail() { close(); }
+ShmRail::~ShmRail() {
+  close();
+  ::close(abort_fd_);
+}
 
 std::string ShmRail::local_address() const { return shm::encode_address(address_); }
 
@@ -99,84 +107,135 @@ std::string ShmRail::host_key(const std::string& address) const {
          a.boot_id + netns;
 }
 
-void ShmRail::connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) {
+// Waits for no peer (so the deadline is unused): pairs link on their first data call.
+void ShmRail::connect(const std::vector<std::string>& addresses_by_rank, const Deadline& /*deadline*/) {
   if (static_cast<int>(addresses_by_rank.size()) != size_)
     throw InvalidArgument("rail " + config_.name + ": connect() got " + std::to_string(addresses_by_rank.size()) +
                           " addresses for " + std::to_string(size_) + " ranks");
   throw_if_aborted();
   drop_links();
   std::vector<shm::ShmAddress> addrs(static_cast<size_t>(size_));
-  std::vector<int> local_ranks;
   std::vector<Link> links(static_cast<size_t>(size_));
+  std::vector<uint32_t> slot_of(static_cast<size_t>(size_), 0);
+  uint32_t slots = 0;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) {
       addrs[r] = address_;
-      local_ranks.push_back(r);
+      slot_of[r] = slots++;
       continue;
     }
     addrs[r] = shm::decode_address(addresses_by_rank[r], where("connect to", r));
     links[r].unreachable_why = shm::same_host_mismatch(address_, addrs[r]);
     links[r].local = links[r].unreachable_why.empty();
-    if (links[r].local) local_ranks.push_back(r);
-  }
-  const auto slot_of = [&](int r) {
-    return static_cast<uint32_t>(std::find(local_ranks.begin(), local_ranks.end(), r) - local_ranks.begin());
-  };
-  ring_bytes_ = ring_bytes_for(local_ranks.size());
-  shm::SegmentIdentity id{job_tag_, nonce_, address_.pid, address_.start_time, rank_,
-                          static_cast<uint32_t>(local_ranks.size()), ring_bytes_};
-  shm::Segment own = shm::Segment::create(id);
-  std::vector<shm::HandoffPeer> peers;
-  for (int r : local_ranks) {
-    if (r == rank_) continue;
-    const std::string nonce =
-        shm::from_hex(addrs[r].nonce_hex, "rail '" + config_.name + "': rank " + std::to_string(r) + "'s address");
-    peers.push_back({r, addrs[r], nonce});
-  }
-  std::vector<int> fds = shm::exchange_segment_fds(listener_, rank_, nonce_, own.fd(), peers, aborted_,
-                                                   deadline, config_.name);
-  own.release_fd();
-  // Attach every peer's segment; each fd is owned by its Segment from here on, even on error.
-  std::vector<shm::Segment> attached(peers.size());
-  std::string failure;
-  for (size_t i = 0; i < peers.size(); ++i) {
-    const int r = peers[i].rank;
-    shm::SegmentIdentity expect{job_tag_, peers[i].nonce, addrs[r].pid, addrs[r].start_time, r, id.slots,
-                                ring_bytes_};
-    try {
-      attached[i] = shm::Segment::attach(fds[i], expect, where("connect to", r));
-    } catch (const NezhaError& e) {
-      if (failure.empty()) failure = e.what();
-      for (size_t j = i + 1; j < peers.size(); ++j) ::close(fds[j]);
-      throw ProtocolError(failure);
+    if (links[r].local) {
+      shm::from_hex(addrs[r].nonce_hex, "rail '" + config_.name + "': rank " + std::to_string(r) + "'s address");
+      slot_of[r] = slots++;
     }
   }
-  const uint32_t my_slot = slot_of(rank_);
-  for (size_t i = 0; i < peers.size(); ++i) {
-    const int r = peers[i].rank;
-    Link& l = links[r];
-    l.segment = std::move(attached[i]);
-    l.out = {l.segment.ring(my_slot), l.segment.ring_data(my_slot), ring_bytes_, 0};
-    l.in = {own.ring(slot_of(r)), own.ring_data(slot_of(r)), ring_bytes_, 0};
-    l.pid = addrs[r].pid;
-    // Direct (single-copy) messages from r need this rank to read r's memory: probe it once.
-    l.in.control->direct_ok.store(can_read_memory_of(l.pid, l.segment.header()->creator_base) ? 1 : 0);
-    if (l.pid != address_.pid) {
-      l.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, l.pid, 0));
-      // The pid may have been reused since the address was made: the start time must still match.
-      if (shm::process_start_time(l.pid) != addrs[r].start_time) {
-        for (Link& opened : links)
-          if (opened.pidfd >= 0) ::close(opened.pidfd);
-        throw PeerError(r, where("connect to", r) + ": its process (pid " + std::to_string(l.pid) + ") is gone");
-      }
-    }
+  ring_bytes_ = ring_bytes_for(slots);
+  shm::Segment own = shm::Segment::create(
+      {job_tag_, nonce_, address_.pid, address_.start_time, rank_, slots, ring_bytes_});
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    own_ = std::move(own);
+    links_ = std::move(links);
+    addrs_ = std::move(addrs);
+    slot_of_ = std::move(slot_of);
+    slots_ = slots;
+    offered_.clear();
+    offered_.resize(static_cast<size_t>(size_));
+    start_times_.clear();
+    for (int r = 0; r < size_; ++r) start_times_.push_back(addrs_[r].start_time);
+    fetched_.store(0);
+    connected_ = true;
+  }
+  serve_own_segment();
+}
+
+shm::SegmentIdentity ShmRail::identity_of(int peer) const {
+  const shm::ShmAddress& a = addrs_[peer];
+  return {job_tag_, shm::from_hex(a.nonce_hex, "rail '" + config_.name + "': rank " + std::to_string(peer) + "'s address"),
+          a.pid, a.start_time, peer, slots_, ring_bytes_};
+}
+
+void ShmRail::serve_own_segment() {
+  std::map<int, shm::PairPeerId> peers;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && links_[r].local) peers[r] = {addrs_[r].pid, identity_of(r).nonce};
+  auto server = std::make_unique<shm::SegmentServer>(listener_.fd(), own_.fd(), std::move(peers),
+                                                     "rail " + config_.name + ", rank " + std::to_string(rank_),
+                                                     [this](int peer, int fd) { offer(peer, fd); });
+  std::lock_guard<std::mutex> lock(mu_);
+  server_ = std::move(server);
+}
+
+void ShmRail::offer(int peer, int fd) {
+  // Mapped and checked here, off the data thread; kept until the pair's first data call takes it.
+  shm::Segment segment = shm::Segment::attach(fd, identity_of(peer), where("segment handed over by", peer));
+  // A request can outlive the connection that sent it (queued on our socket while we were between
+  // reset() and connect()); its segment was closed by the peer's reset. Sends into it would be lost:
+  // drop it, and the pair's first data call fetches the live one.
+  if (segment.header()->closed.load() != 0) {
+    NZ_LOG(Debug) << where("dropped a closed segment handed over by", peer);
+    return;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  own_ = std::move(own);
-  links_ = std::move(links);
-  start_times_.clear();
-  for (int r = 0; r < size_; ++r) start_times_.push_back(addrs[r].start_time);
-  connected_ = true;
+  if (!links_[peer].linked && !offered_[peer].valid()) offered_[peer] = std::move(segment);
+}
+
+void ShmRail::ensure_linked(int peer, const char* verb, const Deadline& deadline) {
+  Link& l = links_[peer];
+  if (l.linked) return;
+  shm::Segment segment;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    segment = std::move(offered_[peer]);
+  }
+  const int32_t pid = addrs_[peer].pid;
+  int pidfd = -1;
+  if (pid != address_.pid) {
+    pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    // The pid may have been reused since the address was made: the start time must still match.
+    if (shm::process_start_time(pid) != addrs_[peer].start_time) {
+      if (pidfd >= 0) ::close(pidfd);
+      fail_pair(peer, where(verb, peer) + ": its process (pid " + std::to_string(pid) + ") exited", FailKind::kPeer);
+    }
+  }
+  try {
+    if (!segment.valid()) {
+      shm::PairRequest request{rank_, nonce_, own_.fd(), peer, pid, addrs_[peer].socket_name, where(verb, peer)};
+      const int fd = shm::fetch_peer_segment(request, abort_fd_, [this] {
+        std::lock_guard<std::mutex> lock(mu_);
+        return aborted_.load() ? abort_reason_ : std::string();
+      }, pidfd, deadline);
+      fetched_.fetch_add(1);
+      segment = shm::Segment::attach(fd, identity_of(peer), where(verb, peer));
+    }
+  } catch (const TimeoutError& e) {
+    if (pidfd >= 0) ::close(pidfd);
+    fail_pair(peer, e.what(), FailKind::kTimeout);
+  } catch (const PeerError& e) {
+    if (pidfd >= 0) ::close(pidfd);
+    fail_pair(peer, e.what(), FailKind::kPeer);
+  } catch (const ProtocolError& e) {
+    if (pidfd >= 0) ::close(pidfd);
+    fail_pair(peer, e.what(), FailKind::kProtocol);
+  } catch (...) {  // an abort, or this rank's own resources: the pair itself is not at fault
+    if (pidfd >= 0) ::close(pidfd);
+    throw;
+  }
+  const uint32_t mine = slot_of_[rank_], theirs = slot_of_[peer];
+  l.out = {segment.ring(mine), segment.ring_data(mine), ring_bytes_, 0};
+  l.in = {own_.ring(theirs), own_.ring_data(theirs), ring_bytes_, 0};
+  l.pid = pid;
+  // Direct (single-copy) messages from the peer need this rank to read its memory: probe it once.
+  l.in.control->direct_ok.store(can_read_memory_of(pid, segment.header()->creator_base) ? 1 : 0);
+  shm::Segment spare;  // the peer's own handoff, when both ends asked at once: one mapping is enough
+  std::lock_guard<std::mutex> lock(mu_);
+  spare = std::move(offered_[peer]);
+  l.segment = std::move(segment);
+  l.pidfd = pidfd;
+  l.linked = true;
 }
 
 bool ShmRail::reaches(int peer) const {
@@ -186,6 +245,12 @@ bool ShmRail::reaches(int peer) const {
 }
 
 void ShmRail::drop_links() {
+  std::unique_ptr<shm::SegmentServer> server;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    server = std::move(server_);
+  }
+  server.reset();  // stopped outside mu_: its deliveries take mu_
   std::lock_guard<std::mutex> lock(mu_);
   if (own_.valid()) {
     own_.header()->closed.store(1);
@@ -196,7 +261,10 @@ void ShmRail::drop_links() {
     if (l.pidfd >= 0) ::close(l.pidfd);
     l.pidfd = -1;
   }
+  for (shm::Segment& s : offered_)
+    if (s.valid()) ring_doorbell(s.header());
   links_.clear();
+  offered_.clear();
   own_.unmap();
   connected_ = false;
 }
@@ -204,6 +272,9 @@ void ShmRail::drop_links() {
 void ShmRail::reset() {
   drop_links();
   std::lock_guard<std::mutex> lock(mu_);
+  uint64_t count = 0;
+  while (::read(abort_fd_, &count, sizeof count) > 0) {
+  }
   aborted_.store(false);
   abort_reason_.clear();
 }
@@ -233,6 +304,16 @@ void ShmRail::abort(const std::string& reason) {
   }
   for (Link& l : links_)
     if (l.segment.valid()) ring_doorbell(l.segment.header());  // peers blocked on us
+  for (shm::Segment& s : offered_)  // peers that linked us before we linked them
+    if (s.valid()) ring_doorbell(s.header());
+  const uint64_t one = 1;
+  if (::write(abort_fd_, &one, sizeof one) != sizeof one)  // a first link waiting for a segment
+    NZ_LOG(Error) << "rail " << config_.name << ": cannot signal the abort eventfd: " << std::strerror(errno);
+}
+
+ShmRail::HandoffCounts ShmRail::handoffs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {fetched_.load(), server_ ? server_->served() : 0};
 }
 
 ShmRail::Link& ShmRail::usable_link(int peer, const char* verb) {
@@ -255,9 +336,13 @@ void ShmRail::fail_pair(int peer, const std::string& what, FailKind kind) {
     std::lock_guard<std::mutex> lock(mu_);
     if (l.closed_reason.empty()) l.closed_reason = what;
   }
-  l.out.control->broken.store(1);
-  l.in.control->broken.store(1);
-  ring_doorbell(l.segment.header());
+  if (l.linked) {
+    l.out.control->broken.store(1);
+    l.in.control->broken.store(1);
+    ring_doorbell(l.segment.header());
+  } else {
+    own_.ring(slot_of_[peer])->broken.store(1);  // the peer's sends to us stop at once
+  }
   if (kind == FailKind::kProtocol) throw ProtocolError(what);
   if (kind == FailKind::kTimeout) throw TimeoutError(peer, what);
   throw PeerError(peer, what);

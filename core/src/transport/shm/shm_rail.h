@@ -10,31 +10,49 @@
 // id, network namespace inode) plus pid, process start time, a random nonce and an abstract unix
 // socket name derived from the job secret and the nonce (shm_address.h). connect() treats the ranks
 // whose identity differs as unreachable (reaches() false, data calls to them throw InvalidArgument),
-// creates its segment as a sealed memfd and swaps fds with every local peer over the abstract sockets
-// (shm_handoff.h). Segments never have a name in /dev/shm, so nothing can be left behind, even when
-// every rank is SIGKILLed: the kernel frees a memfd with its last mapping.
+// creates its segment as a sealed memfd and starts serving it (shm_pair_handoff.h); it waits for no
+// peer. A pair is linked on its first data call, from either end: that rank fetches the peer's
+// segment fd over the peer's abstract socket, handing over its own in the same exchange, and maps
+// it. Segments never have a name in /dev/shm, so nothing can be left behind, even when every rank
+// is SIGKILLed: the kernel frees a memfd with its last mapping.
+//
+// Why on first use. A full mesh at connect costs a host n^2 handoffs and every rank n mappings, and
+// made start-up grow faster than the job; the algorithms talk to few partners (ring neighbours,
+// log-step partners, the host lane's leader), so a rank now pays for those only. A host-wide arena
+// made by one rank would also make the handoffs O(n), but every rank would still map every ring of
+// the host (n^2 rings' address space per rank), and one creator would hold every rank's rings; a
+// segment per rank keeps each rank's doorbell, closed flag and lifetime its own.
+// The handoff is served by a thread of its own, so a first transfer never waits for the other end
+// to enter a data call.
 //
 // Large messages. A message larger than the ring cannot be buffered anyway, so where the receiver
 // can read the sender's memory (threads of one process; process_vm_readv between processes, probed
-// at connect) only its header goes through the ring and the receiver copies the payload straight
+// when the receiver links the pair) only its header goes through the ring and the receiver copies the payload straight
 // from the sender's buffer: one copy instead of two. Elsewhere it streams through the ring.
 //
 // Memory. A rank's segment holds one ring per local peer; past segment_budget / ring_bytes local
-// peers the rings shrink (never below kMinRingBytes) so that a segment, and what each rank maps of
-// each peer, stays within the budget: per host that grows as the ranks, not their square.
+// peers the rings shrink (never below kMinRingBytes) so that a segment stays within the budget; a
+// rank maps its own and its partners' segments only.
 //
 // Waiting (shm_ring.h). A blocked call spins for spin_us, then sleeps on its doorbell futex in slices
 // of liveness_slice_ms; after each slice it checks, through pidfds, that the peers it waits for are
 // alive, so a killed peer is named within a slice and a frozen one at the deadline (TimeoutError
-// naming peer and rail). abort() rings this rank's doorbell and every peer's, so every waiter wakes at
-// once; peers see this rank's segment marked closed and fail with PeerError.
+// naming peer and rail). abort() rings this rank's doorbell and the doorbell of every peer that
+// linked the pair from either end (a peer blocked on us has, and handed us its segment doing so),
+// and wakes a first link waiting for a segment, so every waiter wakes at once; peers see this rank's
+// segment marked closed and fail with PeerError. A first link polls the peer's pidfd and its
+// socket: a killed peer is named at once, a frozen one at the deadline.
 //
-// Threads. As rail.h: one data thread; abort(), counters(), properties() from any thread. mu_ keeps
-// abort() off the mappings while connect/reset/close change them.
+// Threads. As rail.h: one data thread; abort(), counters(), properties() from any thread. The
+// segment server's thread hands out this rank's segment and maps the segments peers send along
+// (offered_). mu_ keeps abort() and the server off the mappings while connect/reset/close or a
+// first link change them; the data thread is the only writer of a Link, and it writes the fields
+// others read under mu_.
 #pragma once
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -43,6 +61,7 @@
 #include "transport/rail_factory.h"
 #include "transport/shm/shm_address.h"
 #include "transport/shm/shm_handoff.h"
+#include "transport/shm/shm_pair_handoff.h"
 #include "transport/shm/shm_ring.h"
 #include "transport/shm/shm_segment.h"
 
@@ -92,9 +111,18 @@ class ShmRail : public PointToPointRail {
   RailCounters counters() const override;
   void abort(const std::string& reason) override;
 
+  // Segment handoffs since connect(): the ones this rank asked for, and the ones it answered.
+  // A peer that never exchanges a message with this rank appears in neither.
+  struct HandoffCounts {
+    uint64_t fetched = 0;
+    uint64_t served = 0;
+  };
+  HandoffCounts handoffs() const;
+
  private:
   struct Link {  // this rank's view of one peer
     bool local = false;
+    bool linked = false;          // segment mapped, rings and pidfd set up (first data call)
     std::string unreachable_why;  // for non-local peers
     shm::Segment segment;         // the peer's segment (holds the ring this rank fills)
     shm::RingEnd out;             // producer end, in the peer's segment
@@ -120,6 +148,13 @@ class ShmRail : public PointToPointRail {
   void check_blocked_peer(int peer, bool sending, uint64_t tag, bool check_process,
                           const std::function<bool()>& can_progress);
   Link& usable_link(int peer, const char* verb);
+  // Maps the peer's segment on the first data call of the pair (offered_ or fetched), opens its
+  // pidfd. Failures close the pair like a failed transfer.
+  void ensure_linked(int peer, const char* verb, const Deadline& deadline);
+  shm::SegmentIdentity identity_of(int peer) const;
+  void serve_own_segment();
+  // The segment server's delivery: a peer's segment handed over with its request.
+  void offer(int peer, int fd);
   enum class FailKind { kProtocol, kTimeout, kPeer };
   // Closes the pair on both ends (the peer sees PeerError) and throws the matching error.
   [[noreturn]] void fail_pair(int peer, const std::string& what, FailKind kind);
@@ -139,9 +174,16 @@ class ShmRail : public PointToPointRail {
   std::string nonce_;    // raw 16 bytes
   std::string job_tag_;  // raw 16 bytes
   shm::HandoffListener listener_;
-  shm::Segment own_;     // this rank's inbound segment
+  shm::Segment own_;     // this rank's inbound segment (its fd stays open: the server hands it out)
   std::vector<Link> links_;
+  std::vector<shm::ShmAddress> addrs_;  // every rank's address, as connected
+  std::vector<uint32_t> slot_of_;       // rank -> its slot among this host's ranks
+  uint32_t slots_ = 0;
   std::vector<uint64_t> start_times_;  // peers' process start times (pid reuse check)
+  std::vector<shm::Segment> offered_;  // by rank: segments the server mapped, not yet linked (mu_)
+  std::unique_ptr<shm::SegmentServer> server_;
+  int abort_fd_ = -1;                  // eventfd: wakes a first link waiting for a peer's segment
+  std::atomic<uint64_t> fetched_{0};
   bool connected_ = false;
   std::atomic<bool> aborted_{false};
   std::atomic<uint64_t> bytes_sent_{0};

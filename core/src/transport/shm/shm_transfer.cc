@@ -243,6 +243,7 @@ void ShmRail::transfer(Outgoing* out, Incoming* in, const Deadline& deadline) {
 
 void ShmRail::send(int peer, uint64_t tag, const void* data, size_t bytes, const Deadline& deadline) {
   usable_link(peer, "send to");
+  ensure_linked(peer, "send to", deadline);
   Outgoing out{peer, {tag, bytes, 0, MessageMode::kInline}, static_cast<const uint8_t*>(data)};
   transfer(&out, nullptr, deadline);
   bytes_sent_ += bytes;
@@ -250,6 +251,7 @@ void ShmRail::send(int peer, uint64_t tag, const void* data, size_t bytes, const
 
 void ShmRail::recv(int peer, uint64_t tag, void* data, size_t bytes, const Deadline& deadline) {
   usable_link(peer, "recv from");
+  ensure_linked(peer, "recv from", deadline);
   Incoming in{peer, tag, static_cast<uint8_t*>(data), bytes};
   transfer(nullptr, &in, deadline);
   bytes_received_ += bytes;
@@ -260,6 +262,8 @@ void ShmRail::sendrecv_tags(int send_peer, const void* send_data, size_t send_by
                             const Deadline& deadline) {
   usable_link(send_peer, "send to");
   usable_link(recv_peer, "recv from");
+  ensure_linked(send_peer, "send to", deadline);
+  ensure_linked(recv_peer, "recv from", deadline);
   Outgoing out{send_peer, {send_tag, send_bytes, 0, MessageMode::kInline}, static_cast<const uint8_t*>(send_data)};
   Incoming in{recv_peer, recv_tag, static_cast<uint8_t*>(recv_data), recv_bytes};
   transfer(&out, &in, deadline);
