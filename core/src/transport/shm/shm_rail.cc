@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <map>
 
 #include "common/error.h"
@@ -25,14 +24,6 @@ namespace nezha::transport {
 using shm::MessageHeader;
 
 namespace {
-
-std::string random_bytes(size_t n) {
-  std::string out(n, '\0');
-  std::ifstream urandom("/dev/urandom", std::ios::binary);
-  if (!urandom.read(out.data(), static_cast<std::streamsize>(n)))
-    throw NezhaError("shm rail: cannot read /dev/urandom for a nonce");
-  return out;
-}
 
 std::string hostname() {
   char buf[256] = {};
@@ -70,12 +61,10 @@ ShmRail::ShmRail(ShmRailConfig config, int rank, int size)
   properties_.latency_us_prior = 5;
   properties_.gbps_prior = 40;
   properties_.max_share_bytes = config_.max_share_bytes;
-  job_tag_ = shm::sha256("nezha-shm-job\n" + config_.secret).substr(0, 16);
-  nonce_ = random_bytes(16);
-  address_ = shm::local_identity(config_.host_id);
-  address_.nonce_hex = shm::to_hex(nonce_);
-  // Unguessable without the secret and tied to this instance; abstract, so it vanishes with us.
-  address_.socket_name = "nezha-shm-" + shm::to_hex(shm::sha256(config_.secret + "\n" + nonce_).substr(0, 16));
+  shm::LocalEndpoint e = shm::make_local_endpoint("shm", config_.secret, config_.host_id);
+  job_tag_ = std::move(e.job_tag);
+  nonce_ = std::move(e.nonce);
+  address_ = std::move(e.address);
   listener_ = shm::HandoffListener(address_.socket_name);
   abort_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (abort_fd_ < 0) throw NezhaError("rail " + config_.name + ": eventfd failed: " + std::strerror(errno));
