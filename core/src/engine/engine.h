@@ -196,8 +196,11 @@ class Engine {
   void lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const std::vector<std::string>& names,
             double lead_s);
   // A leader about to sleep: polls the control channel for up to control_spin_us (a host path
-  // only); true once something is there to read.
-  bool spin_for_control() const;
+  // only); true once something is there to read. Backs off after kSpinMissesBeforeBackoff misses
+  // in a row: the next kSpinBackoffWaits waits sleep at once.
+  bool spin_for_control();
+  static constexpr int kSpinMissesBeforeBackoff = 4;
+  static constexpr int kSpinBackoffWaits = 64;
   void build_rails();  // engine_rails.cc
   void calibrate_rails();  // engine_rails.cc
   void refuse_partial_host_rails() const;  // see connect_and_start()
@@ -231,6 +234,7 @@ class Engine {
   std::mutex loop_mu_;
   int loop_epoll_ = -1;  // the loop thread's wait: wake_fd_ and, unless a caller leads, control_->watch_fd()
   bool control_spins_ = false;  // a shared-memory control path and a spin time: see spin_for_control()
+  int spin_misses_ = 0, spin_skips_ = 0;  // spin_for_control()'s back-off (the lead's thread, under loop_mu_)
   int lead_epoll_ = -1;  // a leading caller's wait: control_->watch_fd() and wake_fd_ (which ends the lead)
   std::atomic<uint64_t> leads_{0};  // times a caller led the loop (changed under loop_mu_)
   Clock::time_point loop_sleeps_until_{};  // the loop thread's current wait ends by then

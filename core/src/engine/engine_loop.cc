@@ -95,15 +95,29 @@ void Engine::loop_pass(const ControlChannel::Wait& wait, bool leader) {
   }
 }
 
-bool Engine::spin_for_control() const {
+bool Engine::spin_for_control() {
   if (!control_spins_) return false;
+  // Where the answer keeps missing the window (a loaded host: the ranks that produce it wait for a
+  // core), spinning only takes CPU from them: after a few misses in a row, sleep at once for a while.
+  if (spin_skips_ > 0) {
+    --spin_skips_;
+    return false;
+  }
   const Clock::time_point until =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(config_.control_spin_us));
+  bool found = false;
   do {
-    if (control_->readable_now()) return true;
+    found = control_->readable_now();
+    if (found) break;
     ::sched_yield();
   } while (Clock::now() < until);
-  return control_->readable_now();
+  found = found || control_->readable_now();
+  spin_misses_ = found ? 0 : spin_misses_ + 1;
+  if (spin_misses_ >= kSpinMissesBeforeBackoff) {
+    spin_misses_ = 0;
+    spin_skips_ = kSpinBackoffWaits;
+  }
+  return found;
 }
 
 void Engine::lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const std::vector<std::string>& names,
