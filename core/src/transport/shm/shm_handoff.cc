@@ -21,14 +21,6 @@ constexpr size_t kRequestBytes = 4 + 16;  // rank (host order: same host) + nonc
 
 std::string errno_text(int err) { return std::strerror(err); }
 
-socklen_t abstract_address(const std::string& name, sockaddr_un* out) {
-  std::memset(out, 0, sizeof *out);
-  out->sun_family = AF_UNIX;
-  if (name.size() + 1 > sizeof out->sun_path) throw InvalidArgument("shm: socket name too long");
-  std::memcpy(out->sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract namespace
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-}
-
 int unix_socket() {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) throw NezhaError("shm: socket(AF_UNIX) failed: " + errno_text(errno));
@@ -114,6 +106,14 @@ int serve(int sock, const std::map<int, const HandoffPeer*>& by_rank, const std:
 }
 
 }  // namespace
+
+socklen_t abstract_address(const std::string& name, sockaddr_un* out) {
+  std::memset(out, 0, sizeof *out);
+  out->sun_family = AF_UNIX;
+  if (name.size() + 1 > sizeof out->sun_path) throw InvalidArgument("shm: socket name too long");
+  std::memcpy(out->sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract namespace
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
 
 HandoffListener::HandoffListener(const std::string& socket_name) {
   fd_ = unix_socket();

@@ -7,6 +7,9 @@
 // sockets.
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/un.h>
+
 #include <atomic>
 #include <string>
 #include <vector>
@@ -15,6 +18,10 @@
 #include "transport/shm/shm_address.h"
 
 namespace nezha::transport::shm {
+
+// Fills *out with the abstract unix socket address `name` (no leading NUL) and returns its length.
+// Throws InvalidArgument if the name does not fit.
+socklen_t abstract_address(const std::string& name, sockaddr_un* out);
 
 // A listening abstract unix socket. Move-only.
 class HandoffListener {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "transport/shm/shm_handoff.h"
 #include "common/logging.h"
 
 namespace nezha::transport::shm {
@@ -26,14 +27,6 @@ constexpr int kHangupGraceMs = 200;       // a dying peer's socket closes just b
 constexpr size_t kMaxWaiting = 256;       // unfinished requests held at once (abstract names are visible)
 
 std::string errno_text(int err) { return std::strerror(err); }
-
-socklen_t abstract_address(const std::string& name, sockaddr_un* out) {
-  std::memset(out, 0, sizeof *out);
-  out->sun_family = AF_UNIX;
-  if (name.size() + 1 > sizeof out->sun_path) throw InvalidArgument("shm: socket name too long");
-  std::memcpy(out->sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract namespace
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-}
 
 struct OwnedFd {
   int fd = -1;
