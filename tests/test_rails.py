@@ -200,8 +200,8 @@ def test_the_core_owns_the_kind_table():
     assert table["ofi"]["target"] == _core.RailTarget.provider_at_local_address
     assert table["ofi"]["target_continues_after_semicolon"]
     assert table["agg"]["target"] == _core.RailTarget.host_port
-    # The control channel runs over tcp paths only.
-    assert [k for k, row in table.items() if row["control_path"]] == ["tcp"]
+    # The control channel runs over tcp paths, and among the ranks of a host over shared memory.
+    assert sorted(k for k, row in table.items() if row["control_path"]) == ["shm", "tcp"]
     items = _core.parse_rails(" lo ; window = 4 , shm")
     assert [(i.kind, i.target, i.options) for i in items] == [
         ("tcp", "lo", [("window", "4")]), ("shm", "", [])]
