@@ -6,7 +6,9 @@
 // and a collective rail that runs none of them (the aggregation rail) saying so.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <numeric>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -243,6 +245,31 @@ TEST(ShmCollOps, ARankBehindIsNamedAtTheDeadline) {
     EXPECT_EQ(blamed[r], 2) << errors[r];
     EXPECT_NE(errors[r].find("rank 2"), std::string::npos) << errors[r];
   }
+}
+
+TEST(ShmCollOps, AbortWakesAnAllgatherWaiterAndResetReformsTheRail) {
+  auto rails = make_mesh(2);
+  std::string what;
+  auto waiter = std::thread([&] {
+    std::vector<uint8_t> in(100000, 1), out(200000);
+    try {  // rank 1 never joins: rank 0 sleeps on its doorbell until the abort
+      rails[0]->start_allgather(in.data(), {out.data(), out.data() + 100000}, {100000, 100000}, 1)
+          ->wait(Deadline::after_seconds(30));
+      what = "no error";
+    } catch (const NezhaError& e) {
+      what = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto start = std::chrono::steady_clock::now();
+  rails[0]->abort("test abort");
+  waiter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_NE(what.find("test abort"), std::string::npos) << what;
+  for (auto& r : rails) r->reset();
+  std::vector<std::string> addrs{rails[0]->local_address(), rails[1]->local_address()};
+  run_ranks(2, [&](int r) { rails[r]->connect(addrs, Deadline::after_seconds(10)); });
+  check_broadcast(rails, 4096 * 3, 1, 2);
 }
 
 TEST(ShmCollOps, TheRailSaysWhatItRunsAndAnAggregationRailRunsOnlyAllreduces) {
