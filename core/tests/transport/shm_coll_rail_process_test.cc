@@ -230,5 +230,44 @@ TEST(ShmCollRailProcesses, DISABLED_ShmCollSweep) {
   }
 }
 
+// Not a check: the three other operations on the rail alone (no engine, outputs allocated once), 4
+// processes, median time per size of each rank's block. Run with --gtest_also_run_disabled_tests
+// --gtest_filter='*ShmCollOpsTiming*'.
+TEST(ShmCollRailProcesses, DISABLED_ShmCollOpsTiming) {
+  CollJob job(4, [](ShmCollRail& rail) -> std::string {
+    std::string line;
+    const int n = rail.size();
+    for (size_t bytes : {size_t{1} << 20, size_t{16} << 20, size_t{64} << 20}) {
+      std::vector<uint8_t> in(bytes, 1), out(bytes * n, 0);
+      std::vector<uint8_t*> blocks;
+      std::vector<const uint8_t*> in_blocks;
+      for (int r = 0; r < n; ++r) {
+        blocks.push_back(out.data() + r * bytes);
+        in_blocks.push_back(in.data() + r * (bytes / n));
+      }
+      const std::vector<size_t> sizes(n, bytes), counts(n, bytes / n / 4);
+      for (const char* op : {"bc", "ag", "rs"}) {
+        std::vector<double> us;
+        const int iters = bytes >= (size_t{64} << 20) ? 5 : 21;
+        for (int i = 0; i < iters; ++i) {
+          const uint64_t seq = static_cast<uint64_t>(i) * 3;
+          const auto t0 = std::chrono::steady_clock::now();
+          if (op[0] == 'b') rail.start_broadcast(in.data(), bytes, 0, seq)->wait(Deadline::after_seconds(60));
+          if (op[0] == 'a') rail.start_allgather(in.data(), blocks, sizes, seq + 1)->wait(Deadline::after_seconds(60));
+          if (op[0] == 'r')
+            rail.start_reducescatter(in_blocks, out.data(), counts, DataType::kFloat32, ReduceOp::kSum, seq + 2)
+                ->wait(Deadline::after_seconds(60));
+          us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::sort(us.begin(), us.end());
+        line += " " + std::string(op) + std::to_string(bytes >> 20) + "M:" + std::to_string(static_cast<int>(us[us.size() / 2])) + "us";
+      }
+    }
+    return line;
+  }, process_config());
+  std::printf("%s\n", job.result(0).c_str());
+  for (int r = 1; r < 4; ++r) job.result(r);
+}
+
 }  // namespace
 }  // namespace nezha::transport
