@@ -6,7 +6,8 @@
 // the same operations in the same order, so they agree); chunk g lives in slot g % slots. A counter
 // holds "steps done": copied = g + 1 once chunk g's input is in the slot (and its descriptor written),
 // reduced = g + 1 once this rank's slice of chunk g is reduced in place, consumed = g + 1 once this
-// rank has read everything it needs of chunk g from every workspace. A rank writes slot s for step g
+// rank has read everything it needs of chunk g from every workspace. (Broadcast, allgather and
+// reducescatter leave `reduced` alone: they place and read, shm_coll_pipeline.h.) A rank writes slot s for step g
 // only when every rank's consumed >= g + 1 - slots (nobody still reads what was there).
 // The owner writes a descriptor before its store of copied; peers read it after loading copied, so
 // the plain fields are ordered by the counter. Counters are stored and loaded seq_cst: the sleep
