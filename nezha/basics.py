@@ -116,8 +116,9 @@ def _automatic_rails(specs: List[rails_mod.RailSpec], info: environ.WorldInfo) -
     is host-local already: the core makes it the network rails' host lane (hierarchical allreduce;
     on one host it carries the allreduces); the shm rail itself checks who really shares a host.
     ``shmcoll`` (``NEZHA_AUTO_SHM_COLL``, on by default) where the whole job is on one host and
-    has at most ``_AUTO_SHM_COLL_MAX_RANKS`` ranks: the collective rail that takes the allreduces of
-    64 KiB and more (faster than the ring there, benchmarks/SHM.md). ``NEZHA_AUTO_SHM=0`` turns
+    has at most ``_AUTO_SHM_COLL_MAX_RANKS`` ranks: the collective rail that takes the allreduces,
+    broadcasts, allgathers and reducescatters of 64 KiB and more (faster than the ring and loopback
+    TCP there, benchmarks/SHM.md). ``NEZHA_AUTO_SHM=0`` turns
     both off (only the rails listed)."""
     if info.size <= 1 or info.cross_size >= info.size or _core.knob_value("NEZHA_AUTO_SHM") == "0":
         return []
@@ -126,8 +127,8 @@ def _automatic_rails(specs: List[rails_mod.RailSpec], info: environ.WorldInfo) -
         lane = _core.RailConfig("shm", "", "shm", {})
         lane.automatic = True
         added.append(lane)
-    # Every rank on one host: the collective shm rail too, for the allreduces the rail table gives
-    # it (the shm lane keeps what needs messages). It joins the whole job or fails at connect, so it
+    # Every rank on one host: the collective shm rail too, for the allreduces, broadcasts, allgathers
+    # and reducescatters the rail table gives it (the shm lane keeps what needs messages). It joins the whole job or fails at connect, so it
     # is added only where the launcher puts the whole job on one host.
     if (info.local_size >= info.size and info.size <= _AUTO_SHM_COLL_MAX_RANKS
             and _core.knob_value("NEZHA_AUTO_SHM_COLL") != "0"

@@ -1,5 +1,6 @@
 """A rank dies (SIGKILL) or freezes (SIGSTOP) mid-run; every other rank must raise NezhaError
-naming it within NEZHA_TIMEOUT_S, never hang.  usage: dead_peer.py kill|stop VICTIM"""
+naming it within NEZHA_TIMEOUT_S, never hang.  usage: dead_peer.py kill|stop VICTIM [OP]
+OP: allreduce (the default), broadcast, allgather or reducescatter, what the ranks run in a loop."""
 import os
 import signal
 import sys
@@ -12,6 +13,13 @@ import nezha
 nezha.init()
 RANK = nezha.rank()
 how, victim = sys.argv[1], int(sys.argv[2])
+OP = sys.argv[3] if len(sys.argv) > 3 else "allreduce"
+RUN = {
+    "allreduce": lambda x, name: nezha.allreduce(x, op=nezha.Sum, name=name),
+    "broadcast": lambda x, name: nezha.broadcast(x, root_rank=0, name=name),
+    "allgather": lambda x, name: nezha.allgather(x, name=name),
+    "reducescatter": lambda x, name: nezha.reducescatter(x, op=nezha.Sum, name=name),
+}[OP]
 x = np.ones(1 << 16, np.float32)
 start = None
 try:
@@ -20,7 +28,7 @@ try:
             if RANK == victim:
                 os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
             start = time.monotonic()
-        nezha.allreduce(x, op=nezha.Sum, name=f"step.{step % 3}")
+        RUN(x, f"step.{step % 3}")
 except nezha.NezhaError as exc:
     elapsed = time.monotonic() - start
     print(f"RAISED after {elapsed:.2f}s: {exc}", flush=True)

@@ -1,5 +1,5 @@
-// Collective algorithms over one point-to-point rail (transport/rail.h), and the allreduce of a
-// collective rail (transport/collective_rail.h), which reduces the share itself. The engine calls
+// Collective algorithms over one point-to-point rail (transport/rail.h), and the operations of a
+// collective rail (transport/collective_rail.h), which runs them itself. The engine calls
 // these from a rail's worker thread, with the part of a (fused) buffer assigned to that rail. Every
 // rank calls the same function with the same sizes, seq and options in the same order; tags are
 // derived from seq so a desynchronised peer is caught as a ProtocolError instead of corrupting data.
@@ -124,6 +124,18 @@ constexpr size_t kBroadcastChainMinBytes = 64 << 10;
 constexpr size_t kBroadcastChainMinBytesInHost = 256 << 10;
 void broadcast(transport::PointToPointRail& rail, void* buf, size_t bytes, int root,
                const CollectiveOptions& opt);
+
+// The same operations on a collective rail that runs them (CollectiveRail::runs; the rail does the
+// whole operation itself, in rank order where it reduces): same arguments and results as the
+// point-to-point forms, except that a reducescatter's work_blocks other than this rank's are left
+// untouched. Each throws InvalidArgument naming the rail when it does not run the operation (or
+// reduce dtype/op).
+void broadcast(transport::CollectiveRail& rail, void* buf, size_t bytes, int root, const CollectiveOptions& opt);
+void allgatherv(transport::CollectiveRail& rail, const void* in, void* out, const std::vector<size_t>& bytes_per_rank,
+                const CollectiveOptions& opt);
+void reducescatterv_blocks(transport::CollectiveRail& rail, const std::vector<const uint8_t*>& in_blocks,
+                           const std::vector<uint8_t*>& work_blocks, const std::vector<size_t>& counts,
+                           DataType dtype, ReduceOp op, const CollectiveOptions& opt);
 
 // send_bytes[r] bytes from `in` (blocks in rank order) go to rank r; recv_bytes[r] bytes from rank r
 // land in `out` (blocks in rank order). Pairwise exchange.

@@ -105,6 +105,7 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
     d.point_to_point = r->as_point_to_point() != nullptr;
     d.host_memory = p.host_memory;
     if (coll) d.reduces = [coll](DataType t, ReduceOp o) { return coll->reduces(t, o); };
+    if (coll) d.runs = [coll](multirail::RailOp o) { return coll->runs(to_collective_op(o)); };
     described.push_back(std::move(d));
   }
   rail_table_ = std::make_unique<multirail::RailTable>(std::move(described), cost_opt);

@@ -7,6 +7,8 @@
 
 #include "common/deadline.h"
 #include "engine/request.h"
+#include "multirail/rail_table.h"
+#include "transport/collective_rail.h"
 
 namespace nezha::engine::internal {
 
@@ -18,5 +20,16 @@ inline Clock::duration seconds(double s) {
 }
 
 inline std::string rank_prefix(int rank) { return "rank " + std::to_string(rank) + ": "; }
+
+// The transport's name of an operation the plan may give a collective rail (multirail::RailOp).
+inline transport::CollectiveOp to_collective_op(multirail::RailOp op) {
+  switch (op) {
+    case multirail::RailOp::kBroadcast: return transport::CollectiveOp::kBroadcast;
+    case multirail::RailOp::kAllgather: return transport::CollectiveOp::kAllgather;
+    case multirail::RailOp::kReducescatter: return transport::CollectiveOp::kReducescatter;
+    case multirail::RailOp::kNone: break;
+  }
+  return transport::CollectiveOp::kAllreduce;  // kNone never reaches a rail's runs()
+}
 
 }  // namespace nezha::engine::internal

@@ -74,13 +74,32 @@ std::vector<bool> RailTable::usable() const {
   return out;
 }
 
+bool RailTable::collective_runs(size_t rail, const OpToPlan& op) const {
+  const RailDescription& r = rails_[rail];
+  const bool reduces = r.reduces && r.reduces(op.dtype, op.op);
+  if (op.allreduce) return reduces;
+  if (op.other == RailOp::kNone || !r.runs || !r.runs(op.other)) return false;
+  return op.other != RailOp::kReducescatter || reduces;
+}
+
 std::vector<bool> RailTable::usable_for(const OpToPlan& op) const {
   std::vector<bool> out = usable();
-  for (size_t i = 0; i < rails_.size(); ++i) {
-    const RailDescription& r = rails_[i];
-    if (!r.point_to_point && !(op.allreduce && r.reduces && r.reduces(op.dtype, op.op))) out[i] = false;
-  }
+  for (size_t i = 0; i < rails_.size(); ++i)
+    if (!rails_[i].point_to_point && !collective_runs(i, op)) out[i] = false;
   return out;
+}
+
+int RailTable::whole_on_collective_rail(const OpToPlan& op, const std::vector<RailEstimate>& est,
+                                        const std::vector<bool>& usable) const {
+  std::vector<bool> collective(rails_.size(), false);
+  bool any = false;
+  for (size_t i = 0; i < rails_.size() && i < usable.size(); ++i)
+    any |= collective[i] = usable[i] && !rails_[i].point_to_point;
+  if (!any) return -1;
+  const size_t bytes = op.count * op.elem_size;
+  if (bytes >= kCollectiveHostMemoryBytes) return pick_single_rail(est, collective, bytes);
+  const int fastest = pick_single_rail(est, usable, bytes);
+  return collective[static_cast<size_t>(fastest)] ? fastest : -1;
 }
 
 int RailTable::pick_single_rail(const std::vector<RailEstimate>& estimates,
@@ -109,7 +128,7 @@ Plan RailTable::plan(const OpToPlan& op, PlanSource source,
   if (rails_.size() == 1) return Plan{{}, false, "one rail"};
   const std::vector<RailEstimate> est = source == PlanSource::kRound ? round_estimates : estimates();
   if (est.size() != rails_.size()) return Plan{{}, false, "no estimates: rail 0"};
-  const std::vector<bool> ok = usable_for(op);
+  std::vector<bool> ok = usable_for(op);
   if (!op.splittable) {
     if (source == PlanSource::kRound) return Plan{{}, false, "not split"};  // rounds: allreduces only
     const int rail = pick_single_rail(est, ok, op.count * op.elem_size);
@@ -120,7 +139,16 @@ Plan RailTable::plan(const OpToPlan& op, PlanSource source,
   // separate links add up. Only one kind of the two takes the allreduce, and probes (below) lend the
   // other none: large payloads, the only ones probed, always go to the collective kind.
   std::vector<bool> split_ok = ok;
-  if (op.allreduce) keep_one_host_memory_kind(est, split_ok, op.count * op.elem_size);
+  if (op.allreduce || op.other != RailOp::kNone) keep_one_host_memory_kind(est, split_ok, op.count * op.elem_size);
+  if (!op.allreduce) {
+    // A collective rail runs a broadcast, allgather or reducescatter whole, by the allreduce's rule
+    // between the host-memory kinds (keep_one_host_memory_kind); otherwise the point-to-point rails
+    // stripe it.
+    const int whole = whole_on_collective_rail(op, est, split_ok);
+    if (whole >= 0) return Plan{{RailShare{whole, 0, op.count}}, false, "whole on collective rail " + std::to_string(whole)};
+    for (size_t i = 0; i < rails_.size(); ++i)
+      if (!rails_[i].point_to_point) split_ok[i] = ok[i] = false;
+  }
   PlanRequest pr;
   pr.count = op.count;
   pr.elem_size = op.elem_size;

@@ -43,17 +43,24 @@ namespace nezha::multirail {
 // one wait) are left to the models.
 constexpr size_t kCollectiveHostMemoryBytes = kLatencyBoundBytes;
 
+// The operations besides allreduce that a collective rail may run (transport::CollectiveOp), as the
+// plan names them: a collective rail runs one of them whole (never striped: the striped forms balance
+// their ranges with messages, which a collective rail does not carry).
+enum class RailOp : uint8_t { kNone, kBroadcast, kAllgather, kReducescatter };
+
 // What the table needs to know about one rail (from transport::RailProperties).
 struct RailDescription {
   std::string name;
   double latency_us_prior = 0;  // 0 = unknown
   double gbps_prior = 0;        // 0 = unknown; with a prior the rail is planned before any sample
   size_t max_share_bytes = 0;   // 0 = no limit
-  // Capabilities, from the rail's kind (transport::Rail::as_point_to_point(), CollectiveRail::reduces):
-  // a rail that is not point to point carries only allreduces it reduces itself (reduces may be
-  // empty: none).
+  // Capabilities, from the rail's kind (transport::Rail::as_point_to_point(), CollectiveRail::reduces
+  // and runs): a rail that is not point to point carries only allreduces it reduces itself (reduces
+  // may be empty: none) and the operations `runs` names (empty: none; a reducescatter also needs
+  // reduces).
   bool point_to_point = true;
   std::function<bool(DataType, ReduceOp)> reduces;
+  std::function<bool(RailOp)> runs;
   // transport::RailProperties::host_memory: the rail's data moves through this host's memory.
   bool host_memory = false;
 };
@@ -66,7 +73,8 @@ double share_gbps_prior(double link_gbps, bool collective_rail, int ranks);
 
 // What to plan: `count` elements of `elem_size` bytes; `splittable` (a collective that moves data)
 // may be striped, anything else runs whole on one rail. Only an allreduce of every rank may go to a
-// collective rail (one that reduces in the network), and only if it reduces dtype/op.
+// collective rail (one that reduces in the network), and only if it reduces dtype/op; or, whole, a
+// broadcast, allgather or reducescatter of every rank (`other`) that the rail runs.
 struct OpToPlan {
   size_t count = 0;
   size_t elem_size = 1;
@@ -74,6 +82,7 @@ struct OpToPlan {
   bool allreduce = false;
   DataType dtype = DataType::kFloat32;  // what a collective rail must reduce to take a share
   ReduceOp op = ReduceOp::kSum;
+  RailOp other = RailOp::kNone;  // not an allreduce: which operation of every rank, if a collective rail may run it
 };
 
 enum class PlanSource {
@@ -105,7 +114,8 @@ class RailTable {
   void set_state(int rail, RailState state);  // not up: its current share drops to 0
   RailState state(int rail) const;
   std::vector<bool> usable() const;  // up, per rail
-  // Up and able to carry `op`: a collective rail only for an allreduce it reduces.
+  // Up and able to carry `op`: a collective rail only for an allreduce it reduces, or an `other`
+  // operation it runs.
   std::vector<bool> usable_for(const OpToPlan& op) const;
 
   // The plan of one operation. kNegotiation plans from estimates(); kRound from `round_estimates`
@@ -115,7 +125,7 @@ class RailTable {
   Plan plan(const OpToPlan& op, PlanSource source,
                               const std::vector<RailEstimate>& round_estimates = {},
                               const std::function<void(int rail, size_t bytes)>& on_probe = {});
-  // Of the host-memory rails usable for an allreduce of `bytes`, keeps the collective ones or the
+  // Of the host-memory rails usable for an allreduce (or another operation a collective rail runs) of `bytes`, keeps the collective ones or the
   // point-to-point ones: the collective ones from kCollectiveHostMemoryBytes on, below it whichever
   // is predicted faster alone (see plan()).
   void keep_one_host_memory_kind(const std::vector<RailEstimate>& est, std::vector<bool>& usable,
@@ -138,6 +148,13 @@ class RailTable {
 
  private:
   RailEstimate estimate_locked(size_t rail) const;
+  // Whether collective rail `rail` runs `op` (an allreduce it reduces, or an `other` it runs).
+  bool collective_runs(size_t rail, const OpToPlan& op) const;
+  // The collective rail an `other` operation runs on whole, or -1: from kCollectiveHostMemoryBytes on
+  // any usable collective rail (the lowest alpha), below it the usable rail of lowest alpha if that
+  // one is collective.
+  int whole_on_collective_rail(const OpToPlan& op, const std::vector<RailEstimate>& est,
+                               const std::vector<bool>& usable) const;
   // Moves what exceeds a rail's max_share_bytes to usable rails without a limit (or with room).
   void cap_shares(Plan& plan, const std::vector<bool>& usable, size_t count, size_t elem_size) const;
 

@@ -11,9 +11,10 @@
 //  * PointToPointRail (this file): messages between ranks (send, recv, sendrecv). The collective
 //    algorithms (core/src/collectives/) take only this type, so a rail that cannot carry messages
 //    cannot be handed to them.
-//  * CollectiveRail (collective_rail.h): reduces a share itself (in-network aggregation, shared
-//    memory reducing from peers' buffers). It says which dtypes/ops it reduces and how large a share
-//    may be, and runs an allreduce as start / test / wait. It has no data calls to peers.
+//  * CollectiveRail (collective_rail.h): runs a collective itself (in-network aggregation, shared
+//    memory reducing from peers' buffers). It says which dtypes/ops it reduces, how large a share
+//    may be and which operations besides allreduce it runs, and runs each as start / test / wait.
+//    It has no data calls to peers.
 //
 // What a point-to-point rail promises.
 //  * Message oriented: a send of N bytes with tag T to peer P is received by exactly one

@@ -1,7 +1,8 @@
 // The rail contract's two kinds as the compiler and the allreduce see them: the algorithms take only
 // a point-to-point rail, so a collective rail (no data calls to peers) cannot be handed to them;
 // allreduce() on a collective rail hands the share to the rail, copying an out-of-place input first
-// and scaling after, and refuses a dtype/op or size the rail does not take, naming the rail.
+// and scaling after, and refuses a dtype/op or size the rail does not take, naming the rail; the
+// other operations' collective-rail forms refuse a rail that does not run them, naming it.
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -31,11 +32,14 @@ using transport::Rail;
 using testing::SharedSum;
 using testing::ThreadSumRail;
 
-// Whether broadcast() (like every algorithm but a collective rail's allreduce) accepts a rail of type R.
+// Whether alltoallv() (like every algorithm that sends; a collective rail has forms only of the
+// operations it may run itself) accepts a rail of type R.
 template <class R, class = void>
-struct BroadcastAccepts : std::false_type {};
+struct AlgorithmAccepts : std::false_type {};
 template <class R>
-struct BroadcastAccepts<R, std::void_t<decltype(broadcast(std::declval<R&>(), nullptr, size_t{0}, 0,
+struct AlgorithmAccepts<R, std::void_t<decltype(alltoallv(std::declval<R&>(), nullptr,
+                                                          std::declval<const std::vector<size_t>&>(), nullptr,
+                                                          std::declval<const std::vector<size_t>&>(),
                                                           std::declval<const CollectiveOptions&>()))>>
     : std::true_type {};
 
@@ -46,12 +50,12 @@ template <class R>
 struct HasSend<R, std::void_t<decltype(std::declval<R&>().send(0, 0, nullptr, 0, std::declval<const Deadline&>()))>>
     : std::true_type {};
 
-static_assert(BroadcastAccepts<transport::TcpRail>::value && BroadcastAccepts<transport::ShmRail>::value &&
-                  BroadcastAccepts<transport::GroupRail>::value && BroadcastAccepts<transport::HierarchicalRail>::value,
+static_assert(AlgorithmAccepts<transport::TcpRail>::value && AlgorithmAccepts<transport::ShmRail>::value &&
+                  AlgorithmAccepts<transport::GroupRail>::value && AlgorithmAccepts<transport::HierarchicalRail>::value,
               "every point-to-point rail runs the algorithms");
-static_assert(!BroadcastAccepts<transport::AggRail>::value && !BroadcastAccepts<transport::ShmCollRail>::value,
+static_assert(!AlgorithmAccepts<transport::AggRail>::value && !AlgorithmAccepts<transport::ShmCollRail>::value,
               "a collective rail cannot be handed to an algorithm that sends");
-static_assert(!BroadcastAccepts<Rail>::value, "the engine must ask a rail its kind before running an algorithm");
+static_assert(!AlgorithmAccepts<Rail>::value, "the engine must ask a rail its kind before running an algorithm");
 static_assert(!HasSend<transport::AggRail>::value && !HasSend<transport::ShmCollRail>::value && !HasSend<Rail>::value,
               "no rail has a data call it can only refuse");
 static_assert(!std::is_base_of_v<CollectiveRail, transport::TcpRail> &&
@@ -117,6 +121,26 @@ TEST(CollectiveRailAllreduce, WhatTheRailDoesNotTakeIsRefusedNamingIt) {
   // Within the cap it runs (one rank: the sum is the input).
   allreduce(capped, floats.data(), floats.data(), 16, DataType::kFloat32, ReduceOp::kSum, testing::test_options());
   EXPECT_EQ(floats[0], 1.0f);
+}
+
+TEST(CollectiveRailOperations, AnOperationTheRailDoesNotRunIsRefusedNamingIt) {
+  SharedSum sum(1);
+  ThreadSumRail rail(sum, 0, 1, 0);  // allreduces only, as the base contract says
+  std::vector<uint8_t> buf(16, 7), out(16);
+  for (auto attempt : {std::function<void()>([&] { broadcast(rail, buf.data(), buf.size(), 0, testing::test_options()); }),
+                       std::function<void()>([&] { allgatherv(rail, buf.data(), out.data(), {16}, testing::test_options()); }),
+                       std::function<void()>([&] {
+                         reducescatterv_blocks(rail, {buf.data()}, {out.data()}, {4}, DataType::kFloat32, ReduceOp::kSum,
+                                               testing::test_options());
+                       })}) {
+    try {
+      attempt();
+      FAIL() << "a collective rail ran an operation it does not run";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("rail 'threadsum' cannot run a"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(out, std::vector<uint8_t>(16, 0));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The executor asks each rail its kind (transport/rail.h): an allreduce share planned on a collective
 // rail is reduced by that rail, one on a point-to-point rail runs the algorithms, and an operation a
-// collective rail cannot run (the rail table never plans one) fails naming the rail instead of
+// collective rail does not run (the rail table never plans one) fails naming the rail instead of
 // reaching an algorithm. Two ranks as threads, an in-memory rail beside a threads-sum collective rail.
 #include <gtest/gtest.h>
 
@@ -95,7 +95,7 @@ TEST(ExecutorRailKinds, ABroadcastGivenToACollectiveRailFailsNamingItAndMovesNot
   auto h = run(job, planned(OpType::kBroadcast, {{1, 0, kCount}}), data);
   for (int r = 0; r < kRanks; ++r) {
     const std::string error = h[r]->error();
-    EXPECT_NE(error.find("rail 'threadsum' is a collective rail"), std::string::npos) << "rank " << r << ": " << error;
+    EXPECT_NE(error.find("rail 'threadsum' cannot run a broadcast"), std::string::npos) << "rank " << r << ": " << error;
     EXPECT_NE(error.find("broadcast"), std::string::npos) << "rank " << r << ": " << error;
     EXPECT_EQ(job.collective[r]->counters().bytes_sent, 0u) << "rank " << r;
   }

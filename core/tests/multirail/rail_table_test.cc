@@ -249,5 +249,56 @@ TEST(RailTable, HostMemoryRailsOfBothKindsAreNotStripedTogether) {
   EXPECT_EQ(p.shares.size(), 2u);
 }
 
+RailDescription shmcoll_rail(double alpha_us, double gbps) {
+  RailDescription d = host_rail("shmcoll", alpha_us, gbps, true);
+  d.reduces = [](DataType t, ReduceOp) { return t != DataType::kBool; };
+  d.runs = [](RailOp) { return true; };
+  return d;
+}
+
+TEST(RailTable, ACollectiveRailThatRunsThemTakesBroadcastAllgatherAndReducescatterWhole) {
+  // The shm ring beside shmcoll: from kCollectiveHostMemoryBytes on the collective rail runs them
+  // whole whatever the estimates say (as allreduces); below, the rail predicted faster alone.
+  RailTable t({host_rail("shm", 20, 32, false), shmcoll_rail(10, 16)}, options());
+  const size_t large = kCollectiveHostMemoryBytes, count = 16 << 20;
+  for (RailOp other : {RailOp::kBroadcast, RailOp::kAllgather, RailOp::kReducescatter})
+    for (size_t bytes : {large, count * 4}) {
+      Plan p = t.plan({bytes / 4, 4, true, false, DataType::kFloat32, ReduceOp::kSum, other}, PlanSource::kNegotiation);
+      ASSERT_EQ(p.shares.size(), 1u);
+      EXPECT_EQ(p.shares[0].rail, 1) << bytes;
+      EXPECT_EQ(p.shares[0].count, bytes / 4);
+      EXPECT_FALSE(p.striped);
+    }
+  // Small: shmcoll has the lower alpha here, so it wins; with a slower start the ring does.
+  Plan p = t.plan({16, 4, true, false, DataType::kFloat32, ReduceOp::kSum, RailOp::kBroadcast}, PlanSource::kNegotiation);
+  ASSERT_EQ(p.shares.size(), 1u);
+  EXPECT_EQ(p.shares[0].rail, 1);
+  RailTable slow({host_rail("shm", 20, 32, false), shmcoll_rail(90, 16)}, options());
+  p = slow.plan({16, 4, true, false, DataType::kFloat32, ReduceOp::kSum, RailOp::kAllgather}, PlanSource::kNegotiation);
+  ASSERT_EQ(p.shares.size(), 1u);
+  EXPECT_EQ(p.shares[0].rail, 0);
+  // A reducescatter of a dtype it does not reduce, an alltoall or a process set's operation (kNone)
+  // stays on the ring.
+  p = t.plan({count, 1, true, false, DataType::kBool, ReduceOp::kMax, RailOp::kReducescatter}, PlanSource::kNegotiation);
+  for (const auto& s : p.shares) EXPECT_EQ(s.rail, 0);
+  p = t.plan({count, 4, true, false, DataType::kFloat32, ReduceOp::kSum, RailOp::kNone}, PlanSource::kNegotiation);
+  for (const auto& s : p.shares) EXPECT_EQ(s.rail, 0);
+  // The collective rail down: the ring.
+  t.set_state(1, RailState::kDown);
+  p = t.plan({count, 4, true, false, DataType::kFloat32, ReduceOp::kSum, RailOp::kBroadcast}, PlanSource::kNegotiation);
+  for (const auto& s : p.shares) EXPECT_EQ(s.rail, 0);
+}
+
+TEST(RailTable, ARailThatRunsOnlyAllreducesNeverGetsTheOtherOperations) {
+  // The aggregation rail: lowest alpha and a large payload, yet a broadcast stripes over the rest.
+  RailTable t({{"a", 50, 1}, {"b", 50, 1}, agg_rail(5, 10)}, options());
+  for (RailOp other : {RailOp::kBroadcast, RailOp::kAllgather, RailOp::kReducescatter}) {
+    Plan p = t.plan({16 << 20, 4, true, false, DataType::kFloat32, ReduceOp::kSum, other}, PlanSource::kNegotiation);
+    for (const auto& s : p.shares) EXPECT_NE(s.rail, 2);
+    EXPECT_EQ(t.usable_for({1, 4, true, false, DataType::kFloat32, ReduceOp::kSum, other}),
+              (std::vector<bool>{true, true, false}));
+  }
+}
+
 }  // namespace
 }  // namespace nezha::multirail

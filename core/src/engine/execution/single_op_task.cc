@@ -1,7 +1,9 @@
-// SingleOp (task_kinds.h): a broadcast, allgather, alltoall or reducescatter run whole on one rail.
+// SingleOp (task_kinds.h): a broadcast, allgather, alltoall or reducescatter run whole on one rail
+// (a point-to-point rail through the collective algorithms, or a collective rail that runs it).
 // With failover it is kept in the rail's ledger like an allreduce share, with a copy of its input,
 // so a rail failure redoes it on another rail.
 #include <cstring>
+#include <type_traits>
 
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
@@ -16,9 +18,13 @@ namespace nezha::engine {
 namespace {
 
 // Runs the collective of `resp` on `rail` (the operation's rail, or its process set's view of it:
-// rank() and size() in the set; `members` the set's job ranks, null for every rank).
-void run_collective(TaskContext& ctx, const Response& resp, const TensorEntry& e, transport::PointToPointRail& rail,
+// rank() and size() in the set; `members` the set's job ranks, null for every rank). A collective
+// rail (the plan gives one only operations of every rank that it runs) runs the whole operation
+// itself; an alltoall never reaches one.
+template <class RailT>
+void run_collective(TaskContext& ctx, const Response& resp, const TensorEntry& e, RailT& rail,
                     const std::vector<int>* members, uint64_t seq, const void* input, void* output, OpResult& res) {
+  constexpr bool kPointToPoint = std::is_base_of_v<transport::PointToPointRail, RailT>;
   collectives::CollectiveOptions copt = ctx.collective_options(seq, ctx.opt.timeout_s);
   const size_t esize = dtype_size(resp.dtype);
   // Ranks of the rail (a process set's view: of the set); the root is named by its job rank.
@@ -57,7 +63,8 @@ void run_collective(TaskContext& ctx, const Response& resp, const TensorEntry& e
         rows += res.received_splits[i];
       }
       res.output.resize(static_cast<size_t>(rows) * row_bytes);
-      collectives::alltoallv(rail, input, send, res.output.data(), recv, copt);
+      if constexpr (kPointToPoint) collectives::alltoallv(rail, input, send, res.output.data(), recv, copt);
+      else throw InvalidArgument("rail '" + rail.properties().name + "' is a collective rail: it runs no alltoall");
       res.output_shape = with_rows(shape, rows);
       break;
     }
@@ -139,12 +146,14 @@ void SingleOp::run(TaskContext& ctx) {
   const std::string what = std::string(op_type_name(resp.type)) + " of " + names_str(resp);
   if (ctx.watchdog) ctx.watchdog->begin(r, what);
   try {
-    transport::PointToPointRail& rail = ctx.point_to_point(r, op_type_name(resp.type));
-    if (job.members) {
-      transport::GroupRail set_view(rail, *job.members);
+    transport::CollectiveRail* coll = ctx.rails[r]->as_collective();
+    if (coll && !job.members) {
+      run_collective(ctx, resp, e, *coll, nullptr, seq, input, output, res);
+    } else if (job.members) {
+      transport::GroupRail set_view(ctx.point_to_point(r, op_type_name(resp.type)), *job.members);
       run_collective(ctx, resp, e, set_view, job.members.get(), seq, input, output, res);
     } else {
-      run_collective(ctx, resp, e, rail, nullptr, seq, input, output, res);
+      run_collective(ctx, resp, e, ctx.point_to_point(r, op_type_name(resp.type)), nullptr, seq, input, output, res);
     }
     if (ctx.watchdog) ctx.watchdog->end(r, true);
     ctx.done(*this);

@@ -67,7 +67,8 @@ transport::PointToPointRail& TaskContext::point_to_point(int rail, const std::st
   transport::PointToPointRail* p2p = rails[static_cast<size_t>(rail)]->as_point_to_point();
   if (!p2p)
     throw InvalidArgument("rail '" + rails[static_cast<size_t>(rail)]->properties().name +
-                          "' is a collective rail: it runs only allreduces it reduces itself, not the " + what);
+                          "' is a collective rail: it runs only allreduces and the operations of every rank it runs "
+                          "itself, not the " + what);
   return *p2p;
 }
 

@@ -40,9 +40,9 @@ class TaskContext {
   std::atomic<uint64_t> kept_bytes{0};
 
   collectives::CollectiveOptions collective_options(uint64_t seq, double timeout_s) const;
-  // The rail as the point-to-point rail every algorithm but a collective rail's allreduce needs.
-  // Throws InvalidArgument naming the rail and `what` for a collective rail (the rail table gives
-  // one nothing but the allreduces it reduces).
+  // The rail as the point-to-point rail every algorithm needs (a collective rail runs what it runs
+  // itself). Throws InvalidArgument naming the rail and `what` for a collective rail (the rail table
+  // gives one nothing but the allreduces it reduces and the operations of every rank it runs).
   transport::PointToPointRail& point_to_point(int rail, const std::string& what) const;
   // The rail's host lane (transport/host_lane.h), or null: not point to point, or none offered.
   transport::HostLane* host_lane(int rail) const;

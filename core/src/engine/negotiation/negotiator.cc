@@ -146,9 +146,18 @@ std::vector<multirail::RailShare> Negotiator::plan_for(const Response& r) {
   op.count = planned_elements(r);
   op.elem_size = dtype_size(r.dtype);
   // Every collective that moves data is striped (execution/striped_part_task.cc for all but allreduce); a
-  // collective rail (aggregation) takes shares only of allreduces of every rank it reduces.
+  // collective rail takes shares only of allreduces of every rank it reduces, and runs whole a
+  // broadcast, allgather or reducescatter of every rank it runs (shared memory does; aggregation not).
   op.splittable = op.count > 0 && r.type != OpType::kBarrier && r.type != OpType::kJoin;
   op.allreduce = r.type == OpType::kAllreduce && r.process_set == 0;
+  if (r.process_set == 0) {
+    switch (r.type) {
+      case OpType::kBroadcast: op.other = multirail::RailOp::kBroadcast; break;
+      case OpType::kAllgather: op.other = multirail::RailOp::kAllgather; break;
+      case OpType::kReducescatter: op.other = multirail::RailOp::kReducescatter; break;
+      default: break;
+    }
+  }
   op.dtype = r.dtype;
   op.op = r.op;
   multirail::Plan plan = table_.plan(op, multirail::PlanSource::kNegotiation, {}, [this](int rail, size_t bytes) {

@@ -62,6 +62,71 @@ bool ShmCollRail::reduces(DataType dtype, ReduceOp op) const {
          is_valid_reduce_op(static_cast<int>(op));
 }
 
+bool ShmCollRail::runs(CollectiveOp op) const {
+  // Moving bytes needs no kernel; reducing does.
+  return op == CollectiveOp::kBroadcast || op == CollectiveOp::kAllgather || config_.reduce_into != nullptr;
+}
+
+void ShmCollRail::check_startable() const {
+  throw_if_unusable();
+  if (!connected_) throw NezhaError(who() + " is not connected");
+}
+
+void ShmCollRail::write_descriptor(uint64_t step, const OpIdentity& what) {
+  shm_coll::SlotDescriptor& d = peers_[rank_].ws.descriptor(step);
+  d = {step,
+       what.seq,
+       what.count,
+       static_cast<uint32_t>(what.dtype),
+       static_cast<uint32_t>(what.op),
+       static_cast<uint32_t>(what.kind),
+       what.root,
+       what.layout};
+}
+
+namespace {
+
+std::string describe(CollectiveOp kind, uint64_t seq, uint64_t count, uint32_t dtype, uint32_t op, int root) {
+  std::string s = std::string(collective_op_name(kind)) + " #" + std::to_string(seq) + " of " + std::to_string(count);
+  switch (kind) {
+    case CollectiveOp::kAllreduce:
+    case CollectiveOp::kReducescatter:
+      s += " elements (";
+      s += is_valid_dtype(static_cast<int>(dtype)) ? dtype_name(static_cast<DataType>(dtype)) : "dtype " + std::to_string(dtype);
+      s += " with ";
+      s += is_valid_reduce_op(static_cast<int>(op)) ? reduce_op_name(static_cast<ReduceOp>(op)) : "op " + std::to_string(op);
+      return s + ")";
+    case CollectiveOp::kBroadcast:
+      return s + " bytes from rank " + std::to_string(root);
+    case CollectiveOp::kAllgather:
+      return s + " bytes";
+  }
+  return s;
+}
+
+}  // namespace
+
+void ShmCollRail::check_descriptors(uint64_t step, const OpIdentity& what) {
+  for (int r = 0; r < size_; ++r) {
+    const shm_coll::SlotDescriptor& d = peers_[r].ws.descriptor(step);
+    if (d.step == step && d.seq == what.seq && d.count == what.count && d.dtype == static_cast<uint32_t>(what.dtype) &&
+        d.op == static_cast<uint32_t>(what.op) && d.kind == static_cast<uint32_t>(what.kind) &&
+        d.root == what.root && d.layout == what.layout)
+      continue;
+    const bool known_kind = d.kind <= static_cast<uint32_t>(CollectiveOp::kReducescatter);
+    const std::string theirs = known_kind ? describe(static_cast<CollectiveOp>(d.kind), d.seq, d.count, d.dtype, d.op, d.root)
+                                          : "operation kind " + std::to_string(d.kind);
+    const std::string sizes = d.layout != what.layout && theirs == describe(what.kind, what.seq, what.count,
+                                                                            static_cast<uint32_t>(what.dtype),
+                                                                            static_cast<uint32_t>(what.op), what.root)
+                                  ? " with other per-rank sizes"
+                                  : "";
+    fail<ProtocolError>(-1, who() + ": rank " + std::to_string(r) + " runs " + theirs + sizes + " where this rank runs " +
+                                describe(what.kind, what.seq, what.count, static_cast<uint32_t>(what.dtype),
+                                         static_cast<uint32_t>(what.op), what.root));
+  }
+}
+
 void ShmCollRail::connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) {
   if (static_cast<int>(addresses_by_rank.size()) != size_)
     throw InvalidArgument(who() + ": connect() got " + std::to_string(addresses_by_rank.size()) + " addresses for " +

@@ -8,6 +8,13 @@
 // output (the same arithmetic in the same order on every rank, so the same bits), one wait instead of
 // two.
 //
+// The other operations (shm_coll_pipeline.h) take two phases per chunk: every rank places its part
+// in its workspace (a broadcast's root its chunk; an allgather's every rank its piece; a
+// reducescatter's every rank its piece of every block), then every rank reads what it needs
+// straight from the peers' workspaces (a copy of the root's chunk; every rank's piece; its own
+// block's pieces of all ranks, reduced in rank order). One wait per chunk, and each byte crosses
+// memory once into a workspace and once out per reader.
+//
 // Pipelining. A workspace holds `slots` chunks; a rank copies chunk k+1 in while peers still reduce
 // chunk k, and reuses a slot only after every rank has read it (the `consumed` counter), so copy-in,
 // reduce and copy-out of consecutive chunks overlap across ranks.
@@ -79,13 +86,34 @@ class ShmCollRail final : public CollectiveRail {
   void abort(const std::string& reason) override;
 
   bool reduces(DataType dtype, ReduceOp op) const override;
+  bool runs(CollectiveOp op) const override;  // all four (reducing ones with a kernel given)
   std::unique_ptr<CollectiveRequest> start_allreduce(const void* input, void* output, size_t count,
                                                       DataType dtype, ReduceOp op, uint64_t seq,
                                                       OverwriteHook before_overwrite = {}) override;
+  std::unique_ptr<CollectiveRequest> start_broadcast(void* buf, size_t bytes, int root, uint64_t seq) override;
+  std::unique_ptr<CollectiveRequest> start_allgather(const void* input, const std::vector<uint8_t*>& output_blocks,
+                                                      const std::vector<size_t>& bytes_per_rank,
+                                                      uint64_t seq) override;
+  std::unique_ptr<CollectiveRequest> start_reducescatter(const std::vector<const uint8_t*>& input_blocks,
+                                                          void* output, const std::vector<size_t>& counts,
+                                                          DataType dtype, ReduceOp op, uint64_t seq) override;
 
  private:
-  class Request;
-  friend class Request;
+  class Request;    // an allreduce (shm_coll_allreduce.cc)
+  class Pipeline;   // the two-phase chunk pipeline of the other operations (shm_coll_pipeline.h)
+  class Broadcast;  // shm_coll_ops.cc
+  class Allgather;
+  class Reducescatter;
+  // What an operation is, as every rank's slot descriptors must say for each of its steps.
+  struct OpIdentity {
+    CollectiveOp kind = CollectiveOp::kAllreduce;
+    uint64_t seq = 0;
+    uint64_t count = 0;  // elements, or bytes where nothing is reduced
+    DataType dtype = DataType::kUInt8;
+    ReduceOp op = ReduceOp::kSum;
+    int root = -1;
+    uint64_t layout = 0;
+  };
   struct Peer {  // this rank's view of one rank, itself included
     shm::Segment segment;  // that rank's mapped segment (empty for this rank: own_ holds it)
     shm_coll::Workspace ws;
@@ -107,6 +135,12 @@ class ShmCollRail final : public CollectiveRail {
   template <class E>
   [[noreturn]] void fail(int blame, const std::string& what);
   void throw_if_unusable() const;
+  // Throws as start_* does when the rail cannot start `what` (aborted, failed, not connected).
+  void check_startable() const;
+  void write_descriptor(uint64_t step, const OpIdentity& what);
+  // Every rank's descriptor of `step` must say `what`: fails the rail (ProtocolError) naming the first
+  // rank whose does not, and what it runs.
+  void check_descriptors(uint64_t step, const OpIdentity& what);
   std::string who() const;  // "rail 'shmcoll', rank R"
   void drop_segments();
 

@@ -3,10 +3,11 @@
 // the rank a failure is blamed on, then one descriptor and one chunk buffer per slot.
 //
 // Steps. Every rank numbers the chunks it runs on the rail 0, 1, 2, ... from connect (all ranks run
-// the same allreduces in the same order, so they agree); chunk g lives in slot g % slots. A counter
+// the same operations in the same order, so they agree); chunk g lives in slot g % slots. A counter
 // holds "steps done": copied = g + 1 once chunk g's input is in the slot (and its descriptor written),
 // reduced = g + 1 once this rank's slice of chunk g is reduced in place, consumed = g + 1 once this
-// rank has read everything it needs of chunk g from every workspace. A rank writes slot s for step g
+// rank has read everything it needs of chunk g from every workspace. (Broadcast, allgather and
+// reducescatter leave `reduced` alone: they place and read, shm_coll_pipeline.h.) A rank writes slot s for step g
 // only when every rank's consumed >= g + 1 - slots (nobody still reads what was there).
 // The owner writes a descriptor before its store of copied; peers read it after loading copied, so
 // the plain fields are ordered by the counter. Counters are stored and loaded seq_cst: the sleep
@@ -26,11 +27,25 @@ struct alignas(64) StepCounter {
 
 struct alignas(64) SlotDescriptor {  // what the chunk in a slot belongs to (a mismatch is a protocol error)
   uint64_t step;
-  uint64_t seq;    // the operation number on the rail
-  uint64_t count;  // elements of the whole allreduce
+  uint64_t seq;     // the operation number on the rail
+  uint64_t count;   // elements (allreduce, reducescatter) or bytes (broadcast, allgather) of the whole operation
   uint32_t dtype;
-  uint32_t op;
+  uint32_t op;      // ReduceOp; 0 where nothing is reduced
+  uint32_t kind;    // transport::CollectiveOp
+  int32_t root;     // a broadcast's; -1 otherwise
+  uint64_t layout;  // a digest of the per-rank sizes (allgather, reducescatter); 0 otherwise
 };
+
+// FNV-1a over per-rank sizes: ranks that disagree on any of them disagree here.
+template <class Sizes>
+uint64_t layout_digest(const Sizes& sizes) {
+  uint64_t h = 1469598103934665603ull;
+  for (auto v : sizes) {
+    uint64_t x = static_cast<uint64_t>(v);
+    for (int i = 0; i < 8; ++i, x >>= 8) h = (h ^ (x & 0xff)) * 1099511628211ull;
+  }
+  return h;
+}
 
 struct alignas(64) WorkspaceControl {
   StepCounter copied, reduced, consumed;

@@ -1,32 +1,16 @@
-// One allreduce on a ShmCollRail: the chunk pipeline (shm_coll_rail.h) as a state machine that does
-// whatever step is ready (reduce first: peers wait on it; then copy-in; then copy-out) and sleeps only
-// when none is.
+// One allreduce on a ShmCollRail: the three-phase chunk pipeline (shm_coll_rail.h) as a state
+// machine that does whatever step is ready (reduce first: peers wait on it; then copy-in; then
+// copy-out) and sleeps only when none is.
 #include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
 #include "transport/shm/shm_ring.h"
+#include "transport/shm_coll/shm_coll_pipeline.h"
 #include "transport/shm_coll/shm_coll_rail.h"
 
 namespace nezha::transport {
 
-namespace {
-
-// dst = srcs[0] (op) srcs[1] (op) ... in rank order, in blocks that stay in L1 between the ranks'
-// passes: one pass over memory, the same bits on every rank. dst may be one of the sources.
-void reduce_sources(uint8_t* dst, const std::vector<const uint8_t*>& srcs, size_t offset, size_t bytes,
-                    size_t elem_size, DataType dtype, ReduceOp op, ReduceKernel kernel) {
-  constexpr size_t kBlock = 8 << 10;  // a multiple of every element size
-  alignas(64) uint8_t acc[kBlock];
-  for (size_t at = 0; at < bytes; at += kBlock) {
-    const size_t len = std::min(kBlock, bytes - at);
-    std::memcpy(acc, srcs[0] + offset + at, len);
-    for (size_t i = 1; i < srcs.size(); ++i) kernel(acc, srcs[i] + offset + at, len / elem_size, dtype, op);
-    std::memcpy(dst + at, acc, len);
-  }
-}
-
-}  // namespace
 
 class ShmCollRail::Request final : public CollectiveRequest {
  public:
@@ -38,6 +22,11 @@ class ShmCollRail::Request final : public CollectiveRequest {
         chunks_(count == 0 ? 0 : (count + chunk_elems_ - 1) / chunk_elems_),
         small_(count * esize_ <= rail.config_.small_bytes), base_(rail.step_),
         srcs_(static_cast<size_t>(rail.size_)) {
+    what_.kind = CollectiveOp::kAllreduce;
+    what_.seq = seq;
+    what_.count = count;
+    what_.dtype = dtype;
+    what_.op = op;
     rail.step_ += chunks_;  // every rank runs the same allreduces: the step numbers agree
   }
 
@@ -85,8 +74,7 @@ class ShmCollRail::Request final : public CollectiveRequest {
     const uint64_t k = next_in_++, g = base_ + k;
     const size_t n = chunk_count(k);
     Workspace& me = ws(rail_.rank_);
-    shm_coll::SlotDescriptor& d = me.descriptor(g);
-    d = {g, seq_, count_, static_cast<uint32_t>(dtype_), static_cast<uint32_t>(op_)};
+    rail_.write_descriptor(g, what_);
     std::memcpy(me.slot(g), in_ + k * chunk_elems_ * esize_, n * esize_);
     me.control->copied.steps.store(g + 1, std::memory_order_seq_cst);
     rail_.bytes_sent_ += n * esize_;
@@ -94,19 +82,7 @@ class ShmCollRail::Request final : public CollectiveRequest {
   }
 
   // Every rank's chunk g must belong to the same allreduce as ours.
-  void check_descriptors(uint64_t g) {
-    for (int r = 0; r < rail_.size_; ++r) {
-      const shm_coll::SlotDescriptor& d = ws(r).descriptor(g);
-      if (d.step == g && d.seq == seq_ && d.count == count_ && d.dtype == static_cast<uint32_t>(dtype_) &&
-          d.op == static_cast<uint32_t>(op_))
-        continue;
-      rail_.fail<ProtocolError>(-1, rail_.who() + ": rank " + std::to_string(r) + " runs allreduce #" +
-                                        std::to_string(d.seq) + " of " + std::to_string(d.count) + " elements (dtype " +
-                                        std::to_string(d.dtype) + ", op " + std::to_string(d.op) + ") where this rank runs #" +
-                                        std::to_string(seq_) + " of " + std::to_string(count_) + " " +
-                                        dtype_name(dtype_) + " with " + reduce_op_name(op_));
-    }
-  }
+  void check_descriptors(uint64_t g) { rail_.check_descriptors(g, what_); }
 
   const std::vector<const uint8_t*>& sources(uint64_t g) {
     for (int r = 0; r < rail_.size_; ++r) srcs_[r] = ws(r).slot(g);
@@ -120,8 +96,8 @@ class ShmCollRail::Request final : public CollectiveRequest {
     check_descriptors(g);
     const auto [begin, n] = slice(chunk_count(k), rail_.rank_);
     Workspace& me = ws(rail_.rank_);
-    reduce_sources(me.slot(g) + begin * esize_, sources(g), begin * esize_, n * esize_, esize_, dtype_, op_,
-                   rail_.config_.reduce_into);
+    shm_coll::reduce_sources(me.slot(g) + begin * esize_, sources(g), begin * esize_, n * esize_, esize_, dtype_,
+                             op_, rail_.config_.reduce_into);
     me.control->reduced.steps.store(g + 1, std::memory_order_seq_cst);
     rail_.notify_peers();
   }
@@ -132,7 +108,8 @@ class ShmCollRail::Request final : public CollectiveRequest {
     if (hook_) hook_(offset, n * esize_);
     if (small_) {
       check_descriptors(g);
-      reduce_sources(out_ + offset, sources(g), 0, n * esize_, esize_, dtype_, op_, rail_.config_.reduce_into);
+      shm_coll::reduce_sources(out_ + offset, sources(g), 0, n * esize_, esize_, dtype_, op_,
+                               rail_.config_.reduce_into);
     } else {
       for (int r = 0; r < rail_.size_; ++r) {
         const auto [begin, len] = slice(n, r);
@@ -199,38 +176,8 @@ class ShmCollRail::Request final : public CollectiveRequest {
   uint64_t next_in_ = 0, next_red_ = 0, next_out_ = 0;
   std::vector<const uint8_t*> srcs_;
   const char* phase_ = "";
+  OpIdentity what_;
 };
-
-template <class Ready>
-void ShmCollRail::wait_until(Ready ready, const char* const* phase, const Deadline& deadline) {
-  using namespace std::chrono;
-  const auto spin_end = Clock::now() + duration_cast<Clock::duration>(duration<double, std::micro>(config_.spin_us));
-  while (Clock::now() < spin_end) {
-    if (ready() < 0) return;
-    if (aborted_) throw_if_unusable();
-    shm::cpu_relax();
-  }
-  const long slice_us = static_cast<long>(config_.liveness_slice_ms * 1000);
-  shm::SegmentHeader* me = own_.header();
-  for (;;) {
-    throw_if_unusable();
-    // Dekker with the publishers (shm_ring.h): flag, doorbell, re-check, then sleep on that value.
-    me->sleeping.store(1);
-    const uint32_t bell = me->doorbell.load();
-    const int lag = ready();
-    if (lag < 0) {
-      me->sleeping.store(0);
-      return;
-    }
-    const long left_us = duration_cast<microseconds>(deadline.at() - Clock::now()).count();
-    if (left_us > 0) shm::futex_wait(&me->doorbell, bell, std::min(slice_us, left_us));
-    me->sleeping.store(0);
-    if (ready() < 0) return;
-    check_peers();
-    if (deadline.expired())
-      fail<TimeoutError>(lag, who() + ": timed out waiting for rank " + std::to_string(lag) + " to " + *phase);
-  }
-}
 
 std::unique_ptr<CollectiveRequest> ShmCollRail::start_allreduce(const void* input, void* output, size_t count,
                                                                  DataType dtype, ReduceOp op, uint64_t seq,
@@ -238,8 +185,7 @@ std::unique_ptr<CollectiveRequest> ShmCollRail::start_allreduce(const void* inpu
   if (!reduces(dtype, op))
     throw InvalidArgument(who() + " does not reduce " + dtype_name(dtype) + " with " + reduce_op_name(op) +
                           (config_.reduce_into ? "" : " (no reduction kernel was given)"));
-  throw_if_unusable();
-  if (!connected_) throw NezhaError(who() + " is not connected");
+  check_startable();
   return std::make_unique<Request>(*this, input, output, count, dtype, op, seq, std::move(before_overwrite));
 }
 

@@ -1,0 +1,103 @@
+// Internal to the shm collective rail: what its operations share. The elementwise reduction in rank
+// order, the wait for a rank behind (ShmCollRail::wait_until), and Pipeline, the two-phase chunk
+// pipeline of broadcast, allgather and reducescatter.
+//
+// Pipeline. An operation of `chunks` steps; step k is the rail's step base + k (all ranks agree,
+// shm_coll_workspace.h). Phase one, place(k): this rank writes its part of chunk k into its own slot
+// (possibly nothing: a broadcast's receivers) and its descriptor, then publishes copied; it may do so
+// once every rank has consumed what the slot held `slots` steps before. Phase two, take(k): once
+// every rank has published copied for the step, this rank checks every descriptor (a mismatch fails
+// the operation on every rank: they all check) and reads what it needs from the workspaces, then
+// publishes consumed. A rank places up to `slots` chunks ahead of what it has taken, so placing,
+// reading and the peers' work overlap.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "common/error.h"
+#include "transport/shm/shm_ring.h"
+#include "transport/shm_coll/shm_coll_rail.h"
+
+namespace nezha::transport {
+
+namespace shm_coll {
+
+// dst[0, bytes) = srcs[0] (op) srcs[1] (op) ... each read at `offset`, in rank order, in blocks that
+// stay in L1 between the ranks' passes: one pass over memory, the same bits on every rank. dst may
+// be one of the sources.
+void reduce_sources(uint8_t* dst, const std::vector<const uint8_t*>& srcs, size_t offset, size_t bytes,
+                    size_t elem_size, DataType dtype, ReduceOp op, ReduceKernel kernel);
+
+}  // namespace shm_coll
+
+template <class Ready>
+void ShmCollRail::wait_until(Ready ready, const char* const* phase, const Deadline& deadline) {
+  using namespace std::chrono;
+  const auto spin_end = Clock::now() + duration_cast<Clock::duration>(duration<double, std::micro>(config_.spin_us));
+  while (Clock::now() < spin_end) {
+    if (ready() < 0) return;
+    if (aborted_) throw_if_unusable();
+    shm::cpu_relax();
+  }
+  const long slice_us = static_cast<long>(config_.liveness_slice_ms * 1000);
+  shm::SegmentHeader* me = own_.header();
+  for (;;) {
+    throw_if_unusable();
+    // Dekker with the publishers (shm_ring.h): flag, doorbell, re-check, then sleep on that value.
+    me->sleeping.store(1);
+    const uint32_t bell = me->doorbell.load();
+    const int lag = ready();
+    if (lag < 0) {
+      me->sleeping.store(0);
+      return;
+    }
+    const long left_us = duration_cast<microseconds>(deadline.at() - Clock::now()).count();
+    if (left_us > 0) shm::futex_wait(&me->doorbell, bell, std::min(slice_us, left_us));
+    me->sleeping.store(0);
+    if (ready() < 0) return;
+    check_peers();
+    if (deadline.expired())
+      fail<TimeoutError>(lag, who() + ": timed out waiting for rank " + std::to_string(lag) + " to " + *phase);
+  }
+}
+
+class ShmCollRail::Pipeline : public CollectiveRequest {
+ public:
+  bool test() final { return progress(nullptr); }
+  void wait(const Deadline& deadline) final { progress(&deadline); }
+
+ protected:
+  // Takes the rail's next `chunks` steps.
+  Pipeline(ShmCollRail& rail, const OpIdentity& what, uint64_t chunks);
+
+  // This rank's part of chunk k into `slot` (its own workspace's slot of the step); returns the bytes
+  // written.
+  virtual size_t place(uint64_t k, uint8_t* slot) = 0;
+  // What this rank needs of chunk k, read from the workspaces (slot(r): rank r's slot of the step);
+  // returns the bytes read.
+  virtual size_t take(uint64_t k) = 0;
+
+  int rank() const { return rail_.rank_; }
+  int ranks() const { return rail_.size_; }
+  const ShmCollRailConfig& config() const { return rail_.config_; }
+  uint8_t* slot(int r, uint64_t k) const { return rail_.peers_[r].ws.slot(base_ + k); }
+
+ private:
+  bool progress(const Deadline* deadline);
+  int place_blocker() const;  // -1: ready; -2: nothing left to place; else the rank behind
+  int take_blocker() const;
+  int blocker();
+  bool done() const { return next_take_ == chunks_; }
+
+  ShmCollRail& rail_;
+  const OpIdentity what_;
+  const uint64_t chunks_;
+  const uint64_t base_;
+  uint64_t next_place_ = 0, next_take_ = 0;
+  const char* phase_ = "";
+};
+
+}  // namespace nezha::transport
