@@ -28,13 +28,13 @@ class ShmCollRail::Broadcast final : public Pipeline {
   size_t place(uint64_t k, uint8_t* slot) override {
     if (rank() != root_) return 0;
     const auto [at, len] = range(k);
-    std::memcpy(slot, buf_ + at, len);
+    if (len > 0) std::memcpy(slot, buf_ + at, len);
     return len;
   }
   size_t take(uint64_t k) override {
     if (rank() == root_) return 0;
     const auto [at, len] = range(k);
-    std::memcpy(buf_ + at, slot(root_, k), len);
+    if (len > 0) std::memcpy(buf_ + at, slot(root_, k), len);
     return len;
   }
 
@@ -59,7 +59,7 @@ class ShmCollRail::Allgather final : public Pipeline {
   }
   size_t place(uint64_t k, uint8_t* slot) override {
     const auto [at, len] = piece(rank(), k);
-    std::memcpy(slot, in_ + at, len);
+    if (len > 0) std::memcpy(slot, in_ + at, len);  // an empty block may come with no buffer at all
     return len;
   }
   size_t take(uint64_t k) override {
@@ -110,7 +110,7 @@ class ShmCollRail::Reducescatter final : public Pipeline {
     size_t written = 0;
     for (int r = 0; r < ranks(); ++r) {
       const auto [at, len] = piece(r, k);
-      std::memcpy(slot + r * piece_elems_ * esize_, in_[r] + at * esize_, len * esize_);
+      if (len > 0) std::memcpy(slot + r * piece_elems_ * esize_, in_[r] + at * esize_, len * esize_);
       written += len * esize_;
     }
     return written;
