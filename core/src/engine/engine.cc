@@ -53,6 +53,7 @@ EngineConfig EngineConfig::from_knobs() {
   c.cache_rounds = knob_int("NEZHA_CACHE_ROUNDS") != 0;
   c.shm_control = knob_int("NEZHA_SHM_CONTROL") != 0;
   c.control_spin_us = std::max(0.0, knob_double("NEZHA_CONTROL_SPIN_US"));
+  c.output_cache_bytes = static_cast<size_t>(std::max<int64_t>(0, knob_int("NEZHA_OUTPUT_CACHE_BYTES")));
   // Capped so the largest result fits one control-message string.
   c.hierarchical = knob_int("NEZHA_HIERARCHICAL") != 0;
   c.control_inline_bytes = static_cast<size_t>(
@@ -65,6 +66,7 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
     throw InvalidArgument("rank " + std::to_string(config_.rank) + " is out of range for size " +
                           std::to_string(config_.size));
   if (config_.rails.empty()) config_.rails.push_back({"lo", "127.0.0.1", "tcp", {}});
+  output_pool_.start(config_.output_cache_bytes);
   process_sets_ = std::make_unique<ProcessSetTable>(config_.size);
   build_rails();  // may fold a host-local rail into the network rails (config_.rails follows)
   // The control channel has its own connections on every rail's IPv4 address (or the control address
@@ -401,6 +403,9 @@ EngineStats Engine::stats() const {
     s.bytes_staged = executor_->bytes_staged();
     s.bytes_kept_for_redo = executor_->bytes_kept_for_redo();
   }
+  const OutputPool::Stats pool = OutputPool::get().stats();
+  s.output_blocks_reused = pool.reused;
+  s.output_blocks_allocated = pool.allocated;
   return s;
 }
 

@@ -114,6 +114,8 @@ struct EngineConfig {
   // several ranks, allreduces go hierarchical (see build_rails()); off: a host-local rail that does
   // not reach every rank is refused (named by the user) or dropped (automatic).
   bool hierarchical = true;
+  // NEZHA_OUTPUT_CACHE_BYTES: idle large results kept for reuse (output_pool.h).
+  size_t output_cache_bytes = size_t{512} << 20;
 
   // Defaults from the knob table (NEZHA_* environment variables).
   static EngineConfig from_knobs();
@@ -132,6 +134,9 @@ struct EngineStats {
   uint64_t bytes_kept_for_redo = 0;  // inputs copied aside for failover (Executor::bytes_kept_for_redo)
   // Control messages this rank sent through shared memory (ranks of its host) and over the network.
   uint64_t control_messages_shared_memory = 0, control_messages_network = 0;
+  // Large results (allgather, alltoall, reducescatter) of this process: blocks reused from the
+  // output pool and blocks newly allocated (output_pool.h).
+  uint64_t output_blocks_reused = 0, output_blocks_allocated = 0;
 };
 
 struct RailStat {
@@ -214,6 +219,7 @@ class Engine {
   bool failover_needed() const;
 
   EngineConfig config_;
+  OutputPool::Attachment output_pool_;  // keeps large results for reuse while this engine lives
   std::unique_ptr<ProcessSetTable> process_sets_;  // read by the negotiator and the executor
   std::unique_ptr<ControlChannel> control_;
   std::vector<std::unique_ptr<transport::Rail>> rails_;  // built by transport::make_rail()

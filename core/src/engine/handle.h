@@ -10,30 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/output_pool.h"
+
 namespace nezha::engine {
 
-// std::allocator whose value-less construct() leaves bytes uninitialised, so resize() does not
-// zero-fill: every byte of an output is written by its collective, and zeroing a 256 MB allgather
-// result first takes as long as copying it, while the peers wait on the rails.
-template <class T>
-struct UninitializedAllocator : std::allocator<T> {
-  template <class U>
-  struct rebind {
-    using other = UninitializedAllocator<U>;
-  };
-  UninitializedAllocator() = default;
-  template <class U>
-  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
-  template <class U>
-  void construct(U* p) noexcept {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
-};
-using OutputBytes = std::vector<uint8_t, UninitializedAllocator<uint8_t>>;
+// Uninitialised, large ones pooled (output_pool.h).
+using OutputBytes = std::vector<uint8_t, OutputAllocator<uint8_t>>;
 
 struct OpResult {
   OutputBytes output;                   // engine-allocated output (allgather, alltoall, reducescatter)
