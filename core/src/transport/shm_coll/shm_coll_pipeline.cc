@@ -16,35 +16,45 @@ void shm_coll::reduce_sources(uint8_t* dst, const std::vector<const uint8_t*>& s
   }
 }
 
-ShmCollRail::Pipeline::Pipeline(ShmCollRail& rail, const OpIdentity& what, uint64_t chunks)
-    : rail_(rail), what_(what), chunks_(chunks), base_(rail.step_) {
+ShmCollRail::Pipeline::Pipeline(ShmCollRail& rail, const OpIdentity& what, uint64_t chunks, bool has_middle)
+    : rail_(rail), what_(what), chunks_(chunks), base_(rail.step_), has_middle_(has_middle) {
   rail.step_ += chunks;  // every rank runs the same operations: the step numbers agree
+}
+
+int ShmCollRail::Pipeline::behind(shm_coll::StepCounter shm_coll::WorkspaceControl::*counter, uint64_t steps) const {
+  for (int r = 0; r < rail_.size_; ++r)
+    if ((rail_.peers_[r].ws.control->*counter).steps.load(std::memory_order_seq_cst) < steps) return r;
+  return -1;
 }
 
 int ShmCollRail::Pipeline::place_blocker() const {
   if (next_place_ >= chunks_) return -2;
   const uint64_t g = base_ + next_place_;
   const uint32_t slots = rail_.config_.slots;
-  if (g < slots) return -1;
-  for (int r = 0; r < rail_.size_; ++r)
-    if (rail_.peers_[r].ws.control->consumed.steps.load(std::memory_order_seq_cst) < g + 1 - slots) return r;
-  return -1;
+  return g < slots ? -1 : behind(&shm_coll::WorkspaceControl::consumed, g + 1 - slots);
+}
+
+int ShmCollRail::Pipeline::middle_blocker() const {
+  if (!has_middle_ || next_middle_ >= next_place_) return -2;
+  return behind(&shm_coll::WorkspaceControl::copied, base_ + next_middle_ + 1);
 }
 
 int ShmCollRail::Pipeline::take_blocker() const {
-  if (next_take_ >= next_place_) return -2;
-  const uint64_t g = base_ + next_take_;
-  for (int r = 0; r < rail_.size_; ++r)
-    if (rail_.peers_[r].ws.control->copied.steps.load(std::memory_order_seq_cst) < g + 1) return r;
-  return -1;
+  if (next_take_ >= (has_middle_ ? next_middle_ : next_place_)) return -2;
+  return behind(has_middle_ ? &shm_coll::WorkspaceControl::reduced : &shm_coll::WorkspaceControl::copied,
+                base_ + next_take_ + 1);
 }
 
 int ShmCollRail::Pipeline::blocker() {
-  const int take = take_blocker(), place = place_blocker();
-  if (take == -1 || place == -1) return -1;
+  const int take = take_blocker(), middle = middle_blocker(), place = place_blocker();
+  if (take == -1 || middle == -1 || place == -1) return -1;
   if (take >= 0) {
-    phase_ = "place its part of the step";
+    phase_ = has_middle_ ? "reduce its slice" : "place its part of the step";
     return take;
+  }
+  if (middle >= 0) {
+    phase_ = "place its part of the step";
+    return middle;
   }
   phase_ = "finish reading an earlier step";
   return place;
@@ -55,8 +65,14 @@ bool ShmCollRail::Pipeline::progress(const Deadline* deadline) {
   rail_.throw_if_unusable();
   shm_coll::Workspace& me = rail_.peers_[rail_.rank_].ws;
   for (;;) {
-    if (place_blocker() == -1) {
-      // Place first: the peers wait for it.
+    // The middle phase first, then placing: the peers wait on both.
+    if (middle_blocker() == -1) {
+      const uint64_t k = next_middle_++, g = base_ + k;
+      rail_.check_descriptors(g, what_);
+      middle(k);
+      me.control->reduced.steps.store(g + 1, std::memory_order_seq_cst);
+      rail_.notify_peers();
+    } else if (place_blocker() == -1) {
       const uint64_t k = next_place_++, g = base_ + k;
       rail_.write_descriptor(g, what_);
       rail_.bytes_sent_ += place(k, me.slot(g));
@@ -64,7 +80,7 @@ bool ShmCollRail::Pipeline::progress(const Deadline* deadline) {
       rail_.notify_peers();
     } else if (take_blocker() == -1) {
       const uint64_t k = next_take_++, g = base_ + k;
-      rail_.check_descriptors(g, what_);
+      if (!has_middle_) rail_.check_descriptors(g, what_);
       rail_.bytes_received_ += take(k);
       me.control->consumed.steps.store(g + 1, std::memory_order_seq_cst);
       rail_.notify_peers();

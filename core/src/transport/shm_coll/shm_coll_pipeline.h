@@ -1,15 +1,18 @@
 // Internal to the shm collective rail: what its operations share. The elementwise reduction in rank
-// order, the wait for a rank behind (ShmCollRail::wait_until), and Pipeline, the two-phase chunk
-// pipeline of broadcast, allgather and reducescatter.
+// order, the wait for a rank behind (ShmCollRail::wait_until), and Pipeline, the chunk pipeline every
+// operation runs on.
 //
 // Pipeline. An operation of `chunks` steps; step k is the rail's step base + k (all ranks agree,
 // shm_coll_workspace.h). Phase one, place(k): this rank writes its part of chunk k into its own slot
 // (possibly nothing: a broadcast's receivers) and its descriptor, then publishes copied; it may do so
-// once every rank has consumed what the slot held `slots` steps before. Phase two, take(k): once
-// every rank has published copied for the step, this rank checks every descriptor (a mismatch fails
-// the operation on every rank: they all check) and reads what it needs from the workspaces, then
-// publishes consumed. A rank places up to `slots` chunks ahead of what it has taken, so placing,
-// reading and the peers' work overlap.
+// once every rank has consumed what the slot held `slots` steps before. An operation that works on
+// the placed chunk before anyone takes from it (a large allreduce: each rank reduces its slice of
+// the chunk in its own slot) has a middle phase, middle(k): once every rank has published copied,
+// then publishes reduced. Last phase, take(k): once every rank has published copied (reduced, with
+// a middle phase), this rank reads what it needs from the workspaces, then publishes consumed. The
+// first phase that reads the peers' slots checks every descriptor first (a mismatch fails the
+// operation on every rank: they all check). A rank places up to `slots` chunks ahead of what it has
+// taken, so placing, reading and the peers' work overlap.
 #pragma once
 
 #include <algorithm>
@@ -71,7 +74,7 @@ class ShmCollRail::Pipeline : public CollectiveRequest {
 
  protected:
   // Takes the rail's next `chunks` steps.
-  Pipeline(ShmCollRail& rail, const OpIdentity& what, uint64_t chunks);
+  Pipeline(ShmCollRail& rail, const OpIdentity& what, uint64_t chunks, bool has_middle = false);
 
   // This rank's part of chunk k into `slot` (its own workspace's slot of the step); returns the bytes
   // written.
@@ -79,6 +82,8 @@ class ShmCollRail::Pipeline : public CollectiveRequest {
   // What this rank needs of chunk k, read from the workspaces (slot(r): rank r's slot of the step);
   // returns the bytes read.
   virtual size_t take(uint64_t k) = 0;
+  // With a middle phase: this rank's work on chunk k in the workspaces between place and take.
+  virtual void middle(uint64_t /*k*/) {}
 
   int rank() const { return rail_.rank_; }
   int ranks() const { return rail_.size_; }
@@ -88,7 +93,10 @@ class ShmCollRail::Pipeline : public CollectiveRequest {
  private:
   bool progress(const Deadline* deadline);
   int place_blocker() const;  // -1: ready; -2: nothing left to place; else the rank behind
+  int middle_blocker() const;
   int take_blocker() const;
+  // The first rank whose `counter` is below `steps`; -1 if none.
+  int behind(shm_coll::StepCounter shm_coll::WorkspaceControl::*counter, uint64_t steps) const;
   int blocker();
   bool done() const { return next_take_ == chunks_; }
 
@@ -96,7 +104,8 @@ class ShmCollRail::Pipeline : public CollectiveRequest {
   const OpIdentity what_;
   const uint64_t chunks_;
   const uint64_t base_;
-  uint64_t next_place_ = 0, next_take_ = 0;
+  const bool has_middle_;
+  uint64_t next_place_ = 0, next_middle_ = 0, next_take_ = 0;
   const char* phase_ = "";
 };
 

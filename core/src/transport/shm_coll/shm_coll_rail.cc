@@ -1,6 +1,5 @@
 #include "transport/shm_coll/shm_coll_rail.h"
 
-#include <openssl/rand.h>
 #include <poll.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -37,14 +36,11 @@ ShmCollRail::ShmCollRail(ShmCollRailConfig config, int rank, int size)
   properties_.max_share_bytes = config_.max_share_bytes;
   properties_.host_memory = true;
   properties_.can_fail_alone = false;  // shared memory: fails only with a rank
-  job_tag_ = shm::sha256("nezha-shmcoll-job\n" + config_.secret).substr(0, 16);
-  nonce_.assign(16, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce_.data()), 16) != 1)
-    throw NezhaError("rail '" + config_.name + "': RAND_bytes failed");
-  address_ = shm::local_identity(config_.host_id);
-  address_.nonce_hex = shm::to_hex(nonce_);
   // Unguessable without the secret, tied to this instance; abstract, so it vanishes with us.
-  address_.socket_name = "nezha-shmcoll-" + shm::to_hex(shm::sha256(config_.secret + "\n" + nonce_).substr(0, 16));
+  shm::LocalEndpoint endpoint = shm::make_local_endpoint("shmcoll", config_.secret, config_.host_id);
+  job_tag_ = std::move(endpoint.job_tag);
+  nonce_ = std::move(endpoint.nonce);
+  address_ = std::move(endpoint.address);
   listener_ = shm::HandoffListener(address_.socket_name);
 }
 

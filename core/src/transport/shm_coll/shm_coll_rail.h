@@ -99,8 +99,8 @@ class ShmCollRail final : public CollectiveRail {
                                                           DataType dtype, ReduceOp op, uint64_t seq) override;
 
  private:
-  class Request;    // an allreduce (shm_coll_allreduce.cc)
-  class Pipeline;   // the two-phase chunk pipeline of the other operations (shm_coll_pipeline.h)
+  class Request;    // an allreduce (shm_coll_allreduce.cc), on the Pipeline
+  class Pipeline;   // the chunk pipeline every operation runs on (shm_coll_pipeline.h)
   class Broadcast;  // shm_coll_ops.cc
   class Allgather;
   class Reducescatter;
