@@ -110,6 +110,27 @@ def test_horovod_layout_variables_are_set_beside_nezhas(tmp_path):
     assert [e["NEZHA_HOST_ID"] for e in envs] == ["localhost", "localhost", "127.0.0.1"]
 
 
+def test_ranks_sharing_a_host_get_one_openmp_thread_unless_the_user_chose(tmp_path):
+    # As under torchrun: a BLAS/OpenMP pool per rank sized to the whole host oversubscribes it.
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n127.0.0.1:4\n")
+    code = "import os; print(os.environ.get('OMP_NUM_THREADS', 'unset'))"
+    for chosen in (None, "3"):
+        env = _env()
+        env.pop("OMP_NUM_THREADS", None)
+        if chosen:
+            env["OMP_NUM_THREADS"] = chosen
+        result = subprocess.run([PY, "-m", "nezha.runner.launch", "-np", "3", "--hostfile",
+                                 str(hostfile), "--", PY, "-c", code], capture_output=True,
+                                text=True, timeout=60, env=env, cwd=PACKAGE_ROOT)
+        assert result.returncode == 0, result.stderr
+        seen = [lines_of(result.stdout, r)[0] for r in range(3)]
+        if chosen:
+            assert seen == ["3", "3", "3"], (seen, result.stderr)
+        else:  # ranks 0 and 1 share localhost; rank 2 is alone on its host
+            assert seen == ["1", "1", "unset"], (seen, result.stderr)
+
+
 def test_output_lines_are_prefixed_per_rank_and_stream():
     code = script("""
         import os, sys

@@ -54,11 +54,21 @@ def rank_environment(placement: Placement, job: JobSettings) -> Dict[str, str]:
                 "LOCAL_RANK": env["NEZHA_LOCAL_RANK"], "LOCAL_WORLD_SIZE": env["NEZHA_LOCAL_SIZE"],
                 "GROUP_RANK": env["NEZHA_CROSS_RANK"], "GROUP_WORLD_SIZE": env["NEZHA_CROSS_SIZE"],
                 **job.torch_store})
+    env.update(thread_defaults(placement, os.environ))
     if job.rails:
         env["NEZHA_RAILS"] = job.rails
     if job.timeline:
         env["NEZHA_TIMELINE"] = timeline_path(job.timeline, placement.rank)
     return env
+
+
+def thread_defaults(placement: Placement, environ: Dict[str, str]) -> Dict[str, str]:
+    """OMP_NUM_THREADS=1 for a rank that shares its host with others, unless the user set it (as
+    torchrun does): every rank's BLAS/OpenMP pool would otherwise size itself to the whole host, and
+    its idle workers spin on the cores the other ranks and their engines need."""
+    if placement.local_size > 1 and "OMP_NUM_THREADS" not in environ:
+        return {"OMP_NUM_THREADS": "1"}
+    return {}
 
 
 def timeline_path(path: str, rank: int) -> str:

@@ -28,7 +28,7 @@ from nezha.runner.discovery import auto_rails
 from nezha.rendezvous import StoreServer
 from nezha.rendezvous.keys import ARRIVED_PREFIX, rank_from_arrival_key
 from nezha.runner.commands import build_rank_command
-from nezha.runner.env import JobSettings
+from nezha.runner.env import JobSettings, thread_defaults
 from nezha.runner.hosts import (HostSlots, Placement, is_local_host, parse_host_list,
                                 parse_hostfile, place_ranks)
 from nezha.runner.processes import OutputSink, Supervisor
@@ -125,6 +125,9 @@ def _run(args, placements, rendezvous_addr, server, secret, rails, command, torc
                       torch_store=torch_store.environment())
     commands = [build_rank_command(p, job, command, args.launcher, os.environ, os.getcwd())
                 for p in placements]
+    if any(thread_defaults(p, os.environ) for p in placements):
+        log.info("OMP_NUM_THREADS=1 for ranks that share a host (set OMP_NUM_THREADS to choose "
+                 "another number)")
     for c in commands:
         log.info("rank %d on %s (%s): %s", c.placement.rank, c.placement.host, c.how,
                  " ".join(shlex.quote(a) for a in c.argv))
