@@ -1,6 +1,6 @@
 """The shared-memory collective rail (kind shmcoll) in real jobs through nezharun: allreduces of
 several dtypes and ops against numpy, bit-identical on every rank, the bytes on the rail; broadcasts,
-allgathers and reducescatters against numpy, run on the rail (its counters, exactly) alone and with
+allgathers, reducescatters and alltoalls against numpy, run on the rail (its counters, exactly) alone and with
 the default rails; every collective against numpy with it beside the p2p shm rail; the default rails
 of a one-host job; a rank SIGKILLed named on the others, in an allreduce and in the other
 operations; nothing left in /dev/shm."""
@@ -25,12 +25,12 @@ def test_allreduces_over_shmcoll_alone_match_numpy(job):
 
 @pytest.mark.parametrize("rails", [{"NEZHA_RAILS": "shmcoll", "NEZHA_AUTO_SHM": "0"}, {}],
                          ids=["shmcoll-alone", "default-rails"])
-def test_broadcast_allgather_and_reducescatter_run_on_shmcoll_and_match_numpy(job, rails):
+def test_broadcast_allgather_reducescatter_and_alltoall_run_on_shmcoll_and_match_numpy(job, rails):
     # shm_coll_ops_check asserts each operation moved exactly its bytes on shmcoll and none elsewhere.
     result = job(4, "shm_coll_ops_check.py", env=rails, timeout=300)
     assert result.returncode == 0, result.output[-4000:]
     for r in range(4):
-        assert any(l.startswith(f"OK rank {r}: 9 operations on shmcoll") for l in result.lines(r)), \
+        assert any(l.startswith(f"OK rank {r}: 11 operations on shmcoll") for l in result.lines(r)), \
             result.output[-4000:]
 
 
@@ -88,7 +88,7 @@ def test_killed_rank_is_named_on_every_other_rank_with_the_default_rails():
     assert_victim_named(results, victim, survivors, within_s=TIMEOUT_S)
 
 
-@pytest.mark.parametrize("op", ["broadcast", "allgather", "reducescatter"])
+@pytest.mark.parametrize("op", ["broadcast", "allgather", "reducescatter", "alltoall"])
 def test_killed_rank_is_named_on_every_other_rank_in_the_other_operations(op):
     victim, survivors = 2, [0, 1]
     results = launch_direct(3, "dead_peer.py", "kill", str(victim), op, env={"NEZHA_TIMEOUT_S": str(TIMEOUT_S)},

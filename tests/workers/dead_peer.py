@@ -1,6 +1,7 @@
 """A rank dies (SIGKILL) or freezes (SIGSTOP) mid-run; every other rank must raise NezhaError
 naming it within NEZHA_TIMEOUT_S, never hang.  usage: dead_peer.py kill|stop VICTIM [OP]
-OP: allreduce (the default), broadcast, allgather or reducescatter, what the ranks run in a loop."""
+OP: allreduce (the default), broadcast, allgather, reducescatter or alltoall, what the ranks run in a
+loop."""
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ RUN = {
     "broadcast": lambda x, name: nezha.broadcast(x, root_rank=0, name=name),
     "allgather": lambda x, name: nezha.allgather(x, name=name),
     "reducescatter": lambda x, name: nezha.reducescatter(x, op=nezha.Sum, name=name),
+    "alltoall": lambda x, name: nezha.alltoall(x[:x.size // nezha.size() * nezha.size()], name=name),
 }[OP]
 x = np.ones(1 << 16, np.float32)
 start = None

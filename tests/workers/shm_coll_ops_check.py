@@ -1,5 +1,5 @@
-"""Broadcasts, allgathers (unequal rows per rank) and reducescatters (rows not divisible by the ranks)
-against numpy, bit-identical on every rank, and proof they ran on the shared-memory collective rail:
+"""Broadcasts, allgathers (unequal rows per rank), reducescatters (rows not divisible by the ranks)
+and alltoalls (unequal splits) against numpy, bit-identical on every rank, and proof they ran on the shared-memory collective rail:
 its byte counters move by exactly what the rail's pipeline places and reads for each operation, and
 no other rail's move at all. Sizes from 64 KiB (multirail::kCollectiveHostMemoryBytes: the rail table
 gives those to shmcoll whatever the cost model says) to a few MB. Prints 'OK rank R: ...'."""
@@ -73,6 +73,20 @@ for rows, dtype, op, fold in ((SIZE * 1100 + 1, np.float64, nezha.Sum, np.add),
                      rows * ROW * esize, counts[RANK] * ROW * esize * (SIZE - 1), f"reducescatter {rows}")
     assert got.shape == (counts[RANK], ROW), (got.shape, counts)
     assert np.array_equal(got, want[start:start + counts[RANK]]), f"reducescatter {rows} {np.dtype(dtype).name}"
+    checks += 1
+
+for base in ((64 << 10) // (4 * ROW) + 5, (1 << 20) // (4 * ROW) + 9):
+    def block(i, j):  # what rank i sends rank j
+        rows = base + 3 * i + 5 * j if (i + j) % 3 else 0  # some empty blocks
+        return np.random.default_rng(400 + i * SIZE + j).standard_normal((rows, ROW)).astype(np.float32)
+    mine = [block(RANK, j) for j in range(SIZE)]
+    splits = [len(b) for b in mine]
+    sent = sum(b.nbytes for j, b in enumerate(mine) if j != RANK)
+    received = sum(block(i, RANK).nbytes for i in range(SIZE) if i != RANK)
+    got, got_splits = on_shmcoll(lambda: nezha.alltoall(np.concatenate(mine), splits=splits, name=f"a2a.{base}"),
+                                 sent, received, f"alltoall {base}")
+    assert [int(x) for x in np.asarray(got_splits).reshape(-1)] == [len(block(i, RANK)) for i in range(SIZE)]
+    assert np.array_equal(got, np.concatenate([block(i, RANK) for i in range(SIZE)])), f"alltoall {base}"
     checks += 1
 
 print(f"OK rank {RANK}: {checks} operations on shmcoll", flush=True)

@@ -1,4 +1,4 @@
-// Broadcast, allgather and reducescatter on a collective rail (collective_rail.h): the rail runs the
+// Broadcast, allgather, reducescatter and alltoall on a collective rail (collective_rail.h): the rail runs the
 // whole operation itself; these check that it runs it and wait with the options' deadline.
 #include "collectives/collectives.h"
 #include "common/error.h"
@@ -42,6 +42,25 @@ void reducescatterv_blocks(transport::CollectiveRail& rail, const std::vector<co
   const int me = rail.rank();
   rail.start_reducescatter(in_blocks, work_blocks.at(static_cast<size_t>(me)), counts, dtype, op, opt.seq)
       ->wait(opt.deadline);
+}
+
+void alltoallv(transport::CollectiveRail& rail, const void* in, void* out, const std::vector<size_t>& bytes_matrix,
+               const CollectiveOptions& opt) {
+  require(rail, transport::CollectiveOp::kAlltoall);
+  const size_t n = static_cast<size_t>(rail.size()), me = static_cast<size_t>(rail.rank());
+  if (bytes_matrix.size() != n * n)
+    throw InvalidArgument("alltoallv on rail '" + rail.properties().name + "': a byte matrix of " +
+                          std::to_string(bytes_matrix.size()) + " entries for " + std::to_string(n) + " ranks");
+  std::vector<const uint8_t*> send(n);
+  std::vector<uint8_t*> recv(n);
+  size_t sent = 0, received = 0;
+  for (size_t j = 0; j < n; ++j) {
+    send[j] = static_cast<const uint8_t*>(in) + sent;
+    sent += bytes_matrix[me * n + j];
+    recv[j] = static_cast<uint8_t*>(out) + received;
+    received += bytes_matrix[j * n + me];
+  }
+  rail.start_alltoall(send, recv, bytes_matrix, opt.seq)->wait(opt.deadline);
 }
 
 }  // namespace nezha::collectives

@@ -136,6 +136,10 @@ void allgatherv(transport::CollectiveRail& rail, const void* in, void* out, cons
 void reducescatterv_blocks(transport::CollectiveRail& rail, const std::vector<const uint8_t*>& in_blocks,
                            const std::vector<uint8_t*>& work_blocks, const std::vector<size_t>& counts,
                            DataType dtype, ReduceOp op, const CollectiveOptions& opt);
+// Alltoall with the whole byte matrix (n x n, row i: what rank i sends each rank; the same on every
+// rank): this rank's row says what leaves `in` (blocks in rank order), its column what lands in `out`.
+void alltoallv(transport::CollectiveRail& rail, const void* in, void* out, const std::vector<size_t>& bytes_matrix,
+               const CollectiveOptions& opt);
 
 // send_bytes[r] bytes from `in` (blocks in rank order) go to rank r; recv_bytes[r] bytes from rank r
 // land in `out` (blocks in rank order). Pairwise exchange.

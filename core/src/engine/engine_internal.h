@@ -27,6 +27,7 @@ inline transport::CollectiveOp to_collective_op(multirail::RailOp op) {
     case multirail::RailOp::kBroadcast: return transport::CollectiveOp::kBroadcast;
     case multirail::RailOp::kAllgather: return transport::CollectiveOp::kAllgather;
     case multirail::RailOp::kReducescatter: return transport::CollectiveOp::kReducescatter;
+    case multirail::RailOp::kAlltoall: return transport::CollectiveOp::kAlltoall;
     case multirail::RailOp::kNone: break;
   }
   return transport::CollectiveOp::kAllreduce;  // kNone never reaches a rail's runs()

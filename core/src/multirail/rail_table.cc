@@ -141,7 +141,7 @@ Plan RailTable::plan(const OpToPlan& op, PlanSource source,
   std::vector<bool> split_ok = ok;
   if (op.allreduce || op.other != RailOp::kNone) keep_one_host_memory_kind(est, split_ok, op.count * op.elem_size);
   if (!op.allreduce) {
-    // A collective rail runs a broadcast, allgather or reducescatter whole, by the allreduce's rule
+    // A collective rail runs a broadcast, allgather, reducescatter or alltoall whole, by the allreduce's rule
     // between the host-memory kinds (keep_one_host_memory_kind); otherwise the point-to-point rails
     // stripe it.
     const int whole = whole_on_collective_rail(op, est, split_ok);

@@ -46,7 +46,7 @@ constexpr size_t kCollectiveHostMemoryBytes = kLatencyBoundBytes;
 // The operations besides allreduce that a collective rail may run (transport::CollectiveOp), as the
 // plan names them: a collective rail runs one of them whole (never striped: the striped forms balance
 // their ranges with messages, which a collective rail does not carry).
-enum class RailOp : uint8_t { kNone, kBroadcast, kAllgather, kReducescatter };
+enum class RailOp : uint8_t { kNone, kBroadcast, kAllgather, kReducescatter, kAlltoall };
 
 // What the table needs to know about one rail (from transport::RailProperties).
 struct RailDescription {

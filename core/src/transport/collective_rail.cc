@@ -10,6 +10,7 @@ const char* collective_op_name(CollectiveOp op) {
     case CollectiveOp::kBroadcast: return "broadcast";
     case CollectiveOp::kAllgather: return "allgather";
     case CollectiveOp::kReducescatter: return "reducescatter";
+    case CollectiveOp::kAlltoall: return "alltoall";
   }
   return "unknown collective";
 }
@@ -32,6 +33,12 @@ std::unique_ptr<CollectiveRequest> CollectiveRail::start_reducescatter(const std
                                                                        const std::vector<size_t>&, DataType,
                                                                        ReduceOp, uint64_t) {
   refuse(CollectiveOp::kReducescatter);
+}
+
+std::unique_ptr<CollectiveRequest> CollectiveRail::start_alltoall(const std::vector<const uint8_t*>&,
+                                                                  const std::vector<uint8_t*>&,
+                                                                  const std::vector<size_t>&, uint64_t) {
+  refuse(CollectiveOp::kAlltoall);
 }
 
 }  // namespace nezha::transport

@@ -7,8 +7,8 @@
 // start_allreduce() = sharp_coll_do_allreduce_nb, test/wait = sharp_coll_req_test/req_wait; lifecycle
 // as every Rail's: the opaque address, connect, reset, close, abort).
 //
-// Operations. Every collective rail runs allreduces. Broadcast, allgather and reducescatter are
-// optional: runs(op) says which a rail has, and only those are ever started on it (the shared-memory
+// Operations. Every collective rail runs allreduces. Broadcast, allgather, reducescatter and alltoall
+// are optional: runs(op) says which a rail has, and only those are ever started on it (the shared-memory
 // rail runs them all; an aggregator reduces and forwards nothing else). The start_* of an operation a
 // rail does not run throws InvalidArgument; nothing calls it (NCCL leaves such a CollNet entry
 // null).
@@ -49,7 +49,7 @@
 namespace nezha::transport {
 
 // The operations a collective rail may run.
-enum class CollectiveOp : uint8_t { kAllreduce, kBroadcast, kAllgather, kReducescatter };
+enum class CollectiveOp : uint8_t { kAllreduce, kBroadcast, kAllgather, kReducescatter, kAlltoall };
 const char* collective_op_name(CollectiveOp op);  // "allreduce", ...
 
 // One operation in flight on a collective rail.
@@ -108,6 +108,11 @@ class CollectiveRail : public Rail {
   virtual std::unique_ptr<CollectiveRequest> start_reducescatter(const std::vector<const uint8_t*>& input_blocks,
                                                                   void* output, const std::vector<size_t>& counts,
                                                                   DataType dtype, ReduceOp op, uint64_t seq);
+  // Alltoall: bytes_matrix (n x n, row-major, the same on every rank) says what each rank sends each
+  // rank: rank i's send_blocks[j] (bytes_matrix[i * n + j] bytes) lands at recv_blocks[i] on rank j.
+  virtual std::unique_ptr<CollectiveRequest> start_alltoall(const std::vector<const uint8_t*>& send_blocks,
+                                                             const std::vector<uint8_t*>& recv_blocks,
+                                                             const std::vector<size_t>& bytes_matrix, uint64_t seq);
 
  private:
   [[noreturn]] void refuse(CollectiveOp op) const;

@@ -256,12 +256,12 @@ RailDescription shmcoll_rail(double alpha_us, double gbps) {
   return d;
 }
 
-TEST(RailTable, ACollectiveRailThatRunsThemTakesBroadcastAllgatherAndReducescatterWhole) {
+TEST(RailTable, ACollectiveRailThatRunsThemTakesTheOtherCollectivesWhole) {
   // The shm ring beside shmcoll: from kCollectiveHostMemoryBytes on the collective rail runs them
   // whole whatever the estimates say (as allreduces); below, the rail predicted faster alone.
   RailTable t({host_rail("shm", 20, 32, false), shmcoll_rail(10, 16)}, options());
   const size_t large = kCollectiveHostMemoryBytes, count = 16 << 20;
-  for (RailOp other : {RailOp::kBroadcast, RailOp::kAllgather, RailOp::kReducescatter})
+  for (RailOp other : {RailOp::kBroadcast, RailOp::kAllgather, RailOp::kReducescatter, RailOp::kAlltoall})
     for (size_t bytes : {large, count * 4}) {
       Plan p = t.plan({bytes / 4, 4, true, false, DataType::kFloat32, ReduceOp::kSum, other}, PlanSource::kNegotiation);
       ASSERT_EQ(p.shares.size(), 1u);
@@ -277,8 +277,8 @@ TEST(RailTable, ACollectiveRailThatRunsThemTakesBroadcastAllgatherAndReducescatt
   p = slow.plan({16, 4, true, false, DataType::kFloat32, ReduceOp::kSum, RailOp::kAllgather}, PlanSource::kNegotiation);
   ASSERT_EQ(p.shares.size(), 1u);
   EXPECT_EQ(p.shares[0].rail, 0);
-  // A reducescatter of a dtype it does not reduce, an alltoall or a process set's operation (kNone)
-  // stays on the ring.
+  // A reducescatter of a dtype it does not reduce or a process set's operation (kNone) stays on the
+  // ring.
   p = t.plan({count, 1, true, false, DataType::kBool, ReduceOp::kMax, RailOp::kReducescatter}, PlanSource::kNegotiation);
   for (const auto& s : p.shares) EXPECT_EQ(s.rail, 0);
   p = t.plan({count, 4, true, false, DataType::kFloat32, ReduceOp::kSum, RailOp::kNone}, PlanSource::kNegotiation);
@@ -292,7 +292,7 @@ TEST(RailTable, ACollectiveRailThatRunsThemTakesBroadcastAllgatherAndReducescatt
 TEST(RailTable, ARailThatRunsOnlyAllreducesNeverGetsTheOtherOperations) {
   // The aggregation rail: lowest alpha and a large payload, yet a broadcast stripes over the rest.
   RailTable t({{"a", 50, 1}, {"b", 50, 1}, agg_rail(5, 10)}, options());
-  for (RailOp other : {RailOp::kBroadcast, RailOp::kAllgather, RailOp::kReducescatter}) {
+  for (RailOp other : {RailOp::kBroadcast, RailOp::kAllgather, RailOp::kReducescatter, RailOp::kAlltoall}) {
     Plan p = t.plan({16 << 20, 4, true, false, DataType::kFloat32, ReduceOp::kSum, other}, PlanSource::kNegotiation);
     for (const auto& s : p.shares) EXPECT_NE(s.rail, 2);
     EXPECT_EQ(t.usable_for({1, 4, true, false, DataType::kFloat32, ReduceOp::kSum, other}),

@@ -1,7 +1,7 @@
-// ShmCollRail's broadcast, allgather and reducescatter with ranks as threads of one process, against
+// ShmCollRail's broadcast, allgather, reducescatter and alltoall with ranks as threads of one process, against
 // references computed here: every root, sizes not divisible by the chunk or the ranks, the slot ring
 // wrapping, unequal per-rank sizes (zeros included), in place; every dtype x op of a reducescatter
-// against the serial rank-order reduction, bit for bit; the four operations interleaved on one rail;
+// against the serial rank-order reduction, bit for bit; alltoalls of ragged byte matrices; the operations interleaved on one rail;
 // a mismatched operation refused on every rank naming the rank; a rank behind named at the deadline;
 // and a collective rail that runs none of them (the aggregation rail) saying so.
 #include <gtest/gtest.h>
@@ -155,25 +155,6 @@ TEST(ShmCollOps, ReducescatterOfEveryDtypeAndOpMatchesTheSerialReference) {
   }
 }
 
-TEST(ShmCollOps, TheFourOperationsInterleaveOnOneRail) {
-  auto rails = make_mesh(3);
-  const size_t count = 3000;
-  for (uint64_t seq = 1; seq <= 8; ++seq) {
-    check_broadcast(rails, 4096 * 2 + 3, static_cast<int>(seq % 3), seq * 10);
-    check_allgather(rails, {5000, 17, 4096}, seq % 2 == 0, seq * 10 + 1);
-    check_reducescatter(rails, DataType::kFloat32, ReduceOp::kSum, {1000, 1, 3000}, seq * 10 + 2);
-    std::vector<std::vector<uint8_t>> inputs, outs(3);
-    for (int r = 0; r < 3; ++r) inputs.push_back(input_of(DataType::kFloat64, r, count));
-    const auto want = reference(DataType::kFloat64, inputs, count, ReduceOp::kMax);
-    run_ranks(3, [&](int r) {
-      outs[r] = inputs[r];
-      rails[r]->start_allreduce(outs[r].data(), outs[r].data(), count, DataType::kFloat64, ReduceOp::kMax, seq * 10 + 3)
-          ->wait(soon());
-    });
-    for (int r = 0; r < 3; ++r) EXPECT_EQ(first_difference(outs[r], want), "") << "allreduce, rank " << r;
-  }
-}
-
 // Runs `body` on every rank and returns each rank's error ("" if it completed).
 std::vector<std::string> errors_of(int n, const std::function<void(int)>& body) {
   std::vector<std::string> errors(n);
@@ -185,6 +166,92 @@ std::vector<std::string> errors_of(int n, const std::function<void(int)>& body) 
     }
   });
   return errors;
+}
+
+// matrix[i * n + j] bytes go from rank i to rank j (block i -> j: bytes_of(i * 16 + j, ...)).
+void check_alltoall(Mesh& rails, const std::vector<size_t>& matrix, uint64_t seq) {
+  const int n = static_cast<int>(rails.size());
+  auto at = [n](int i, int j) { return static_cast<size_t>(i) * n + j; };
+  std::vector<std::vector<uint8_t>> outs(n);
+  run_ranks(n, [&](int r) {
+    std::vector<uint8_t> in;
+    std::vector<const uint8_t*> send(n);
+    std::vector<size_t> send_at(n);
+    for (int j = 0; j < n; ++j) {
+      send_at[j] = in.size();
+      const auto block = bytes_of(r * 16 + j, matrix[at(r, j)], seq);
+      in.insert(in.end(), block.begin(), block.end());
+    }
+    for (int j = 0; j < n; ++j) send[j] = in.data() + send_at[j];
+    size_t total = 0;
+    for (int i = 0; i < n; ++i) total += matrix[at(i, r)];
+    outs[r].assign(total, 0xee);
+    std::vector<uint8_t*> recv(n);
+    size_t received = 0;
+    for (int i = 0; i < n; ++i) {
+      recv[i] = outs[r].data() + received;
+      received += matrix[at(i, r)];
+    }
+    rails[r]->start_alltoall(send, recv, matrix, seq)->wait(soon());
+  });
+  for (int r = 0; r < n; ++r) {
+    std::vector<uint8_t> want;
+    for (int i = 0; i < n; ++i) {
+      const auto block = bytes_of(i * 16 + r, matrix[at(i, r)], seq);
+      want.insert(want.end(), block.begin(), block.end());
+    }
+    EXPECT_EQ(first_difference(outs[r], want), "") << "alltoall #" << seq << ", rank " << r;
+  }
+}
+
+TEST(ShmCollOps, AlltoallOfRaggedMatricesMatchesTheTransposedBlocks) {
+  for (int n : {1, 2, 3, 4}) {
+    auto rails = make_mesh(n);
+    const size_t cells = static_cast<size_t>(n) * n;
+    std::vector<size_t> equal(cells, 4096 + 9), ragged(cells), zeros(cells, 0), one_sender(cells, 0);
+    for (size_t c = 0; c < cells; ++c) ragged[c] = (c * 7919) % 3 == 0 ? 0 : (c * 2654435761u) % 13000;
+    for (int j = 0; j < n; ++j) one_sender[static_cast<size_t>(n - 1) * n + j] = 4096 * 2 + 1;  // streams differ in steps
+    uint64_t seq = 0;
+    for (const auto* m : {&equal, &ragged, &zeros, &one_sender}) check_alltoall(rails, *m, ++seq);
+  }
+}
+
+TEST(ShmCollOps, AnAlltoallOfAnotherMatrixFailsOnEveryRankNamingTheRank) {
+  auto rails = make_mesh(3);
+  auto errors = errors_of(3, [&](int r) {
+    std::vector<size_t> m(9, 100);
+    if (r == 2) {  // the same total, another layout
+      m[0] = 150;
+      m[1] = 50;
+    }
+    std::vector<uint8_t> in(400, 1), out(400);
+    std::vector<const uint8_t*> send{in.data(), in.data() + m[r * 3], in.data() + m[r * 3] + m[r * 3 + 1]};
+    std::vector<uint8_t*> recv{out.data(), out.data() + m[r], out.data() + m[r] + m[3 + r]};
+    rails[r]->start_alltoall(send, recv, m, 4)->wait(soon());
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_FALSE(errors[r].empty()) << "rank " << r << " completed";
+  EXPECT_NE(errors[0].find("rank 2 runs alltoall #4 of 900 bytes with other per-rank sizes"), std::string::npos)
+      << errors[0];
+}
+
+TEST(ShmCollOps, TheFiveOperationsInterleaveOnOneRail) {
+  auto rails = make_mesh(3);
+  const size_t count = 3000;
+  for (uint64_t seq = 1; seq <= 8; ++seq) {
+    check_broadcast(rails, 4096 * 2 + 3, static_cast<int>(seq % 3), seq * 10);
+    check_allgather(rails, {5000, 17, 4096}, seq % 2 == 0, seq * 10 + 1);
+    check_reducescatter(rails, DataType::kFloat32, ReduceOp::kSum, {1000, 1, 3000}, seq * 10 + 2);
+    check_alltoall(rails, {10, 5000, 0, 7, 0, 4097, 3000, 1, 2}, seq * 10 + 4);
+    std::vector<std::vector<uint8_t>> inputs, outs(3);
+    for (int r = 0; r < 3; ++r) inputs.push_back(input_of(DataType::kFloat64, r, count));
+    const auto want = reference(DataType::kFloat64, inputs, count, ReduceOp::kMax);
+    run_ranks(3, [&](int r) {
+      outs[r] = inputs[r];
+      rails[r]->start_allreduce(outs[r].data(), outs[r].data(), count, DataType::kFloat64, ReduceOp::kMax, seq * 10 + 3)
+          ->wait(soon());
+    });
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(first_difference(outs[r], want), "") << "allreduce, rank " << r;
+  }
 }
 
 TEST(ShmCollOps, AMismatchedOperationFailsOnEveryRankNamingTheRank) {
@@ -275,13 +342,14 @@ TEST(ShmCollOps, AbortWakesAnAllgatherWaiterAndResetReformsTheRail) {
 TEST(ShmCollOps, TheRailSaysWhatItRunsAndAnAggregationRailRunsOnlyAllreduces) {
   auto rails = make_mesh(1);
   for (auto op : {CollectiveOp::kAllreduce, CollectiveOp::kBroadcast, CollectiveOp::kAllgather,
-                  CollectiveOp::kReducescatter})
+                  CollectiveOp::kReducescatter, CollectiveOp::kAlltoall})
     EXPECT_TRUE(rails[0]->runs(op)) << collective_op_name(op);
   ShmCollRailConfig no_kernel;
   no_kernel.secret = "s";
   ShmCollRail bare(no_kernel, 0, 1);  // moves bytes, reduces nothing
   EXPECT_TRUE(bare.runs(CollectiveOp::kBroadcast));
   EXPECT_TRUE(bare.runs(CollectiveOp::kAllgather));
+  EXPECT_TRUE(bare.runs(CollectiveOp::kAlltoall));
   EXPECT_FALSE(bare.runs(CollectiveOp::kReducescatter));
 
   AggRailConfig ac;
@@ -290,7 +358,8 @@ TEST(ShmCollOps, TheRailSaysWhatItRunsAndAnAggregationRailRunsOnlyAllreduces) {
   ac.secret = "s";
   AggRail agg(ac, 0, 2);
   EXPECT_TRUE(agg.runs(CollectiveOp::kAllreduce));
-  for (auto op : {CollectiveOp::kBroadcast, CollectiveOp::kAllgather, CollectiveOp::kReducescatter})
+  for (auto op : {CollectiveOp::kBroadcast, CollectiveOp::kAllgather, CollectiveOp::kReducescatter,
+                  CollectiveOp::kAlltoall})
     EXPECT_FALSE(agg.runs(op)) << collective_op_name(op);
   std::vector<uint8_t> buf(8);
   try {

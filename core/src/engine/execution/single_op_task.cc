@@ -20,7 +20,7 @@ namespace {
 // Runs the collective of `resp` on `rail` (the operation's rail, or its process set's view of it:
 // rank() and size() in the set; `members` the set's job ranks, null for every rank). A collective
 // rail (the plan gives one only operations of every rank that it runs) runs the whole operation
-// itself; an alltoall never reaches one.
+// itself.
 template <class RailT>
 void run_collective(TaskContext& ctx, const Response& resp, const TensorEntry& e, RailT& rail,
                     const std::vector<int>* members, uint64_t seq, const void* input, void* output, OpResult& res) {
@@ -63,8 +63,13 @@ void run_collective(TaskContext& ctx, const Response& resp, const TensorEntry& e
         rows += res.received_splits[i];
       }
       res.output.resize(static_cast<size_t>(rows) * row_bytes);
-      if constexpr (kPointToPoint) collectives::alltoallv(rail, input, send, res.output.data(), recv, copt);
-      else throw InvalidArgument("rail '" + rail.properties().name + "' is a collective rail: it runs no alltoall");
+      if constexpr (kPointToPoint) {
+        collectives::alltoallv(rail, input, send, res.output.data(), recv, copt);
+      } else {  // an alltoall of every rank: the whole matrix
+        std::vector<size_t> matrix(static_cast<size_t>(n) * n);
+        for (size_t c = 0; c < matrix.size(); ++c) matrix[c] = static_cast<size_t>(resp.splits_matrix[c]) * row_bytes;
+        collectives::alltoallv(rail, input, res.output.data(), matrix, copt);
+      }
       res.output_shape = with_rows(shape, rows);
       break;
     }

@@ -147,7 +147,8 @@ std::vector<multirail::RailShare> Negotiator::plan_for(const Response& r) {
   op.elem_size = dtype_size(r.dtype);
   // Every collective that moves data is striped (execution/striped_part_task.cc for all but allreduce); a
   // collective rail takes shares only of allreduces of every rank it reduces, and runs whole a
-  // broadcast, allgather or reducescatter of every rank it runs (shared memory does; aggregation not).
+  // broadcast, allgather, reducescatter or alltoall of every rank it runs (shared memory does; aggregation
+  // not).
   op.splittable = op.count > 0 && r.type != OpType::kBarrier && r.type != OpType::kJoin;
   op.allreduce = r.type == OpType::kAllreduce && r.process_set == 0;
   if (r.process_set == 0) {
@@ -155,6 +156,7 @@ std::vector<multirail::RailShare> Negotiator::plan_for(const Response& r) {
       case OpType::kBroadcast: op.other = multirail::RailOp::kBroadcast; break;
       case OpType::kAllgather: op.other = multirail::RailOp::kAllgather; break;
       case OpType::kReducescatter: op.other = multirail::RailOp::kReducescatter; break;
+      case OpType::kAlltoall: op.other = multirail::RailOp::kAlltoall; break;
       default: break;
     }
   }

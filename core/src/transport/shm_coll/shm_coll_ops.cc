@@ -1,7 +1,8 @@
-// Broadcast, allgather and reducescatter on a ShmCollRail: what each places in its slot and takes from
+// Broadcast, allgather, reducescatter and alltoall on a ShmCollRail: what each places in its slot and takes from
 // the workspaces per step of the two-phase pipeline (shm_coll_pipeline.h).
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "common/error.h"
 #include "transport/shm_coll/shm_coll_pipeline.h"
@@ -133,6 +134,81 @@ class ShmCollRail::Reducescatter final : public Pipeline {
   std::vector<const uint8_t*> srcs_;
 };
 
+// Rank r's stream is its blocks for the other ranks in rank order (its own block goes straight from
+// input to output); step k's slot holds the stream's bytes [k, k + 1) x chunk_bytes. Each rank copies,
+// from every peer's slot, what of the peer's block for it falls in the step. Each byte is written
+// once and read once, by the rank it is for.
+class ShmCollRail::Alltoall final : public Pipeline {
+ public:
+  Alltoall(ShmCollRail& rail, const OpIdentity& what, std::vector<const uint8_t*> send, std::vector<uint8_t*> recv,
+           std::vector<size_t> matrix)
+      : Pipeline(rail, what, steps_for(longest_stream(matrix, rail.size_), rail.config_.chunk_bytes)),
+        send_(std::move(send)), recv_(std::move(recv)), matrix_(std::move(matrix)),
+        stream_at_(matrix_.size(), 0) {
+    const int n = ranks();
+    for (int r = 0; r < n; ++r) {
+      size_t at = 0;
+      for (int j = 0; j < n; ++j) {
+        if (j == r) continue;
+        stream_at_[cell(r, j)] = at;
+        at += matrix_[cell(r, j)];
+      }
+    }
+    const size_t own = matrix_[cell(rank(), rank())];
+    if (own > 0 && recv_[rank()] != send_[rank()]) std::memcpy(recv_[rank()], send_[rank()], own);
+  }
+
+  static size_t longest_stream(const std::vector<size_t>& matrix, int n) {
+    size_t longest = 0;
+    for (int r = 0; r < n; ++r) {
+      size_t len = 0;
+      for (int j = 0; j < n; ++j)
+        if (j != r) len += matrix[static_cast<size_t>(r) * n + j];
+      longest = std::max(longest, len);
+    }
+    return longest;
+  }
+
+ private:
+  size_t cell(int from, int to) const { return static_cast<size_t>(from) * ranks() + to; }
+  // The part of block from -> to inside step k's window of the sender's stream: (offset in the
+  // block, offset in the slot, bytes); bytes 0 if none.
+  std::tuple<size_t, size_t, size_t> overlap(int from, int to, uint64_t k) const {
+    const size_t chunk = config().chunk_bytes, lo = k * chunk, hi = lo + chunk;
+    const size_t begin = stream_at_[cell(from, to)], end = begin + matrix_[cell(from, to)];
+    const size_t a = std::max(lo, begin), b = std::min(hi, end);
+    if (a >= b) return {0, 0, 0};
+    return {a - begin, a - lo, b - a};
+  }
+  size_t place(uint64_t k, uint8_t* slot) override {
+    size_t written = 0;
+    for (int j = 0; j < ranks(); ++j) {
+      if (j == rank()) continue;
+      const auto [in_block, in_slot, len] = overlap(rank(), j, k);
+      if (len == 0) continue;
+      std::memcpy(slot + in_slot, send_[j] + in_block, len);
+      written += len;
+    }
+    return written;
+  }
+  size_t take(uint64_t k) override {
+    size_t read = 0;
+    for (int r = 0; r < ranks(); ++r) {
+      if (r == rank()) continue;
+      const auto [in_block, in_slot, len] = overlap(r, rank(), k);
+      if (len == 0) continue;
+      std::memcpy(recv_[r] + in_block, slot(r, k) + in_slot, len);
+      read += len;
+    }
+    return read;
+  }
+
+  const std::vector<const uint8_t*> send_;
+  const std::vector<uint8_t*> recv_;
+  const std::vector<size_t> matrix_;
+  std::vector<size_t> stream_at_;  // per (from, to): where the block starts in the sender's stream
+};
+
 std::unique_ptr<CollectiveRequest> ShmCollRail::start_broadcast(void* buf, size_t bytes, int root, uint64_t seq) {
   if (root < 0 || root >= size_)
     throw InvalidArgument(who() + ": broadcast root " + std::to_string(root) + " is outside a job of " +
@@ -191,6 +267,25 @@ std::unique_ptr<CollectiveRequest> ShmCollRail::start_reducescatter(const std::v
   what.layout = shm_coll::layout_digest(counts);
   return std::make_unique<Reducescatter>(*this, what, input_blocks, static_cast<uint8_t*>(output), counts,
                                                 piece);
+}
+
+std::unique_ptr<CollectiveRequest> ShmCollRail::start_alltoall(const std::vector<const uint8_t*>& send_blocks,
+                                                                const std::vector<uint8_t*>& recv_blocks,
+                                                                const std::vector<size_t>& bytes_matrix, uint64_t seq) {
+  const size_t n = static_cast<size_t>(size_);
+  if (send_blocks.size() != n || recv_blocks.size() != n || bytes_matrix.size() != n * n)
+    throw InvalidArgument(who() + ": an alltoall needs a send and a receive block per rank (" + std::to_string(n) +
+                          ") and an " + std::to_string(n) + " x " + std::to_string(n) + " byte matrix, got " +
+                          std::to_string(send_blocks.size()) + ", " + std::to_string(recv_blocks.size()) + " and " +
+                          std::to_string(bytes_matrix.size()) + " entries");
+  check_startable();
+  OpIdentity what;
+  what.kind = CollectiveOp::kAlltoall;
+  what.seq = seq;
+  for (size_t b : bytes_matrix) what.count += b;
+  what.op = static_cast<ReduceOp>(0);
+  what.layout = shm_coll::layout_digest(bytes_matrix);
+  return std::make_unique<Alltoall>(*this, what, send_blocks, recv_blocks, bytes_matrix);
 }
 
 }  // namespace nezha::transport

@@ -60,7 +60,8 @@ bool ShmCollRail::reduces(DataType dtype, ReduceOp op) const {
 
 bool ShmCollRail::runs(CollectiveOp op) const {
   // Moving bytes needs no kernel; reducing does.
-  return op == CollectiveOp::kBroadcast || op == CollectiveOp::kAllgather || config_.reduce_into != nullptr;
+  return op == CollectiveOp::kBroadcast || op == CollectiveOp::kAllgather || op == CollectiveOp::kAlltoall ||
+         config_.reduce_into != nullptr;
 }
 
 void ShmCollRail::check_startable() const {
@@ -95,6 +96,7 @@ std::string describe(CollectiveOp kind, uint64_t seq, uint64_t count, uint32_t d
     case CollectiveOp::kBroadcast:
       return s + " bytes from rank " + std::to_string(root);
     case CollectiveOp::kAllgather:
+    case CollectiveOp::kAlltoall:
       return s + " bytes";
   }
   return s;
@@ -109,7 +111,7 @@ void ShmCollRail::check_descriptors(uint64_t step, const OpIdentity& what) {
         d.op == static_cast<uint32_t>(what.op) && d.kind == static_cast<uint32_t>(what.kind) &&
         d.root == what.root && d.layout == what.layout)
       continue;
-    const bool known_kind = d.kind <= static_cast<uint32_t>(CollectiveOp::kReducescatter);
+    const bool known_kind = d.kind <= static_cast<uint32_t>(CollectiveOp::kAlltoall);
     const std::string theirs = known_kind ? describe(static_cast<CollectiveOp>(d.kind), d.seq, d.count, d.dtype, d.op, d.root)
                                           : "operation kind " + std::to_string(d.kind);
     const std::string sizes = d.layout != what.layout && theirs == describe(what.kind, what.seq, what.count,

@@ -86,7 +86,7 @@ class ShmCollRail final : public CollectiveRail {
   void abort(const std::string& reason) override;
 
   bool reduces(DataType dtype, ReduceOp op) const override;
-  bool runs(CollectiveOp op) const override;  // all four (reducing ones with a kernel given)
+  bool runs(CollectiveOp op) const override;  // all five (reducing ones with a kernel given)
   std::unique_ptr<CollectiveRequest> start_allreduce(const void* input, void* output, size_t count,
                                                       DataType dtype, ReduceOp op, uint64_t seq,
                                                       OverwriteHook before_overwrite = {}) override;
@@ -97,6 +97,9 @@ class ShmCollRail final : public CollectiveRail {
   std::unique_ptr<CollectiveRequest> start_reducescatter(const std::vector<const uint8_t*>& input_blocks,
                                                           void* output, const std::vector<size_t>& counts,
                                                           DataType dtype, ReduceOp op, uint64_t seq) override;
+  std::unique_ptr<CollectiveRequest> start_alltoall(const std::vector<const uint8_t*>& send_blocks,
+                                                     const std::vector<uint8_t*>& recv_blocks,
+                                                     const std::vector<size_t>& bytes_matrix, uint64_t seq) override;
 
  private:
   class Request;    // an allreduce (shm_coll_allreduce.cc), on the Pipeline
@@ -104,6 +107,7 @@ class ShmCollRail final : public CollectiveRail {
   class Broadcast;  // shm_coll_ops.cc
   class Allgather;
   class Reducescatter;
+  class Alltoall;
   // What an operation is, as every rank's slot descriptors must say for each of its steps.
   struct OpIdentity {
     CollectiveOp kind = CollectiveOp::kAllreduce;
