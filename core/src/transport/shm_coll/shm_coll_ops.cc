@@ -232,14 +232,8 @@ std::unique_ptr<CollectiveRequest> ShmCollRail::start_allgather(const void* inpu
                           std::to_string(size_) + "), got " + std::to_string(output_blocks.size()) + " and " +
                           std::to_string(bytes_per_rank.size()));
   check_startable();
-  OpIdentity what;
-  what.kind = CollectiveOp::kAllgather;
-  what.seq = seq;
-  for (size_t b : bytes_per_rank) what.count += b;
-  what.op = static_cast<ReduceOp>(0);
-  what.layout = shm_coll::layout_digest(bytes_per_rank);
-  return std::make_unique<Allgather>(*this, what, static_cast<const uint8_t*>(input), output_blocks,
-                                            bytes_per_rank);
+  return std::make_unique<Allgather>(*this, Pipeline::sized_identity(CollectiveOp::kAllgather, seq, bytes_per_rank),
+                                     static_cast<const uint8_t*>(input), output_blocks, bytes_per_rank);
 }
 
 std::unique_ptr<CollectiveRequest> ShmCollRail::start_reducescatter(const std::vector<const uint8_t*>& input_blocks,
@@ -258,13 +252,9 @@ std::unique_ptr<CollectiveRequest> ShmCollRail::start_reducescatter(const std::v
                           " cannot hold an element of " + dtype_name(dtype) + " per rank for " +
                           std::to_string(size_) + " ranks");
   check_startable();
-  OpIdentity what;
-  what.kind = CollectiveOp::kReducescatter;
-  what.seq = seq;
-  for (size_t c : counts) what.count += c;
+  OpIdentity what = Pipeline::sized_identity(CollectiveOp::kReducescatter, seq, counts);
   what.dtype = dtype;
   what.op = op;
-  what.layout = shm_coll::layout_digest(counts);
   return std::make_unique<Reducescatter>(*this, what, input_blocks, static_cast<uint8_t*>(output), counts,
                                                 piece);
 }
@@ -279,13 +269,8 @@ std::unique_ptr<CollectiveRequest> ShmCollRail::start_alltoall(const std::vector
                           std::to_string(send_blocks.size()) + ", " + std::to_string(recv_blocks.size()) + " and " +
                           std::to_string(bytes_matrix.size()) + " entries");
   check_startable();
-  OpIdentity what;
-  what.kind = CollectiveOp::kAlltoall;
-  what.seq = seq;
-  for (size_t b : bytes_matrix) what.count += b;
-  what.op = static_cast<ReduceOp>(0);
-  what.layout = shm_coll::layout_digest(bytes_matrix);
-  return std::make_unique<Alltoall>(*this, what, send_blocks, recv_blocks, bytes_matrix);
+  return std::make_unique<Alltoall>(*this, Pipeline::sized_identity(CollectiveOp::kAlltoall, seq, bytes_matrix),
+                                    send_blocks, recv_blocks, bytes_matrix);
 }
 
 }  // namespace nezha::transport

@@ -69,6 +69,18 @@ void ShmCollRail::wait_until(Ready ready, const char* const* phase, const Deadli
 
 class ShmCollRail::Pipeline : public CollectiveRequest {
  public:
+  // An operation of per-rank (or per-pair) sizes: its count is their total, its layout their
+  // digest (what every rank's descriptors must agree on); dtype and op left for reducing ones.
+  static OpIdentity sized_identity(CollectiveOp kind, uint64_t seq, const std::vector<size_t>& sizes) {
+    OpIdentity what;
+    what.kind = kind;
+    what.seq = seq;
+    for (size_t s : sizes) what.count += s;
+    what.op = static_cast<ReduceOp>(0);
+    what.layout = shm_coll::layout_digest(sizes);
+    return what;
+  }
+
   bool test() final { return progress(nullptr); }
   void wait(const Deadline& deadline) final { progress(&deadline); }
 
