@@ -236,14 +236,18 @@ if MODE == "ffi" and jax.default_backend() == "cpu":
     # ... and XLA's thread runs the engine loop meanwhile (engine.h, point 5): a worker's engine
     # thread then sleeps through back-to-back small calls (without the lead it wakes twice per call:
     # for the request and for the answer).
+    # A call whose peer comes later than NEZHA_JAX_WAIT_US (a loaded machine) is left to the waiter
+    # thread and may wake the engine thread twice; the bound allows for those, counted.
     nj.barrier()
+    before = _core.jax_ffi_stats()
     switches = context_switches("nz-engine")
     for i in range(30):
         jax.block_until_ready(small(jnp.full(2, float(i))))
     switches = context_switches("nz-engine") - switches
-    if r != 0 and switches >= 15:
-        fail("30 small jitted allreduces: the engine thread switched %d times (XLA's thread did not "
-             "lead the loop)" % switches)
+    left = _core.jax_ffi_stats()["completed_in_background"] - before["completed_in_background"]
+    if r != 0 and switches >= 15 + 2 * left:
+        fail("30 small jitted allreduces: the engine thread switched %d times, %d calls left to the "
+             "waiter thread (XLA's thread did not lead the loop)" % (switches, left))
     nj.barrier()
     if r == n - 1:
         time.sleep(0.3)  # far past the wait: the others' calls must go to the waiter thread
