@@ -6,7 +6,8 @@ brings it up and down. Prints a markdown table for benchmarks/SHM.md.
 
     .venv/bin/python benchmarks/hier_compare.py [--sizes 1M,16M,64M] [--slots 2,2] [--out DIR]
 
---slots 3,1 places 3 ranks on the first host and 1 on the second (the uneven placement).
+--slots 3,1 places 3 ranks on the first host and 1 on the second (the uneven placement). --rates
+none leaves the rails unshaped (veth at memory speed: the host phases' share of the time shows).
 """
 import argparse
 import json
@@ -39,11 +40,13 @@ def main():
     p.add_argument("--out", default=tempfile.mkdtemp(prefix="hier-compare-"))
     p.add_argument("--prefix", default="nzhier")
     p.add_argument("--slots", default="2,2", help="ranks per host, e.g. 3,1")
+    p.add_argument("--rates", default="1gbit,1gbit", help="per rail tc tbf rate, or none (unshaped)")
     args = p.parse_args()
+    rates = None if args.rates == "none" else args.rates.split(",")
     slots = [int(n) for n in args.slots.split(",")]
     os.makedirs(args.out, exist_ok=True)
     from nezha.testbed import Testbed
-    with Testbed(hosts=len(slots), rails=2, rates=["1gbit", "1gbit"], prefix=args.prefix) as tb:
+    with Testbed(hosts=len(slots), rails=2, rates=rates, prefix=args.prefix) as tb:
         records = run(tb, "nezha-hierarchical", os.path.join(args.out, "hier.json"), args.sizes, slots,
                       gloo=True)
         records += run(tb, "nezha-flat", os.path.join(args.out, "flat.json"), args.sizes, slots,

@@ -75,8 +75,10 @@ void allreduce_logstep(transport::PointToPointRail& rail, void* buf, size_t coun
 
 // Hierarchical allreduce (design: hierarchy.h): reduce-scatter among the ranks of each host over
 // host_lane (a kHost rail), allreduce of each slice across hosts among its owners over network, then
-// allgather over host_lane. Both rails in job rank space; placement the same on every rank.
-void allreduce_hierarchical(transport::PointToPointRail& host_lane, transport::PointToPointRail& network,
+// allgather over host_lane. The network rail in job rank space; the lane point to point in job rank
+// space too, or a collective rail of this host's ranks (in job rank order), which runs the two host
+// phases itself; placement the same on every rank.
+void allreduce_hierarchical(transport::Rail& host_lane, transport::PointToPointRail& network,
                             const transport::HostPlacement& placement, void* buf, size_t count, DataType dtype,
                             ReduceOp op, const CollectiveOptions& opt);
 

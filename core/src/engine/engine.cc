@@ -56,6 +56,9 @@ EngineConfig EngineConfig::from_knobs() {
   c.output_cache_bytes = static_cast<size_t>(std::max<int64_t>(0, knob_int("NEZHA_OUTPUT_CACHE_BYTES")));
   // Capped so the largest result fits one control-message string.
   c.hierarchical = knob_int("NEZHA_HIERARCHICAL") != 0;
+  c.host_lane = knob_string("NEZHA_HOST_LANE");
+  if (c.host_lane != "shm" && c.host_lane != "shmcoll")
+    throw InvalidArgument("NEZHA_HOST_LANE must be shm or shmcoll, not '" + c.host_lane + "'");
   c.control_inline_bytes = static_cast<size_t>(
       std::clamp<int64_t>(knob_int("NEZHA_CONTROL_INLINE_BYTES"), 0, kMaxControlString));
   return c;

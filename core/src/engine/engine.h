@@ -114,6 +114,9 @@ struct EngineConfig {
   // several ranks, allreduces go hierarchical (see build_rails()); off: a host-local rail that does
   // not reach every rank is refused (named by the user) or dropped (automatic).
   bool hierarchical = true;
+  // NEZHA_HOST_LANE: what runs the hierarchical allreduce's phases inside a host across hosts: the
+  // collective shm rail ("shmcoll": one pass over memory per phase) or the shm ring ("shm").
+  std::string host_lane = "shmcoll";
   // NEZHA_OUTPUT_CACHE_BYTES: idle large results kept for reuse (output_pool.h).
   size_t output_cache_bytes = size_t{512} << 20;
 

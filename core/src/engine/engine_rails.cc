@@ -79,9 +79,13 @@ void Engine::build_rails() {
     std::unique_ptr<transport::Rail> rail = std::move(built[i]);
     if (use_lanes && rail->properties().reach == transport::RailReach::kJob && rail->as_point_to_point()) {
       // Each network rail its own lane (own segments): rails' workers never share one. The pair
-      // offers the lane through PointToPointRail::host_lane() once connected.
-      auto lane_rail = transport::make_rail(spec_of(config_.rails[static_cast<size_t>(lane)]),
-                                            context(static_cast<int>(config_.rails.size() + i)));
+      // offers the lane through PointToPointRail::host_lane() once connected. Across hosts an
+      // automatic lane is the collective shm rail of the host's ranks (NEZHA_HOST_LANE); a lane
+      // the user listed, or a one-host job's, is the rail as listed.
+      RailConfig lane_config = config_.rails[static_cast<size_t>(lane)];
+      if (!one_host && lane_config.automatic && config_.host_lane == "shmcoll")
+        lane_config = RailConfig{lane_config.name, "", "shmcoll", {{"host_lane", "1"}}, true};
+      auto lane_rail = transport::make_rail(spec_of(lane_config), context(static_cast<int>(config_.rails.size() + i)));
       rail = std::make_unique<transport::HierarchicalRail>(std::move(rail), std::move(lane_rail));
     }
     kept.push_back(config_.rails[i]);

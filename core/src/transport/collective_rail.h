@@ -105,6 +105,7 @@ class CollectiveRail : public Rail {
                                                               uint64_t seq);
   // Reducescatter with per-rank counts: block r (counts[r] elements, this rank's input of it at
   // input_blocks[r], never written) is reduced over the ranks, in rank order, into `output` on rank r.
+  // `output` may be input_blocks[rank()] itself: each part of it is read before it is written.
   virtual std::unique_ptr<CollectiveRequest> start_reducescatter(const std::vector<const uint8_t*>& input_blocks,
                                                                   void* output, const std::vector<size_t>& counts,
                                                                   DataType dtype, ReduceOp op, uint64_t seq);

@@ -10,9 +10,9 @@ HierarchicalRail::HierarchicalRail(std::unique_ptr<Rail> network, std::unique_pt
     : network_owner_(std::move(network)),
       lane_owner_(std::move(host_lane)),
       network_(network_owner_->as_point_to_point()),
-      lane_(lane_owner_->as_point_to_point()) {
-  if (!network_ || !lane_ || network_->properties().reach != RailReach::kJob ||
-      lane_->properties().reach != RailReach::kHost)
+      lane_(lane_owner_.get()) {
+  if (!network_ || !(lane_->as_point_to_point() || lane_->as_collective()) ||
+      network_->properties().reach != RailReach::kJob || lane_->properties().reach != RailReach::kHost)
     throw InvalidArgument("rail '" + network_owner_->properties().name + "' with lane '" +
                           lane_owner_->properties().name +
                           "': a hierarchical rail pairs a point-to-point network rail with a host-local one");

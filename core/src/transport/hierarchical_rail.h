@@ -1,5 +1,5 @@
-// HierarchicalRail: a network rail (reach: the job) paired with a host lane (a kHost point-to-point
-// rail, shared memory) for the hierarchical allreduce (host_lane.h).
+// HierarchicalRail: a network rail (reach: the job) paired with a host lane (a kHost rail of shared
+// memory: point to point, or collective) for the hierarchical allreduce (host_lane.h).
 //
 // What it is for. Where several ranks share a host, an allreduce share of a network rail moves less
 // over the network if the ranks of each host first reduce-scatter it among themselves over shared
@@ -29,7 +29,7 @@ namespace nezha::transport {
 class HierarchicalRail final : public PointToPointRail, private HostLane {
  public:
   // Throws InvalidArgument naming both unless `network` is a point-to-point rail reaching the job
-  // and `host_lane` a point-to-point rail reaching one host.
+  // and `host_lane` a rail reaching one host (point to point or collective).
   HierarchicalRail(std::unique_ptr<Rail> network, std::unique_ptr<Rail> host_lane);
   ~HierarchicalRail() override;
 
@@ -68,13 +68,13 @@ class HierarchicalRail final : public PointToPointRail, private HostLane {
   HostLane* host_lane() override { return hierarchical_ ? this : nullptr; }
 
  private:
-  PointToPointRail& lane() override { return *lane_; }
+  Rail& lane() override { return *lane_; }
   PointToPointRail& network() override { return *network_; }
   const HostPlacement& placement() const override { return placement_; }
 
   std::unique_ptr<Rail> network_owner_, lane_owner_;
   PointToPointRail* network_;  // network_owner_ as the point-to-point rail it is
-  PointToPointRail* lane_;     // lane_owner_ likewise
+  Rail* lane_;                 // lane_owner_
   RailProperties properties_;
   HostPlacement placement_;
   bool hierarchical_ = false;

@@ -157,6 +157,32 @@ TEST_P(Placements, OverLoopbackTcpAndSharedMemory) {
   }
 }
 
+// Across hosts the automatic lane is the collective shm rail of each host's ranks (NEZHA_HOST_LANE):
+// it runs the reduce-scatter and allgather inside the host itself; the same results, bit for bit.
+TEST_P(Placements, OverLoopbackTcpAndTheCollectiveShmLane) {
+  const std::vector<int> host_of = hosts_of(GetParam());
+  std::vector<RailConfig> rails = testing::loopback_rails(2);
+  rails.push_back(shm_lane(/*automatic=*/true));
+  Cluster c(static_cast<int>(host_of.size()), rails, [&](EngineConfig& cfg) { place(cfg, host_of); });
+  ASSERT_EQ(c[0].rail_stats().size(), 2u);
+  EXPECT_EQ(c[0].rail_stats()[0].kind, "tcp+shmcoll");
+  every_dtype_and_op(c, 100003, "coll");
+  std::vector<uint64_t> lane_before(host_of.size());
+  for (size_t r = 0; r < host_of.size(); ++r) {
+    auto s = c[static_cast<int>(r)].rail_stats();
+    lane_before[r] = s[0].lane_bytes_sent + s[1].lane_bytes_sent;
+  }
+  testing::allreduce_and_check(c, "large", 3 << 20);
+  for (size_t r = 0; r < host_of.size(); ++r) {
+    auto s = c[static_cast<int>(r)].rail_stats();
+    int local = 0;
+    for (int h : host_of) local += h == host_of[r];
+    const uint64_t lane = s[0].lane_bytes_sent + s[1].lane_bytes_sent - lane_before[r];
+    if (local > 1) EXPECT_GT(lane, 0u) << "rank " << r;
+    else EXPECT_EQ(lane, 0u) << "rank " << r;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Hosts, Placements, ::testing::Values("2-2", "3-1", "1-3"));
 
 TEST(EngineHierarchical, NetworkRailLostMidRunIsRedoneWithExactResults) {
@@ -208,6 +234,18 @@ TEST(EngineHierarchical, AutomaticShmOnOneHostCarriesTheAllreduces) {
   ASSERT_EQ(c[0].rail_stats().size(), 1u);
   EXPECT_EQ(c[0].rail_stats()[0].kind, "tcp+shm");
   testing::allreduce_and_check(c, "auto", 1 << 20);
+}
+
+TEST(EngineHierarchical, TheKnobKeepsTheShmRingAsTheLaneAcrossHosts) {
+  const std::vector<int> host_of = hosts_of("2-2");
+  std::vector<RailConfig> rails = testing::loopback_rails(1);
+  rails.push_back(shm_lane(/*automatic=*/true));
+  Cluster c(4, rails, [&](EngineConfig& cfg) {
+    place(cfg, host_of);
+    cfg.host_lane = "shm";
+  });
+  EXPECT_EQ(c[0].rail_stats()[0].kind, "tcp+shm");
+  testing::allreduce_and_check(c, "ring lane", 100003);
 }
 
 TEST(EngineHierarchical, AutomaticShmIsDroppedAcrossHostsWithHierarchicalOff) {

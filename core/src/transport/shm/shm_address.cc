@@ -59,6 +59,12 @@ LocalEndpoint make_local_endpoint(const std::string& purpose, const std::string&
   return e;
 }
 
+std::string host_key(const ShmAddress& a) {
+  // Length-prefixed parts, so no choice of host entry can make two different hosts' keys equal.
+  return std::to_string(a.host_id.size()) + ":" + a.host_id + std::to_string(a.boot_id.size()) + ":" + a.boot_id +
+         std::to_string(a.netns_inode);
+}
+
 bool process_exited(int pidfd, int32_t pid, uint64_t start_time) {
   if (pidfd >= 0) {
     pollfd p{pidfd, POLLIN, 0};

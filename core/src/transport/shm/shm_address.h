@@ -33,6 +33,8 @@ ShmAddress decode_address(const std::string& bytes, const std::string& who);
 
 // Empty if a and b are on the same host; else which part differs (for error messages).
 std::string same_host_mismatch(const ShmAddress& a, const ShmAddress& b);
+// Bytes equal for exactly the addresses same_host_mismatch() puts on one host (Rail::host_key).
+std::string host_key(const ShmAddress& a);
 
 std::string to_hex(const std::string& bytes);
 // Throws InvalidArgument naming `who` for odd length or a non-hex digit.

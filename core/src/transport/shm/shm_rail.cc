@@ -89,11 +89,7 @@ void ShmRail::throw_if_aborted() const {
 }
 
 std::string ShmRail::host_key(const std::string& address) const {
-  const shm::ShmAddress a = shm::decode_address(address, "rail " + config_.name + ": host_key");
-  // Length-prefixed parts, so no choice of host entry can make two different hosts' keys equal.
-  const std::string netns = std::to_string(a.netns_inode);
-  return std::to_string(a.host_id.size()) + ":" + a.host_id + std::to_string(a.boot_id.size()) + ":" +
-         a.boot_id + netns;
+  return shm::host_key(shm::decode_address(address, "rail " + config_.name + ": host_key"));
 }
 
 // Waits for no peer (so the deadline is unused): pairs link on their first data call.

@@ -84,8 +84,9 @@ class ShmCollRail::Allgather final : public Pipeline {
 };
 
 // A slot holds one piece of every block, piece r at r * piece bytes: every rank places piece k of
-// each of its input's blocks, and rank r reduces piece k of block r from every rank's slot, in rank
-// order, into its output. All ranks reduce at once, each its own block.
+// each of its input's blocks but its own, and rank r reduces piece k of block r from every other
+// rank's slot and its own input, in rank order, into its output. All ranks reduce at once, each its
+// own block.
 class ShmCollRail::Reducescatter final : public Pipeline {
  public:
   Reducescatter(ShmCollRail& rail, const OpIdentity& what, std::vector<const uint8_t*> in,
@@ -107,21 +108,25 @@ class ShmCollRail::Reducescatter final : public Pipeline {
     const size_t at = std::min(counts_[r], k * piece_elems_);
     return {at, std::min(piece_elems_, counts_[r] - at)};
   }
+  // This rank's own block is never placed: only the others read a piece from a rank's slot.
   size_t place(uint64_t k, uint8_t* slot) override {
     size_t written = 0;
     for (int r = 0; r < ranks(); ++r) {
       const auto [at, len] = piece(r, k);
-      if (len > 0) std::memcpy(slot + r * piece_elems_ * esize_, in_[r] + at * esize_, len * esize_);
+      if (r == rank() || len == 0) continue;
+      std::memcpy(slot + r * piece_elems_ * esize_, in_[r] + at * esize_, len * esize_);
       written += len * esize_;
     }
     return written;
   }
+  // Its own piece comes straight from the input (the output may be that input: reduce_sources reads
+  // each part of it before writing it).
   size_t take(uint64_t k) override {
     const auto [at, len] = piece(rank(), k);
     if (len == 0) return 0;
-    for (int r = 0; r < ranks(); ++r) srcs_[r] = slot(r, k);
-    shm_coll::reduce_sources(out_ + at * esize_, srcs_, rank() * piece_elems_ * esize_, len * esize_, esize_, dtype_,
-                             op_, config().reduce_into);
+    for (int r = 0; r < ranks(); ++r)
+      srcs_[r] = r == rank() ? in_[r] + at * esize_ : slot(r, k) + rank() * piece_elems_ * esize_;
+    shm_coll::reduce_sources(out_ + at * esize_, srcs_, 0, len * esize_, esize_, dtype_, op_, config().reduce_into);
     return len * esize_ * static_cast<size_t>(ranks() - 1);
   }
 

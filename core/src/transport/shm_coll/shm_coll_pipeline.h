@@ -63,7 +63,7 @@ void ShmCollRail::wait_until(Ready ready, const char* const* phase, const Deadli
     if (ready() < 0) return;
     check_peers();
     if (deadline.expired())
-      fail<TimeoutError>(lag, who() + ": timed out waiting for rank " + std::to_string(lag) + " to " + *phase);
+      fail<TimeoutError>(lag, who() + ": timed out waiting for " + rank_name(lag) + " to " + *phase);
   }
 }
 

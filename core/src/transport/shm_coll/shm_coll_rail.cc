@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <new>
 #include <type_traits>
 
@@ -17,7 +18,7 @@
 namespace nezha::transport {
 
 ShmCollRail::ShmCollRail(ShmCollRailConfig config, int rank, int size)
-    : config_(std::move(config)), rank_(rank), size_(size) {
+    : config_(std::move(config)), job_rank_(rank), job_size_(size), rank_(rank), size_(size) {
   if (size <= 0 || rank < 0 || rank >= size)
     throw InvalidArgument("rail '" + config_.name + "': rank " + std::to_string(rank) + " is outside a job of " +
                           std::to_string(size) + " ranks");
@@ -28,7 +29,8 @@ ShmCollRail::ShmCollRail(ShmCollRailConfig config, int rank, int size)
   properties_.name = config_.name;
   properties_.kind = "shmcoll";
   properties_.local_addr = "shmcoll:" + config_.host_id;
-  properties_.reach = RailReach::kJob;  // the whole job, all on this host (connect checks)
+  // The whole job, all on this host (connect checks), or a host lane: this host's ranks.
+  properties_.reach = config_.host_lane ? RailReach::kHost : RailReach::kJob;
   // Priors until calibration: two futex round trips at worst, and each byte crossing memory three
   // times per rank (copy in, reduce, copy out) against a ring's copies through the p2p shm rail.
   properties_.latency_us_prior = 5;
@@ -46,7 +48,12 @@ ShmCollRail::ShmCollRail(ShmCollRailConfig config, int rank, int size)
 
 ShmCollRail::~ShmCollRail() { close(); }
 
-std::string ShmCollRail::who() const { return "rail '" + config_.name + "', rank " + std::to_string(rank_); }
+std::string ShmCollRail::who() const { return "rail '" + config_.name + "', rank " + std::to_string(job_rank_); }
+
+std::string ShmCollRail::host_key(const std::string& address) const {
+  if (!config_.host_lane) return {};
+  return shm::host_key(shm::decode_address(address, who() + ": host_key"));
+}
 
 std::string ShmCollRail::local_address() const { return shm::encode_address(address_); }
 
@@ -119,33 +126,41 @@ void ShmCollRail::check_descriptors(uint64_t step, const OpIdentity& what) {
                                                                             static_cast<uint32_t>(what.op), what.root)
                                   ? " with other per-rank sizes"
                                   : "";
-    fail<ProtocolError>(-1, who() + ": rank " + std::to_string(r) + " runs " + theirs + sizes + " where this rank runs " +
+    fail<ProtocolError>(-1, who() + ": " + rank_name(r) + " runs " + theirs + sizes + " where this rank runs " +
                                 describe(what.kind, what.seq, what.count, static_cast<uint32_t>(what.dtype),
                                          static_cast<uint32_t>(what.op), what.root));
   }
 }
 
 void ShmCollRail::connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) {
-  if (static_cast<int>(addresses_by_rank.size()) != size_)
+  if (static_cast<int>(addresses_by_rank.size()) != job_size_)
     throw InvalidArgument(who() + ": connect() got " + std::to_string(addresses_by_rank.size()) + " addresses for " +
-                          std::to_string(size_) + " ranks");
+                          std::to_string(job_size_) + " ranks");
   throw_if_unusable();
   drop_segments();
   failed_ = false;
-  std::vector<shm::ShmAddress> addrs(static_cast<size_t>(size_));
+  // The rail's ranks: the job's, or on a host lane those whose address says this host.
+  std::vector<int> members;
+  std::vector<shm::ShmAddress> addrs;
+  for (int j = 0; j < job_size_; ++j) {
+    shm::ShmAddress a = j == job_rank_ ? address_
+                                       : shm::decode_address(addresses_by_rank[j], who() + ": connect to rank " +
+                                                                                       std::to_string(j));
+    const std::string mismatch = shm::same_host_mismatch(address_, a);
+    if (!mismatch.empty() && config_.host_lane) continue;
+    if (!mismatch.empty())
+      throw InvalidArgument(who() + ": rank " + std::to_string(j) + " is not on this host (" + mismatch +
+                            "); a shmcoll rail joins only jobs whose ranks all share one host");
+    members.push_back(j);
+    addrs.push_back(std::move(a));
+  }
+  rank_ = static_cast<int>(std::find(members.begin(), members.end(), job_rank_) - members.begin());
+  size_ = static_cast<int>(members.size());
+  members_ = config_.host_lane ? members : std::vector<int>{};
   std::vector<shm::HandoffPeer> others;
   for (int r = 0; r < size_; ++r) {
-    if (r == rank_) {
-      addrs[r] = address_;
-      continue;
-    }
-    addrs[r] = shm::decode_address(addresses_by_rank[r], who() + ": connect to rank " + std::to_string(r));
-    const std::string mismatch = shm::same_host_mismatch(address_, addrs[r]);
-    if (!mismatch.empty())
-      throw InvalidArgument(who() + ": rank " + std::to_string(r) + " is not on this host (" + mismatch +
-                            "); a shmcoll rail joins only jobs whose ranks all share one host");
-    const std::string nonce =
-        shm::from_hex(addrs[r].nonce_hex, who() + ": rank " + std::to_string(r) + "'s address");
+    if (r == rank_) continue;
+    const std::string nonce = shm::from_hex(addrs[r].nonce_hex, who() + ": " + rank_name(r) + "'s address");
     others.push_back({r, addrs[r], nonce});
   }
   const uint64_t ws_bytes = shm_coll::workspace_bytes(config_.chunk_bytes, config_.slots);
@@ -161,7 +176,7 @@ void ShmCollRail::connect(const std::vector<std::string>& addresses_by_rank, con
     const int r = others[i].rank;
     shm::SegmentIdentity expect{job_tag_, others[i].nonce, addrs[r].pid, addrs[r].start_time, r, 1, ws_bytes};
     try {
-      peers[r].segment = shm::Segment::attach(fds[i], expect, who() + ": connect to rank " + std::to_string(r));
+      peers[r].segment = shm::Segment::attach(fds[i], expect, who() + ": connect to " + rank_name(r));
     } catch (const NezhaError& e) {
       for (size_t j = i + 1; j < others.size(); ++j) ::close(fds[j]);
       throw ProtocolError(e.what());
@@ -179,7 +194,7 @@ void ShmCollRail::connect(const std::vector<std::string>& addresses_by_rank, con
     if (shm::process_start_time(p.pid) != p.start_time) {
       for (Peer& opened : peers)
         if (opened.pidfd >= 0) ::close(opened.pidfd);
-      throw PeerError(r, who() + ": connect to rank " + std::to_string(r) + ": its process (pid " +
+      throw PeerError(job_rank_of(r), who() + ": connect to " + rank_name(r) + ": its process (pid " +
                              std::to_string(p.pid) + ") is gone");
     }
   }
@@ -236,7 +251,7 @@ void ShmCollRail::abort(const std::string& reason) {
 void ShmCollRail::throw_if_unusable() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (aborted_) throw NezhaError(who() + " aborted: " + abort_reason_);
-  if (failed_) throw PeerError(size_, who() + " failed earlier (" + failure_ + "); awaiting re-admission");
+  if (failed_) throw PeerError(job_size_, who() + " failed earlier (" + failure_ + "); awaiting re-admission");
 }
 
 template <class E>
@@ -257,7 +272,7 @@ void ShmCollRail::fail(int blame, const std::string& what) {
     throw NezhaError(who() + " aborted: " + abort_reason_);
   }
   if constexpr (std::is_same_v<E, ProtocolError>) throw ProtocolError(what);
-  else throw E(blame < 0 ? size_ : blame, what);
+  else throw E(blame < 0 ? job_size_ : job_rank_of(blame), what);
 }
 
 template void ShmCollRail::fail<PeerError>(int, const std::string&);
@@ -289,13 +304,12 @@ void ShmCollRail::check_peers() {
     if (closed && left < 0) left = r;
   }
   if (gone >= 0)
-    fail<PeerError>(gone, who() + ": rank " + std::to_string(gone) + " (pid " + std::to_string(peers_[gone].pid) +
-                              ") exited");
+    fail<PeerError>(gone, who() + ": " + rank_name(gone) + " (pid " + std::to_string(peers_[gone].pid) + ") exited");
   if (blamed >= 0)
-    fail<PeerError>(blamed, who() + ": rank " + std::to_string(blamed) + " is gone or stuck (reported by rank " +
-                                std::to_string(blamer) + ")");
+    fail<PeerError>(blamed, who() + ": " + rank_name(blamed) + " is gone or stuck (reported by " + rank_name(blamer) +
+                                ")");
   if (left >= 0)
-    fail<PeerError>(left, who() + ": rank " + std::to_string(left) + " left the rail (aborted, failed or closed)");
+    fail<PeerError>(left, who() + ": " + rank_name(left) + " left the rail (aborted, failed or closed)");
 }
 
 }  // namespace nezha::transport

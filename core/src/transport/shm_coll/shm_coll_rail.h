@@ -32,7 +32,10 @@
 // segments (nothing is ever named in /dev/shm, so nothing can leak there, even under SIGKILL) and the
 // fd handoff over abstract unix sockets. Unlike the shm rail it joins the whole job or nothing: every
 // rank must be on this host (connect throws naming the first rank that is not), because an allreduce
-// on it is the job's.
+// on it is the job's. Except as a host lane (host_lane, reach kHost: the hierarchical allreduce's
+// phases inside a host, hierarchical_rail.h): then connect() takes the whole job's addresses and
+// forms the rail of the ranks on this host, rank() and size() counting among them (in job rank
+// order); errors still name job ranks.
 //
 // Reduction. The transport layer sits below the kernels (collectives/reduce.h); whoever builds the rail
 // hands it the elementwise kernel (RailContext::reduce_into). Without one, reduces() is false.
@@ -66,6 +69,7 @@ struct ShmCollRailConfig {
   double spin_us = 20;             // busy-wait before sleeping on the futex
   double liveness_slice_ms = 50;   // futex sleep slice; peers' processes are checked after each
   size_t max_share_bytes = 0;      // RailProperties::max_share_bytes (0: no limit)
+  bool host_lane = false;          // reach kHost: the rail of this host's ranks (see above)
 };
 
 class ShmCollRail final : public CollectiveRail {
@@ -76,9 +80,11 @@ class ShmCollRail final : public CollectiveRail {
   ShmCollRail& operator=(const ShmCollRail&) = delete;
 
   const RailProperties& properties() const override { return properties_; }
+  // Among this host's ranks for a host lane, once connected.
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string local_address() const override;
+  std::string host_key(const std::string& address) const override;
   void connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline) override;
   void reset() override;
   void close() override;
@@ -145,13 +151,17 @@ class ShmCollRail final : public CollectiveRail {
   // Every rank's descriptor of `step` must say `what`: fails the rail (ProtocolError) naming the first
   // rank whose does not, and what it runs.
   void check_descriptors(uint64_t step, const OpIdentity& what);
-  std::string who() const;  // "rail 'shmcoll', rank R"
+  std::string who() const;  // "rail 'shmcoll', rank R" (the job rank)
   void drop_segments();
+  // The job rank of rank `index` of the rail (they differ only on a host lane).
+  int job_rank_of(int index) const { return members_.empty() ? index : members_[static_cast<size_t>(index)]; }
+  std::string rank_name(int index) const { return "rank " + std::to_string(job_rank_of(index)); }
 
   ShmCollRailConfig config_;
   RailProperties properties_;
-  const int rank_;
-  const int size_;
+  const int job_rank_, job_size_;
+  int rank_, size_;           // in the rail: the job's, or among this host's ranks (host lane)
+  std::vector<int> members_;  // host lane, connected: the job ranks of the rail's ranks, ascending
   shm::ShmAddress address_;
   std::string nonce_;    // raw 16 bytes
   std::string job_tag_;  // raw 16 bytes

@@ -1,5 +1,5 @@
 // make_shm_coll_rail: the factory's entry for kind "shmcoll" (registered in rail_kinds.cc).
-//   shmcoll[;chunk_bytes=N][;slots=S][;small_bytes=N][;spin_us=U][;max_share_bytes=N]
+//   shmcoll[;chunk_bytes=N][;slots=S][;small_bytes=N][;spin_us=U][;max_share_bytes=N][;host_lane=1]
 #include <algorithm>
 
 #include "common/error.h"
@@ -8,7 +8,7 @@
 namespace nezha::transport {
 
 std::unique_ptr<Rail> make_shm_coll_rail(const RailSpec& spec, const RailContext& ctx) {
-  reject_unknown_options(spec, {"chunk_bytes", "slots", "small_bytes", "spin_us", "max_share_bytes"});
+  reject_unknown_options(spec, {"chunk_bytes", "slots", "small_bytes", "spin_us", "max_share_bytes", "host_lane"});
   ShmCollRailConfig c;
   c.name = spec.name.empty() ? "shmcoll" : spec.name;
   c.secret = ctx.secret;
@@ -19,6 +19,7 @@ std::unique_ptr<Rail> make_shm_coll_rail(const RailSpec& spec, const RailContext
   c.small_bytes = rail_option_bytes(spec, "small_bytes", std::min(c.small_bytes, c.chunk_bytes));
   c.spin_us = static_cast<double>(rail_option_bytes(spec, "spin_us", static_cast<size_t>(c.spin_us)));
   c.max_share_bytes = rail_option_bytes(spec, "max_share_bytes", 0);
+  c.host_lane = rail_option_bytes(spec, "host_lane", 0) != 0;
   return std::make_unique<ShmCollRail>(c, ctx.rank, ctx.size);
 }
 
