@@ -10,17 +10,22 @@
 //
 // The rail's own part is estimated from the share's receiving calls (each blocking receive or
 // exchange of the algorithm, timed by the engine; sends into a socket buffer return at once and say
-// nothing about the rail): in a ring or log-step allreduce they move messages of (nearly) one size,
-// so on a healthy rail they take about the same time, whatever the rail's speed. A call that took
-// more than kPeerWaitRatio times the share's median call, and kMinPeerWaitSeconds more, was waiting
-// for a peer; its excess over the median is taken out of the share's time. A rail that is slow for
-// the whole share keeps its time (every call is slow, so the median is); jitter below the ratio is
-// kept too, so the estimate is not biased low by timing noise; and so are waits shorter than a
-// scheduler's time slice, which cannot be told from a network hop's latency (a message that was
-// already buffered returns in microseconds, one that crossed the network in tens of them).
+// nothing about the rail). In a ring or log-step allreduce a rank waits for a late peer at the first
+// call that needs data that went through that peer; from there the messages flow. So a few calls
+// of a share wait, the others take what the rail takes; the reference is the share's upper-quartile
+// call (not the median: in a pipelined ring calls alternate between send-bound and receive-bound, a
+// factor 3 apart on a paced link; with two calls, the faster). A call that took more than
+// kPeerWaitRatio times the reference, and kMinPeerWaitSeconds more, waited for a peer, and its
+// excess over the reference is taken out of the share's time (every such call's: correcting one
+// wait of two would leave samples of one rail inconsistent with each other, which misleads the
+// fit more than leaving both). A rail that is slow for the whole share keeps its time (every call is slow);
+// jitter below the ratio is kept, so the estimate is not biased low by timing noise; and so are
+// waits shorter than a scheduler's time slice, which cannot be told from a network hop's latency (a
+// message that was already buffered returns in microseconds, one that crossed the network in tens
+// of them).
 //
-// Not covered: a share of one data call (nothing to compare it with), waits spread evenly over every
-// call, and shares whose algorithm the engine does not time call by call (a collective rail, the
+// Not covered: a share of one data call (nothing to compare it with), waits at more than a quarter
+// of a share's calls (the reference is then a wait itself), and shares whose algorithm the engine does not time call by call (a collective rail, the
 // hierarchical allreduce): those report their wall time.
 #pragma once
 
@@ -28,7 +33,8 @@
 
 namespace nezha::multirail {
 
-// A call slower than this many times the share's median call waited for a peer.
+// A call waited for a peer when it took this many times the share's upper-quartile call, and this
+// many seconds more.
 constexpr double kPeerWaitRatio = 2.0;
 constexpr double kMinPeerWaitSeconds = 500e-6;
 

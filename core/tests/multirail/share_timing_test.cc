@@ -17,10 +17,12 @@ TEST(RailShareSeconds, KeepsTheTimeWithoutCallsToCompare) {
   EXPECT_DOUBLE_EQ(rail_share_seconds(0.030, {0.029}), 0.030);
 }
 
-TEST(RailShareSeconds, TakesOutALateCallsExcessOverTheMedian) {
+TEST(RailShareSeconds, TakesOutTheWaitingCallsExcess) {
   // Four calls of 1 ms, one of them waited 30 ms more for its peer; 0.5 ms of local work besides.
   const double total = 0.0005 + 3 * 0.001 + 0.031;
   EXPECT_NEAR(rail_share_seconds(total, {0.001, 0.031, 0.001, 0.001}), 0.0005 + 4 * 0.001, 1e-12);
+  // Two of eight calls waited (for two peers), 0.5 ms of local work: both waits come out.
+  EXPECT_NEAR(rail_share_seconds(0.0585, {0.001, 0.021, 0.001, 0.001, 0.031, 0.001, 0.001, 0.001}), 0.0085, 1e-12);
   // Two calls (a log-step of four ranks): the faster one is the reference.
   EXPECT_NEAR(rail_share_seconds(0.0251, {0.025, 0.0001}), 0.0002, 1e-12);
 }
@@ -32,6 +34,8 @@ TEST(RailShareSeconds, KeepsJitterShortWaitsAndAUniformlySlowRail) {
   EXPECT_DOUBLE_EQ(rail_share_seconds(0.00046, {0.00001, 0.0004, 0.00001, 0.00001}), 0.00046);
   // Every call slow (a throttled rail): all of it is the rail's.
   EXPECT_DOUBLE_EQ(rail_share_seconds(0.4, {0.1, 0.1, 0.1, 0.1}), 0.4);
+  // A pipelined ring on a paced link: calls alternate between 3 ms and 10 ms; none waited.
+  EXPECT_DOUBLE_EQ(rail_share_seconds(0.08, {0.003, 0.010, 0.003, 0.011, 0.003, 0.010}), 0.08);
   // Never negative, never more than the share took.
   EXPECT_GE(rail_share_seconds(0.001, {0.0001, 0.5, 0.0001}), 0.0);
 }
