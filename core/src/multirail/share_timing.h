@@ -17,16 +17,17 @@
 // factor 3 apart on a paced link; with two calls, the faster). A call that took more than
 // kPeerWaitRatio times the reference, and kMinPeerWaitSeconds more, waited for a peer, and its
 // excess over the reference is taken out of the share's time (every such call's: correcting one
-// wait of two would leave samples of one rail inconsistent with each other, which misleads the
-// fit more than leaving both). A rail that is slow for the whole share keeps its time (every call is slow);
-// jitter below the ratio is kept, so the estimate is not biased low by timing noise; and so are
-// waits shorter than a scheduler's time slice, which cannot be told from a network hop's latency (a
-// message that was already buffered returns in microseconds, one that crossed the network in tens
+// wait of two would leave samples of one rail inconsistent with each other, which misleads the fit
+// more than leaving both). A rail that is slow for the whole share keeps its time (every call is
+// slow); jitter below the ratio is kept, so the estimate is not biased low by timing noise; and so
+// are waits shorter than a scheduler's time slice, which cannot be told from a network hop's latency
+// (a message that was already buffered returns in microseconds, one that crossed the network in tens
 // of them).
 //
 // Not covered: a share of one data call (nothing to compare it with), waits at more than a quarter
-// of a share's calls (the reference is then a wait itself), and shares whose algorithm the engine does not time call by call (a collective rail, the
-// hierarchical allreduce): those report their wall time.
+// of a share's calls (the reference is then a wait itself), and shares whose algorithm the engine
+// does not time call by call (a collective rail, the hierarchical allreduce) or does not correct
+// (calibration): those report their wall time.
 #pragma once
 
 #include <vector>

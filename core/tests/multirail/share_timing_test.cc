@@ -28,9 +28,9 @@ TEST(RailShareSeconds, TakesOutTheWaitingCallsExcess) {
 }
 
 TEST(RailShareSeconds, KeepsJitterShortWaitsAndAUniformlySlowRail) {
-  // Below twice the median: jitter, kept.
+  // Below twice the reference (the upper-quartile call): jitter, kept.
   EXPECT_DOUBLE_EQ(rail_share_seconds(0.0049, {0.001, 0.0019, 0.001, 0.001}), 0.0049);
-  // Far above the median but under the scheduler-slice floor: a hop's latency, kept.
+  // Far above the reference but under the scheduler-slice floor: a hop's latency, kept.
   EXPECT_DOUBLE_EQ(rail_share_seconds(0.00046, {0.00001, 0.0004, 0.00001, 0.00001}), 0.00046);
   // Every call slow (a throttled rail): all of it is the rail's.
   EXPECT_DOUBLE_EQ(rail_share_seconds(0.4, {0.1, 0.1, 0.1, 0.1}), 0.4);
