@@ -8,7 +8,10 @@ throttled rail) without rerunning it.
     .venv/bin/python benchmarks/replay_planner.py /tmp/tl.0.json [--plans]
 
 Rank 0's timeline is the one to replay: rank 0's models decide the splits. Rails are the timeline's
-threads named "rail ..." in order.
+threads named "rail ..." in order. A share's time is what the engine's cost model learned from it
+(args.rail_us: its wall time less the waits for late peers, multirail/share_timing.h) where the
+timeline has it; --wall replays the wall times instead (event durations: what older engines learned),
+so one run shows both.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ def rail_threads(events) -> dict:
     return {tid: i for i, tid in enumerate(sorted(names))}, [names[t] for t in sorted(names)]
 
 
-def replay(events, show_plans: bool = False) -> dict:
+def replay(events, show_plans: bool = False, wall: bool = False) -> dict:
     index, names = rail_threads(events)
     if not names:
         raise SystemExit("no rail threads in this timeline (was it written with NEZHA_TIMELINE?)")
@@ -38,7 +41,8 @@ def replay(events, show_plans: bool = False) -> dict:
     table = planner.RailTable([dict(name=n) for n in names])
     split, single, betas, last = [], 0, [[] for _ in names], None
     for e in shares:
-        table.observe(index[e["tid"]], e["args"]["bytes"], e["dur"] * 1e-6)
+        micros = e["dur"] if wall else e["args"].get("rail_us", e["dur"])
+        table.observe(index[e["tid"]], e["args"]["bytes"], micros * 1e-6)
         if e["name"].startswith("calibration"):
             continue
         plan = table.plan(PLAN_BYTES // 4, 4)
@@ -62,11 +66,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("timeline")
     parser.add_argument("--plans", action="store_true", help="print every change of the split")
+    parser.add_argument("--wall", action="store_true", help="learn from the shares' wall times, not args.rail_us")
     args = parser.parse_args()
     with open(args.timeline, encoding="utf-8") as f:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
-    print(json.dumps(replay(events, args.plans), indent=2))
+    print(json.dumps(replay(events, args.plans, args.wall), indent=2))
     return 0
 
 

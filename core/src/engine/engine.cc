@@ -245,8 +245,8 @@ void Engine::wire_components(const std::vector<std::vector<std::string>>& addrs_
   // observer only feeds the timeline.
   executor_ = std::make_unique<Executor>(
       eo, rails, rail_table_.get(),
-      [this](int rail, size_t bytes, Clock::time_point start, double s, const std::string& what) {
-        timeline_.share_done(rail, what, start, s, bytes);
+      [this](int rail, size_t bytes, Clock::time_point start, double s, double rail_s, const std::string& what) {
+        timeline_.share_done(rail, what, start, s, rail_s, bytes);
       },
       std::move(hooks));
 }

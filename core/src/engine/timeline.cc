@@ -92,12 +92,12 @@ void Timeline::done_by_coordinator(const std::string& tensor, size_t bytes) {
 }
 
 void Timeline::share_done(int rail, const std::string& what, Clock::time_point start,
-                          double seconds, size_t bytes) {
+                          double seconds, double rail_seconds, size_t bytes) {
   if (!enabled()) return;
   std::ostringstream e;
   e << "{\"name\":" << quoted(what) << ",\"cat\":\"rail\",\"ph\":\"X\",\"pid\":" << rank_
     << ",\"tid\":" << rail + 1 << ",\"ts\":" << micros(start) << ",\"dur\":" << seconds * 1e6
-    << ",\"args\":{\"bytes\":" << bytes << "}}";
+    << ",\"args\":{\"bytes\":" << bytes << ",\"rail_us\":" << rail_seconds * 1e6 << "}}";
   write_event(e.str());
 }
 

@@ -30,8 +30,9 @@ class Timeline {
   void negotiation_finished(const std::string& tensor);
   // A collective rank 0 did within negotiation (control_inline.h): an instant event, no rail.
   void done_by_coordinator(const std::string& tensor, size_t bytes);
+  // `rail_seconds`: the part of `seconds` the cost model learned (args.rail_us; see ShareObserver).
   void share_done(int rail, const std::string& what, Clock::time_point start, double seconds,
-                  size_t bytes);
+                  double rail_seconds, size_t bytes);
   void close();
 
  private:

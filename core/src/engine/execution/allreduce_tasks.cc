@@ -12,6 +12,7 @@
 #include "collectives/collectives.h"
 #include "common/logging.h"
 #include "engine/execution/balanced_ranges.h"
+#include "engine/execution/call_timing_rail.h"
 #include "engine/execution/task_context.h"
 #include "engine/execution/task_kinds.h"
 #include "engine/failover/rail_watchdog.h"
@@ -121,17 +122,20 @@ void AllreduceShare::run(TaskContext& ctx) {
       });
     };
   }
+  std::vector<double> calls;  // the receiving calls' times: what waited for a late peer
   auto start = std::chrono::steady_clock::now();
   if (ctx.watchdog) ctx.watchdog->begin(r, "allreduce of " + names_str(job.resp));
   try {
-    if (job.members)  // among the set's members: flat, over the set's view of the rail
-      collectives::allreduce(set_view.emplace(ctx.point_to_point(r, "allreduce of a process set"), *job.members),
-                             in, target, share_.count, job.resp.dtype, job.resp.op, copt);
-    else
-      ctx.allreduce_on(r, in, target, share_.count, job.resp.dtype, job.resp.op, copt);
+    if (job.members) {  // among the set's members: flat, over the set's view of the rail
+      CallTimingRail timed(ctx.point_to_point(r, "allreduce of a process set"), calls);
+      collectives::allreduce(set_view.emplace(timed, *job.members), in, target, share_.count, job.resp.dtype,
+                             job.resp.op, copt);
+    } else {
+      ctx.allreduce_on(r, in, target, share_.count, job.resp.dtype, job.resp.op, copt, &calls);
+    }
     if (ctx.watchdog) ctx.watchdog->end(r, true);
     ctx.done(*this);
-    ctx.observe(r, bytes, start, label(*this, job.resp), /*measure=*/true);
+    ctx.observe(r, bytes, start, label(*this, job.resp), /*measure=*/true, &calls);
     if (!for_others()) job.part_done();
   } catch (const std::exception& e) {
     failed(*this, job, ctx, rail_name, e.what());
@@ -216,12 +220,15 @@ void BalancedRange::run_range(TaskContext& ctx, transport::PointToPointRail& rai
       });
     };
   }
+  std::vector<double> calls;  // the receiving calls' times: what waited for a late peer
   auto start = std::chrono::steady_clock::now();
-  if (job.members)  // among the set's members: flat, over the set's view of the rail
-    collectives::allreduce(rail, in, target, range.count, job.resp.dtype, job.resp.op, copt);
-  else
-    ctx.allreduce_on(r, in, target, range.count, job.resp.dtype, job.resp.op, copt);
-  ctx.observe(r, bytes, start, label(*this, job.resp), /*measure=*/true);
+  if (job.members) {  // among the set's members: flat, over the set's view of the rail
+    CallTimingRail timed(rail, calls);
+    collectives::allreduce(timed, in, target, range.count, job.resp.dtype, job.resp.op, copt);
+  } else {
+    ctx.allreduce_on(r, in, target, range.count, job.resp.dtype, job.resp.op, copt, &calls);
+  }
+  ctx.observe(r, bytes, start, label(*this, job.resp), /*measure=*/true, &calls);
 }
 
 std::unique_ptr<ShareTask> BalancedRange::redo_on(int target, Pass pass, TaskContext&) {

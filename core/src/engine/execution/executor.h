@@ -61,10 +61,11 @@ struct ExecutorHooks {
 };
 
 // Called from rail workers after each allreduce share (and calibration): which rail, how many
-// bytes, when it started and how long it took, and what it carried. Feeds the timeline; the cost
-// models are fed by the workers' report to the rail table.
-using ShareObserver = std::function<void(int rail, size_t bytes, Clock::time_point start,
-                                         double seconds, const std::string& what)>;
+// bytes, when it started and how long it took, the part of that the rail is answerable for (what
+// the cost model learned: without waits for late peers, multirail/share_timing.h), and what it
+// carried. Feeds the timeline; the cost models are fed by the workers' report to the rail table.
+using ShareObserver = std::function<void(int rail, size_t bytes, Clock::time_point start, double seconds,
+                                         double rail_seconds, const std::string& what)>;
 
 class RailWatchdog;  // failover/rail_watchdog.h
 class ShareTask;     // share_task.h: what the rail workers run

@@ -4,7 +4,9 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "engine/execution/call_timing_rail.h"
 #include "engine/failover/rail_watchdog.h"
+#include "multirail/share_timing.h"
 #include "transport/collective_rail.h"
 #include "transport/host_lane.h"
 
@@ -78,7 +80,7 @@ transport::HostLane* TaskContext::host_lane(int rail) const {
 }
 
 void TaskContext::allreduce_on(int rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
-                               const collectives::CollectiveOptions& copt) {
+                               const collectives::CollectiveOptions& copt, std::vector<double>* call_seconds) {
   transport::Rail& r = *rails[static_cast<size_t>(rail)];
   if (transport::CollectiveRail* coll = r.as_collective()) {
     collectives::allreduce(*coll, in, out, count, dtype, op, copt);
@@ -87,15 +89,20 @@ void TaskContext::allreduce_on(int rail, const void* in, void* out, size_t count
     if (in != out) std::memcpy(out, in, count * dtype_size(dtype));
     collectives::allreduce_hierarchical(lane->lane(), lane->network(), lane->placement(), out, count, dtype, op,
                                         copt);
+  } else if (call_seconds) {
+    CallTimingRail timed(point_to_point(rail, "allreduce"), *call_seconds);
+    collectives::allreduce(timed, in, out, count, dtype, op, copt);
   } else {
     collectives::allreduce(point_to_point(rail, "allreduce"), in, out, count, dtype, op, copt);
   }
 }
 
-void TaskContext::observe(int rail, size_t bytes, Clock::time_point start, const std::string& what, bool measure) {
+void TaskContext::observe(int rail, size_t bytes, Clock::time_point start, const std::string& what, bool measure,
+                          const std::vector<double>* call_seconds) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (measure && table) table->observe(rail, bytes, secs);
-  if (observer) observer(rail, bytes, start, secs, what);
+  const double rail_secs = call_seconds ? multirail::rail_share_seconds(secs, *call_seconds) : secs;
+  if (measure && table) table->observe(rail, bytes, rail_secs);
+  if (observer) observer(rail, bytes, start, secs, rail_secs, what);
 }
 
 void TaskContext::started(ShareTask& task) {

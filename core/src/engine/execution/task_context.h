@@ -47,12 +47,16 @@ class TaskContext {
   // The rail's host lane (transport/host_lane.h), or null: not point to point, or none offered.
   transport::HostLane* host_lane(int rail) const;
   // An allreduce of `in` into `out` (the same buffer: in place) on one rail: reduced by a collective
-  // rail itself, hierarchical over a rail's host lane, or flat.
+  // rail itself, hierarchical over a rail's host lane, or flat. Flat, with `call_seconds`, each
+  // receiving data call's time is appended there (CallTimingRail).
   void allreduce_on(int rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
-                    const collectives::CollectiveOptions& copt);
+                    const collectives::CollectiveOptions& copt, std::vector<double>* call_seconds = nullptr);
   // Tells the observer, and with `measure` the rail table (allreduce patterns only: its cost models
-  // fit the ring), what a share on `rail` carried since `start`.
-  void observe(int rail, size_t bytes, Clock::time_point start, const std::string& what, bool measure);
+  // fit the ring), what a share on `rail` carried since `start`. With the share's data calls timed
+  // (`call_seconds`, may be null or empty), the table learns only the rail's part of the time
+  // (multirail/share_timing.h: not the waits for late peers).
+  void observe(int rail, size_t bytes, Clock::time_point start, const std::string& what, bool measure,
+               const std::vector<double>* call_seconds = nullptr);
 
   // --- Progress and the ledger (executor.h explains failover) ---
   // A task starts, completes, or fails on its rail: moves the rail's counters and, with failover,

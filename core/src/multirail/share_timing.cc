@@ -1,0 +1,20 @@
+#include "multirail/share_timing.h"
+
+#include <algorithm>
+
+namespace nezha::multirail {
+
+double rail_share_seconds(double total_seconds, const std::vector<double>& call_seconds) {
+  if (call_seconds.size() < 2 || !(total_seconds > 0)) return std::max(total_seconds, 0.0);
+  std::vector<double> sorted = call_seconds;
+  // The upper quartile, rounded down: with two calls the faster one (one of two waited).
+  auto quartile = sorted.begin() + static_cast<std::ptrdiff_t>((sorted.size() - 1) * 3 / 4);
+  std::nth_element(sorted.begin(), quartile, sorted.end());
+  const double reference = *quartile;
+  double waited = 0;
+  for (double c : call_seconds)
+    if (c > kPeerWaitRatio * reference && c - reference > kMinPeerWaitSeconds) waited += c - reference;
+  return std::clamp(total_seconds - waited, 0.0, total_seconds);
+}
+
+}  // namespace nezha::multirail

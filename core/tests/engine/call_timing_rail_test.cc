@@ -1,0 +1,88 @@
+// The engine times a share's receiving calls (CallTimingRail) so that the cost model learns the
+// rail's time, not the wait for a peer that came late (multirail/share_timing.h). Four ranks as
+// threads on an in-memory rail, the ring and the log-step allreduce.
+#include "engine/execution/call_timing_rail.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "../collectives/memory_rail.h"
+#include "collectives/collectives.h"
+#include "multirail/share_timing.h"
+
+namespace nezha::engine {
+namespace {
+
+constexpr int kRanks = 4;
+
+struct RankTiming {
+  double wall = 0;  // seconds from this rank's start to its result
+  double rail = 0;  // what the cost model would learn
+  std::vector<float> result;
+};
+
+// An allreduce of `count` floats (rank r contributes r + 1) on every rank; rank `late` (or none:
+// -1) starts `late_s` after the others.
+std::vector<RankTiming> allreduce_with_late_rank(testing::MemoryWorld& world, size_t count, int late, double late_s) {
+  std::vector<RankTiming> out(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      if (r == late) std::this_thread::sleep_for(std::chrono::duration<double>(late_s));
+      RankTiming& t = out[static_cast<size_t>(r)];
+      t.result.assign(count, static_cast<float>(r + 1));
+      std::vector<double> calls;
+      CallTimingRail timed(world.rail(r), calls);
+      collectives::CollectiveOptions opt;
+      opt.deadline = Deadline::after_seconds(20);
+      opt.segment_bytes = 16 << 10;  // several segments per block: the pipelined ring
+      const auto start = std::chrono::steady_clock::now();
+      collectives::allreduce(timed, t.result.data(), count, DataType::kFloat32, ReduceOp::kSum, opt);
+      t.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      t.rail = multirail::rail_share_seconds(t.wall, calls);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < kRanks; ++r)
+    for (float v : out[static_cast<size_t>(r)].result) {
+      EXPECT_EQ(v, 10.0f) << "rank " << r;  // 1 + 2 + 3 + 4
+      if (v != 10.0f) break;
+    }
+  return out;
+}
+
+class CallTimingRailTest : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(CallTimingRailTest, ALatePeersWaitIsNotTheRails) {
+  testing::MemoryWorld world(kRanks);
+  world.set_send_pace(2);  // 2 us per KiB: the rail takes a measurable time of its own
+  const double late_s = 0.060;
+  const std::vector<RankTiming> t = allreduce_with_late_rank(world, GetParam(), /*late=*/2, late_s);
+  for (int r = 0; r < kRanks; ++r) {
+    if (r == 2) continue;  // the late rank found its peers' data waiting
+    EXPECT_GE(t[r].wall, 0.9 * late_s) << "rank " << r << " should have waited for rank 2";
+    // What is left is the rail's time (well under a millisecond here) and scheduling noise on a
+    // loaded host; the wait for rank 2 must be gone.
+    EXPECT_LT(t[r].rail, late_s / 4) << "rank " << r << " wall " << t[r].wall;
+  }
+}
+
+TEST_P(CallTimingRailTest, AUniformlySlowRailKeepsItsTime) {
+  testing::MemoryWorld world(kRanks);
+  // Every message slow, about 2 ms each (log-step messages carry the whole KiB, the ring's a 16 KiB
+  // segment): all of it is the rail's time.
+  const double kib_per_message = std::min(static_cast<double>(GetParam()) * 4 / 1024, 16.0);
+  world.set_send_pace(2000 / kib_per_message);
+  const std::vector<RankTiming> t = allreduce_with_late_rank(world, GetParam(), /*late=*/-1, 0);
+  for (int r = 0; r < kRanks; ++r) EXPECT_GE(t[r].rail, 0.7 * t[r].wall) << "rank " << r;
+}
+
+// 1 KiB runs the log-step algorithm, 256 KiB the pipelined ring.
+INSTANTIATE_TEST_SUITE_P(LogStepAndRing, CallTimingRailTest, ::testing::Values(size_t{256}, size_t{65536}));
+
+}  // namespace
+}  // namespace nezha::engine
