@@ -237,7 +237,9 @@ void ShmMessagePath::read_ring(int peer, Link& l, std::vector<Message>& out) {
     l.length_have = 0;
     l.need = 0;
   }
-  if (consumed) ring(l);  // the peer may be waiting for the space
+  // Only a producer blocked on this ring waits for the space: waking one that sleeps for another
+  // reason costs it a wake-up (and, on a busy host, the core) for nothing.
+  if (consumed && l.in.control->producer_waiting.load(std::memory_order_seq_cst) != 0) write_eventfd(l.doorbell);
 }
 
 void ShmMessagePath::read_rings(std::vector<Message>& out) {
@@ -321,6 +323,9 @@ void ShmMessagePath::wait_for_space(int peer, Link& l, const Deadline& deadline)
   std::vector<Message> got;
   read_rings(got);
   for (Message& m : got) pending_.push_back(std::move(m));
+  // Dekker with read_ring(): the flag before the re-check of the space, so either this rank sees
+  // the consumer's new tail or the consumer sees the flag and rings.
+  l.out.control->producer_waiting.store(1, std::memory_order_seq_cst);
   own_.header()->sleeping.store(1, std::memory_order_seq_cst);
   if (l.out.free_bytes() == 0 && !aborted_.load()) {
     pollfd fds[2] = {{doorbell_, POLLIN, 0}, {l.pidfd, POLLIN, 0}};
@@ -328,6 +333,7 @@ void ShmMessagePath::wait_for_space(int peer, Link& l, const Deadline& deadline)
     ::poll(fds, l.pidfd >= 0 ? 2 : 1, static_cast<int>(std::min<long>(slice_ms, deadline.remaining_ms())));
   }
   own_.header()->sleeping.store(0, std::memory_order_seq_cst);
+  l.out.control->producer_waiting.store(0, std::memory_order_seq_cst);
   drain_doorbell();
   if (!pending_.empty()) write_eventfd(doorbell_);  // the caller's next wait must not sleep on them
   throw_if_aborted();

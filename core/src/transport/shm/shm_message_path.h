@@ -14,9 +14,11 @@
 //
 // Waking (shm_ring.h's protocol, an eventfd in the futex's place). append_poll_fds(), which the
 // caller runs right before it waits, sets this rank's `sleeping` flag and re-checks the rings,
-// ringing its own doorbell if something is there already; whoever publishes bytes for a peer, or
-// frees space in a ring the peer fills, writes that peer's doorbell only if its flag is set;
-// read_polled() clears it. A rank that polls readable_now() before it sleeps (the engine's lead
+// ringing its own doorbell if something is there already; whoever publishes bytes for a peer writes
+// that peer's doorbell only if its flag is set; read_polled() clears it. Whoever frees space in a
+// ring writes the producer's doorbell only if the producer is blocked on that ring (its ring's
+// `producer_waiting`): in the usual lock-step of requests and responses both ends sleep waiting
+// for messages, and a wake-up for freed space would be one per message for nothing. A rank that polls readable_now() before it sleeps (the engine's lead
 // does, for a few tens of microseconds) takes messages that arrive meanwhile without a wake-up.
 //
 // Failures. Messages handed over are never lost (reliable()): a peer can only fail with its process,

@@ -38,7 +38,10 @@ struct alignas(64) RingControl {
   char pad1[48];
   std::atomic<uint32_t> broken{0};  // set by either end after an error on this pair
   std::atomic<uint32_t> direct_ok{0};  // the consumer can read the producer's memory (shm_ring.h)
-  char pad2[56];
+  // Set by a producer blocked on a full ring: only then does the consumer wake it for the space it
+  // frees (a producer merely asleep waits for messages, not for space).
+  std::atomic<uint32_t> producer_waiting{0};
+  char pad2[52];
 };
 
 struct alignas(64) SegmentHeader {
