@@ -1,7 +1,7 @@
 // The shared-memory control path: whole messages in order per peer through small rings, the doorbell
-// protocol (a sleeping receiver is woken; one that polls readable_now() sees messages without one),
-// failures (a closed or exited peer named after its last words, abort, a full ring at the deadline)
-// and the same-host rule.
+// protocol (a sleeping receiver is woken; one that polls readable_now() sees messages without one; a
+// read wakes the sender only when it is blocked on a full ring), failures (a closed or exited peer
+// named after its last words, abort, a full ring at the deadline) and the same-host rule.
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -133,6 +133,46 @@ TEST(ShmControl, ASleepingReceiverIsWokenAndAPollingOneSeesTheMessageWithoutAWai
   EXPECT_EQ(got[0].payload, "seen");
   EXPECT_LT(seconds_since(start), 5.0);
   EXPECT_FALSE(paths[0]->readable_now());
+}
+
+TEST(ShmControl, ReadingAMessageWakesItsSenderOnlyWhenTheSenderWaitsForSpace) {
+  // Lock-step: the sender of a request sleeps waiting for the answer, not for ring space, so the
+  // receiver taking the request in must not ring it (a wake-up for nothing per message).
+  auto paths = make_paths(2);
+  paths[1]->send_message(0, "request", Deadline::after_seconds(5));
+  std::vector<pollfd> asleep;
+  paths[1]->append_poll_fds(asleep);  // armed, as before a wait for the answer
+  auto got = poll_then_read(*paths[0], 5000);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, "request");
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 50), 0) << "the request's sender was woken by its reading";
+  paths[0]->send_message(1, "answer", Deadline::after_seconds(5));
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 5000), 1) << "the answer did not wake its receiver";
+  std::vector<MessagePath::Message> answer;
+  paths[1]->read_polled(asleep.data(), asleep.size(), answer);
+  ASSERT_EQ(answer.size(), 1u);
+  EXPECT_EQ(answer[0].payload, "answer");
+}
+
+TEST(ShmControl, ASenderBlockedOnAFullRingIsWokenByTheRead) {
+  // A blocked sender unwoken re-checks only when its wait runs out (the liveness slice, at most a
+  // second); this message fills the ring three times, so without the wake it takes two seconds or
+  // more, and with it milliseconds.
+  ShmMessagePathConfig c = small_rings();
+  c.liveness_slice_ms = 20000;
+  auto paths = make_paths(2, c);
+  const std::string big = message_text(1, 0, 3 * ShmMessagePath::kMinRingBytes);
+  auto sending = std::async(std::launch::async, [&] {
+    const auto start = Clock::now();
+    paths[1]->send_message(0, big, Deadline::after_seconds(30));
+    return seconds_since(start);
+  });
+  std::vector<MessagePath::Message> got;
+  const auto start = Clock::now();
+  while (got.empty() && seconds_since(start) < 10) poll_then_read(*paths[0], 1000, got);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, big);
+  EXPECT_LT(sending.get(), 0.9) << "the blocked sender was not woken by the reads";
 }
 
 TEST(ShmControl, WakeFdEndsTheWaitWithoutBeingConsumed) {
