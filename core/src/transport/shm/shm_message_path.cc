@@ -175,9 +175,10 @@ void ShmMessagePath::ring(const Link& l) const {
 }
 
 void ShmMessagePath::drain_doorbell() const {
+  // One read takes an eventfd's whole count (no EFD_SEMAPHORE); a write after it makes it readable
+  // again, which is what the next wait must see.
   uint64_t v;
-  while (::read(doorbell_, &v, sizeof v) > 0) {
-  }
+  (void)::read(doorbell_, &v, sizeof v);
 }
 
 bool ShmMessagePath::rings_hold_data() const {
