@@ -140,6 +140,10 @@ bool ControlChannel::readable_now() const {
   return false;
 }
 
+void ControlChannel::wake_after_messages(int messages) {
+  for (auto& p : paths_) p->wake_after_messages(messages);
+}
+
 int ControlChannel::pick_path(const PeerState& p, bool after_current, bool any_path) const {
   const int n = static_cast<int>(paths_.size());
   const int current = p.path >= 0 ? static_cast<int>(std::find(order_.begin(), order_.end(), p.path) - order_.begin()) : -1;

@@ -174,6 +174,13 @@ void ShmMessagePath::ring(const Link& l) const {
   if (l.segment.header()->sleeping.load(std::memory_order_seq_cst) != 0) write_eventfd(l.doorbell);
 }
 
+void ShmMessagePath::ring_for_message(const Link& l) const {
+  shm::SegmentHeader* h = l.segment.header();
+  // A count left over from an earlier wait (the owner reset it meanwhile) only rings early.
+  if (h->sleeping.load(std::memory_order_seq_cst) != 0 && h->wake_after.fetch_sub(1, std::memory_order_seq_cst) <= 1)
+    write_eventfd(l.doorbell);
+}
+
 void ShmMessagePath::drain_doorbell() const {
   // One read takes an eventfd's whole count (no EFD_SEMAPHORE); a write after it makes it readable
   // again, which is what the next wait must see.
@@ -193,6 +200,9 @@ bool ShmMessagePath::readable_now() const { return own_.valid() && rings_hold_da
 
 void ShmMessagePath::arm() const {
   if (!own_.valid()) return;
+  // The count before the flag: a sender that sees the flag counts down this wait's count. Messages
+  // already in (the re-check below) ring at once, whatever the count.
+  own_.header()->wake_after.store(wake_after_, std::memory_order_seq_cst);
   own_.header()->sleeping.store(1, std::memory_order_seq_cst);
   // A publisher that looked at the flag before it was set did not ring: look at the rings again.
   if (rings_hold_data()) write_eventfd(doorbell_);
@@ -278,6 +288,7 @@ void ShmMessagePath::read_polled(const pollfd* fds, size_t n, std::vector<Messag
     throw_if_aborted();
     if (!own_.valid()) return;
     own_.header()->sleeping.store(0, std::memory_order_seq_cst);
+    own_.header()->wake_after.store(1, std::memory_order_seq_cst);
     drain_doorbell();
     std::vector<char> exited(static_cast<size_t>(size_), 0);
     for (size_t i = 0; i < n; ++i) {
@@ -327,6 +338,7 @@ void ShmMessagePath::wait_for_space(int peer, Link& l, const Deadline& deadline)
   // Dekker with read_ring(): the flag before the re-check of the space, so either this rank sees
   // the consumer's new tail or the consumer sees the flag and rings.
   l.out.control->producer_waiting.store(1, std::memory_order_seq_cst);
+  own_.header()->wake_after.store(1, std::memory_order_seq_cst);  // any message wakes a blocked sender
   own_.header()->sleeping.store(1, std::memory_order_seq_cst);
   if (l.out.free_bytes() == 0 && !aborted_.load()) {
     pollfd fds[2] = {{doorbell_, POLLIN, 0}, {l.pidfd, POLLIN, 0}};
@@ -375,7 +387,7 @@ void ShmMessagePath::send_message(int peer, const std::string& payload, const De
       done += n;
     }
   }
-  ring(l);
+  ring_for_message(l);
 }
 
 std::unique_ptr<MessagePath> make_shm_message_path(const RailSpec& spec, const RailContext& ctx) {
