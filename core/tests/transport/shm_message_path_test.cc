@@ -1,7 +1,8 @@
 // The shared-memory control path: whole messages in order per peer through small rings, the doorbell
 // protocol (a sleeping receiver is woken; one that polls readable_now() sees messages without one; a
-// read wakes the sender only when it is blocked on a full ring), failures (a closed or exited peer
-// named after its last words, abort, a full ring at the deadline) and the same-host rule.
+// read wakes the sender only when it is blocked on a full ring; a rank awaiting several messages is
+// woken by the last), failures (a closed or exited peer named after its last words, abort, a full
+// ring at the deadline) and the same-host rule.
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -173,6 +174,52 @@ TEST(ShmControl, ASenderBlockedOnAFullRingIsWokenByTheRead) {
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].payload, big);
   EXPECT_LT(sending.get(), 0.9) << "the blocked sender was not woken by the reads";
+}
+
+TEST(ShmControl, ARankAwaitingSeveralMessagesIsWokenByTheLast) {
+  auto paths = make_paths(4);
+  paths[0]->wake_after_messages(3);
+  std::vector<pollfd> asleep;
+  paths[0]->append_poll_fds(asleep);
+  paths[1]->send_message(0, "one", Deadline::after_seconds(5));
+  paths[2]->send_message(0, "two", Deadline::after_seconds(5));
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 50), 0) << "woken before the third message";
+  paths[3]->send_message(0, "three", Deadline::after_seconds(5));
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 5000), 1) << "the third message did not wake it";
+  std::vector<MessagePath::Message> got;
+  paths[0]->read_polled(asleep.data(), asleep.size(), got);
+  EXPECT_EQ(got.size(), 3u);
+  // Set back to one: each message wakes it again.
+  paths[0]->wake_after_messages(1);
+  asleep.clear();
+  paths[0]->append_poll_fds(asleep);
+  paths[2]->send_message(0, "again", Deadline::after_seconds(5));
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 5000), 1) << "a single message did not wake it";
+}
+
+TEST(ShmControl, AwaitingSeveralMessagesNeverSleepsOnOnesAlreadyInOrOnAClosedPeer) {
+  auto paths = make_paths(3);
+  // Sent before the wait is armed: arming finds it and rings at once, whatever the count.
+  paths[1]->send_message(0, "early", Deadline::after_seconds(5));
+  paths[0]->wake_after_messages(2);
+  auto got = poll_then_read(*paths[0], 5000);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, "early");
+  // A peer that closes its path ends the wait at once, named, though the count is not reached.
+  const auto start = Clock::now();
+  auto waiting = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      poll_then_read(*paths[0], 10000);
+      return "no error";
+    } catch (const PeerError& e) {
+      return e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  paths[2]->close();
+  const std::string error = waiting.get();
+  EXPECT_LT(seconds_since(start), 5.0);
+  EXPECT_NE(error.find("rank 2"), std::string::npos) << error;
 }
 
 TEST(ShmControl, WakeFdEndsTheWaitWithoutBeingConsumed) {
