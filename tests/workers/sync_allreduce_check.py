@@ -4,8 +4,9 @@ one (allreduce_async + Handle.wait, what every other input takes) and numpy.
 Every dtype the direct path takes, every reduction, with and without scaling, 0-d and 2-d shapes,
 small (done by rank 0 within negotiation) and large (on the rails): the two paths give the same
 bits, within tolerance of numpy's answer, the input is left as it was, and the result is a new
-array of the input's shape and dtype. Inputs the direct path leaves to the layered one
-(bfloat16, a non-contiguous view, out=) still work, and a bad one is refused as before.
+array of the input's shape and dtype; into out= (another array, or the input itself) likewise.
+Inputs the direct path leaves to the layered one (bfloat16, a non-contiguous view, an out= of
+another shape) still work, and a bad one is refused as before.
 """
 import os
 import sys
@@ -84,9 +85,24 @@ try:
 except ValueError as e:
     if "C-contiguous" not in str(e):
         fail(f"non-contiguous: {e}")
-out = np.empty(2, np.float32)
-got = nezha.allreduce(np.full(2, float(r), np.float32), op=nezha.Sum, name="out", out=out)
-if got is not out or not np.array_equal(out, np.full(2, n * (n - 1) / 2, np.float32)):
-    fail(f"out=: {out}")
+# out=: another array, and the input itself (in place), both ways alike.
+for elements in (2, 3 * 65536):
+    base = make_input(r, elements, np.float32, "Sum", salt=3)
+    out = np.empty_like(base)
+    got = nezha.allreduce(base, op=nezha.Sum, name=f"out.{elements}", out=out)
+    want = layered(base, op=nezha.Sum, name=f"out.l.{elements}", out=np.empty_like(base))
+    if got is not out or out.tobytes() != want.tobytes():
+        fail(f"out= ({elements}): {out[:4]} / {want[:4]}")
+    inplace = base.copy()
+    got = nezha.allreduce(inplace, op=nezha.Sum, name=f"inplace.{elements}", out=inplace)
+    if got is not inplace or inplace.tobytes() != want.tobytes():
+        fail(f"in place ({elements}): {inplace[:4]} / {want[:4]}")
+    checked += 2
+try:
+    nezha.allreduce(np.ones(2, np.float32), name="badout", out=np.empty(3, np.float32))
+    fail("an out= of another shape was accepted")
+except ValueError as e:
+    if "shape" not in str(e):
+        fail(f"out= of another shape: {e}")
 print(f"OK rank {r}: {checked} allreduces alike both ways", flush=True)
 nezha.shutdown()
