@@ -197,6 +197,30 @@ TEST(ShmControl, ARankAwaitingSeveralMessagesIsWokenByTheLast) {
   ASSERT_EQ(::poll(asleep.data(), asleep.size(), 5000), 1) << "a single message did not wake it";
 }
 
+TEST(ShmControl, SettingTheCountBackToOneAnnouncesMessagesThatCameUnrung) {
+  // A wait armed with a count may end before it is reached (a bounded lead), and whoever waits
+  // next without arming again (a thread asleep since before) must still be woken for them.
+  auto paths = make_paths(3);
+  paths[0]->wake_after_messages(2);
+  std::vector<pollfd> asleep;
+  paths[0]->append_poll_fds(asleep);
+  paths[1]->send_message(0, "unrung", Deadline::after_seconds(5));
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 50), 0) << "rung before the count";
+  paths[0]->wake_after_messages(1);
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 0), 1) << "the message that came is not announced";
+  std::vector<MessagePath::Message> got;
+  paths[0]->read_polled(asleep.data(), asleep.size(), got);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, "unrung");
+  // Still armed (not read since) when set back to one: the next message rings at once.
+  asleep.clear();
+  paths[0]->wake_after_messages(2);
+  paths[0]->append_poll_fds(asleep);
+  paths[0]->wake_after_messages(1);
+  paths[2]->send_message(0, "after", Deadline::after_seconds(5));
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 5000), 1) << "a message after the reset did not ring";
+}
+
 TEST(ShmControl, AwaitingSeveralMessagesNeverSleepsOnOnesAlreadyInOrOnAClosedPeer) {
   auto paths = make_paths(3);
   // Sent before the wait is armed: arming finds it and rings at once, whatever the count.

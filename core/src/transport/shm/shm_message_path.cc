@@ -181,6 +181,19 @@ void ShmMessagePath::ring_for_message(const Link& l) const {
     write_eventfd(l.doorbell);
 }
 
+void ShmMessagePath::wake_after_messages(int messages) {
+  wake_after_ = std::max(1, messages);
+  if (wake_after_ > 1 || !armed_with_count_ || !own_.valid()) return;
+  armed_with_count_ = false;
+  // Armed with a count and maybe still armed (the waiter that set it left without reading, e.g.
+  // a lead that ended): senders that counted down without ringing left their messages
+  // unannounced, and whoever waits next without re-arming (the loop thread, asleep since before
+  // the lead) must be woken for them. The count first, then the rings: a sender either rings
+  // itself or published before this look.
+  own_.header()->wake_after.store(1, std::memory_order_seq_cst);
+  if (rings_hold_data()) write_eventfd(doorbell_);
+}
+
 void ShmMessagePath::drain_doorbell() const {
   // One read takes an eventfd's whole count (no EFD_SEMAPHORE); a write after it makes it readable
   // again, which is what the next wait must see.
@@ -203,6 +216,7 @@ void ShmMessagePath::arm() const {
   // The count before the flag: a sender that sees the flag counts down this wait's count. Messages
   // already in (the re-check below) ring at once, whatever the count.
   own_.header()->wake_after.store(wake_after_, std::memory_order_seq_cst);
+  armed_with_count_ = armed_with_count_ || wake_after_ > 1;
   own_.header()->sleeping.store(1, std::memory_order_seq_cst);
   // A publisher that looked at the flag before it was set did not ring: look at the rings again.
   if (rings_hold_data()) write_eventfd(doorbell_);

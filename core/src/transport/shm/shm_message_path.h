@@ -35,7 +35,6 @@
 // Threads: one thread makes the data calls (the engine loop); abort() from any thread.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <mutex>
@@ -84,7 +83,7 @@ class ShmMessagePath final : public MessagePath {
   bool reaches(int peer) const override;
   bool reliable() const override { return true; }
   bool readable_now() const override;
-  void wake_after_messages(int messages) override { wake_after_ = std::max(1, messages); }
+  void wake_after_messages(int messages) override;
 
   size_t ring_bytes() const { return ring_bytes_; }
 
@@ -137,6 +136,7 @@ class ShmMessagePath final : public MessagePath {
   std::vector<Link> links_;  // by rank
   std::deque<Message> pending_;  // whole messages taken in while sending (recv_message_any, read_polled)
   int wake_after_ = 1;  // what arm() arms with (wake_after_messages)
+  mutable bool armed_with_count_ = false;  // armed with wake_after_ > 1 since the last reset to 1
   std::atomic<bool> aborted_{false};
   mutable std::mutex mu_;  // abort() vs connect/close changing the mappings; abort_reason_
   std::string abort_reason_;
