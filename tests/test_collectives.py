@@ -64,3 +64,13 @@ def test_synchronous_calls_lead_the_engine_loop(job, lead):
     assert result.returncode == 0, result.output[-4000:]
     for r in range(ranks):
         assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_synchronous_numpy_allreduce_matches_the_layered_path(job, ranks):
+    # nezha.allreduce takes a direct path for plain numpy arrays (ops._allreduce_now): the same
+    # bits as allreduce_async + wait, numpy's answer, and the other inputs still go the long way.
+    result = job(ranks, "sync_allreduce_check.py", timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(ranks):
+        assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]

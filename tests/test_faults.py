@@ -22,6 +22,17 @@ def test_dead_or_frozen_peer_is_named_on_every_other_rank(how, victim):
     assert_victim_named(results, victim, survivors, within_s=TIMEOUT_S + 3)
 
 
+# 8-byte allreduces of 4 ranks on one host: negotiated through shared memory, done by rank 0 within
+# negotiation, called through nezha.allreduce's direct path; a killed rank is still named.
+@pytest.mark.parametrize("victim", [0, 2])
+def test_a_killed_peer_is_named_in_small_allreduces_on_one_host(victim):
+    survivors = [r for r in range(4) if r != victim]
+    results = launch_direct(4, "dead_peer.py", "kill", str(victim), "allreduce", "2",
+                            env={"NEZHA_TIMEOUT_S": str(TIMEOUT_S)}, timeout=TIMEOUT_S + 20,
+                            wait_for=survivors)
+    assert_victim_named(results, victim, survivors, within_s=TIMEOUT_S + 3)
+
+
 def test_nezharun_stops_the_job_when_a_rank_dies(job):
     start = time.monotonic()
     result = job(3, "dead_peer.py", "kill", "1", env={"NEZHA_TIMEOUT_S": str(TIMEOUT_S)},

@@ -1,7 +1,8 @@
 """A rank dies (SIGKILL) or freezes (SIGSTOP) mid-run; every other rank must raise NezhaError
-naming it within NEZHA_TIMEOUT_S, never hang.  usage: dead_peer.py kill|stop VICTIM [OP]
+naming it within NEZHA_TIMEOUT_S, never hang.  usage: dead_peer.py kill|stop VICTIM [OP [ELEMENTS]]
 OP: allreduce (the default), broadcast, allgather, reducescatter or alltoall, what the ranks run in a
-loop."""
+loop; ELEMENTS: float32 elements per rank (65536: on the rails; 2: done by rank 0 within
+negotiation)."""
 import os
 import signal
 import sys
@@ -22,7 +23,7 @@ RUN = {
     "reducescatter": lambda x, name: nezha.reducescatter(x, op=nezha.Sum, name=name),
     "alltoall": lambda x, name: nezha.alltoall(x[:x.size // nezha.size() * nezha.size()], name=name),
 }[OP]
-x = np.ones(1 << 16, np.float32)
+x = np.ones(int(sys.argv[4]) if len(sys.argv) > 4 else 1 << 16, np.float32)
 start = None
 try:
     for step in range(100000):

@@ -68,6 +68,15 @@ void Engine::loop_pass(const ControlChannel::Wait& wait, bool leader) {
     double wait_s = std::max(0.0, std::chrono::duration<double>(next_wakeup(now) - now).count());
     if (config_.size > 1) {
       try {
+        // A caller leading rank 0 for its own operation sleeps until the last request it lacks
+        // can have come, not once per request (MessagePath::wake_after_messages): with more ranks
+        // than cores each wake-up costs a core. Only while it leads: the lead is bounded (lead_s),
+        // and what else a message may bring (a rail event) waits for it at most that long.
+        struct WakeAfter {
+          ControlChannel& channel;
+          ~WakeAfter() { channel.wake_after_messages(1); }
+        } reset{*control_};
+        if (leader) control_->wake_after_messages(negotiator_->requests_awaited());
         // A leader leaves wake_fd_ alone: what woke it (another caller's work, a shutdown) is the
         // loop thread's to take once the lead ends, and draining it here could lose it.
         auto msg = control_->recv_any(leader ? -1 : wake_fd_, Deadline::after_seconds(wait_s), wait);

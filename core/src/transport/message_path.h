@@ -57,6 +57,11 @@ class MessagePath {
   // Without a system call: whether a message, or news of a failed peer, is waiting (for a caller
   // that polls briefly before it sleeps). False where the path cannot tell cheaply.
   virtual bool readable_now() const { return false; }
+  // A hint for the waits until it is set back to 1: the caller has nothing to do until `messages`
+  // messages have come (rank 0 waiting for the requests an operation still lacks). A path may then
+  // sleep through fewer, never more: every message counts toward it, whoever sends it, and a
+  // failed peer still ends the wait at once. Paths that wake for each message ignore it.
+  virtual void wake_after_messages(int /*messages*/) {}
 };
 
 }  // namespace nezha::transport

@@ -1,7 +1,8 @@
 // The shared-memory control path: whole messages in order per peer through small rings, the doorbell
-// protocol (a sleeping receiver is woken; one that polls readable_now() sees messages without one),
-// failures (a closed or exited peer named after its last words, abort, a full ring at the deadline)
-// and the same-host rule.
+// protocol (a sleeping receiver is woken; one that polls readable_now() sees messages without one; a
+// read wakes the sender only when it is blocked on a full ring; a rank awaiting several messages is
+// woken by the last), failures (a closed or exited peer named after its last words, abort, a full
+// ring at the deadline) and the same-host rule.
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -133,6 +134,116 @@ TEST(ShmControl, ASleepingReceiverIsWokenAndAPollingOneSeesTheMessageWithoutAWai
   EXPECT_EQ(got[0].payload, "seen");
   EXPECT_LT(seconds_since(start), 5.0);
   EXPECT_FALSE(paths[0]->readable_now());
+}
+
+TEST(ShmControl, ReadingAMessageWakesItsSenderOnlyWhenTheSenderWaitsForSpace) {
+  // Lock-step: the sender of a request sleeps waiting for the answer, not for ring space, so the
+  // receiver taking the request in must not ring it (a wake-up for nothing per message).
+  auto paths = make_paths(2);
+  paths[1]->send_message(0, "request", Deadline::after_seconds(5));
+  std::vector<pollfd> asleep;
+  paths[1]->append_poll_fds(asleep);  // armed, as before a wait for the answer
+  auto got = poll_then_read(*paths[0], 5000);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, "request");
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 50), 0) << "the request's sender was woken by its reading";
+  paths[0]->send_message(1, "answer", Deadline::after_seconds(5));
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 5000), 1) << "the answer did not wake its receiver";
+  std::vector<MessagePath::Message> answer;
+  paths[1]->read_polled(asleep.data(), asleep.size(), answer);
+  ASSERT_EQ(answer.size(), 1u);
+  EXPECT_EQ(answer[0].payload, "answer");
+}
+
+TEST(ShmControl, ASenderBlockedOnAFullRingIsWokenByTheRead) {
+  // A blocked sender unwoken re-checks only when its wait runs out (the liveness slice, at most a
+  // second); this message fills the ring three times, so without the wake it takes two seconds or
+  // more, and with it milliseconds.
+  ShmMessagePathConfig c = small_rings();
+  c.liveness_slice_ms = 20000;
+  auto paths = make_paths(2, c);
+  const std::string big = message_text(1, 0, 3 * ShmMessagePath::kMinRingBytes);
+  auto sending = std::async(std::launch::async, [&] {
+    const auto start = Clock::now();
+    paths[1]->send_message(0, big, Deadline::after_seconds(30));
+    return seconds_since(start);
+  });
+  std::vector<MessagePath::Message> got;
+  const auto start = Clock::now();
+  while (got.empty() && seconds_since(start) < 10) poll_then_read(*paths[0], 1000, got);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, big);
+  EXPECT_LT(sending.get(), 0.9) << "the blocked sender was not woken by the reads";
+}
+
+TEST(ShmControl, ARankAwaitingSeveralMessagesIsWokenByTheLast) {
+  auto paths = make_paths(4);
+  paths[0]->wake_after_messages(3);
+  std::vector<pollfd> asleep;
+  paths[0]->append_poll_fds(asleep);
+  paths[1]->send_message(0, "one", Deadline::after_seconds(5));
+  paths[2]->send_message(0, "two", Deadline::after_seconds(5));
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 50), 0) << "woken before the third message";
+  paths[3]->send_message(0, "three", Deadline::after_seconds(5));
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 5000), 1) << "the third message did not wake it";
+  std::vector<MessagePath::Message> got;
+  paths[0]->read_polled(asleep.data(), asleep.size(), got);
+  EXPECT_EQ(got.size(), 3u);
+  // Set back to one: each message wakes it again.
+  paths[0]->wake_after_messages(1);
+  asleep.clear();
+  paths[0]->append_poll_fds(asleep);
+  paths[2]->send_message(0, "again", Deadline::after_seconds(5));
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 5000), 1) << "a single message did not wake it";
+}
+
+TEST(ShmControl, SettingTheCountBackToOneAnnouncesMessagesThatCameUnrung) {
+  // A wait armed with a count may end before it is reached (a bounded lead), and whoever waits
+  // next without arming again (a thread asleep since before) must still be woken for them.
+  auto paths = make_paths(3);
+  paths[0]->wake_after_messages(2);
+  std::vector<pollfd> asleep;
+  paths[0]->append_poll_fds(asleep);
+  paths[1]->send_message(0, "unrung", Deadline::after_seconds(5));
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 50), 0) << "rung before the count";
+  paths[0]->wake_after_messages(1);
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 0), 1) << "the message that came is not announced";
+  std::vector<MessagePath::Message> got;
+  paths[0]->read_polled(asleep.data(), asleep.size(), got);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, "unrung");
+  // Still armed (not read since) when set back to one: the next message rings at once.
+  asleep.clear();
+  paths[0]->wake_after_messages(2);
+  paths[0]->append_poll_fds(asleep);
+  paths[0]->wake_after_messages(1);
+  paths[2]->send_message(0, "after", Deadline::after_seconds(5));
+  ASSERT_EQ(::poll(asleep.data(), asleep.size(), 5000), 1) << "a message after the reset did not ring";
+}
+
+TEST(ShmControl, AwaitingSeveralMessagesNeverSleepsOnOnesAlreadyInOrOnAClosedPeer) {
+  auto paths = make_paths(3);
+  // Sent before the wait is armed: arming finds it and rings at once, whatever the count.
+  paths[1]->send_message(0, "early", Deadline::after_seconds(5));
+  paths[0]->wake_after_messages(2);
+  auto got = poll_then_read(*paths[0], 5000);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].payload, "early");
+  // A peer that closes its path ends the wait at once, named, though the count is not reached.
+  const auto start = Clock::now();
+  auto waiting = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      poll_then_read(*paths[0], 10000);
+      return "no error";
+    } catch (const PeerError& e) {
+      return e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  paths[2]->close();
+  const std::string error = waiting.get();
+  EXPECT_LT(seconds_since(start), 5.0);
+  EXPECT_NE(error.find("rank 2"), std::string::npos) << error;
 }
 
 TEST(ShmControl, WakeFdEndsTheWaitWithoutBeingConsumed) {

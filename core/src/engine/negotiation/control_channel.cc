@@ -140,6 +140,10 @@ bool ControlChannel::readable_now() const {
   return false;
 }
 
+void ControlChannel::wake_after_messages(int messages) {
+  for (auto& p : paths_) p->wake_after_messages(messages);
+}
+
 int ControlChannel::pick_path(const PeerState& p, bool after_current, bool any_path) const {
   const int n = static_cast<int>(paths_.size());
   const int current = p.path >= 0 ? static_cast<int>(std::find(order_.begin(), order_.end(), p.path) - order_.begin()) : -1;
@@ -382,12 +386,21 @@ std::optional<transport::MessagePath::Message> ControlChannel::recv_any(int wake
     // Waits on the wake fd and the epoll set, then takes only the ready descriptors from it: a
     // poll() over every connection costs each message O(peers) in the kernel, O(n^2) per rank
     // for a round in which every peer sends one.
+    // Without a wake fd (a caller leading the loop) the epoll set alone: one system call, not two.
     pollfd waits[2] = {{wake_fd, POLLIN, 0}, {watch_fd_, POLLIN, 0}};
-    const int n = ::poll(waits, 2, timeout_ms);
-    if (n < 0 && errno != EINTR) throw NezhaError(std::string("control channel: poll() failed: ") + std::strerror(errno));
-    const int ready = n > 0 && (waits[1].revents & POLLIN)
-                          ? ::epoll_wait(watch_fd_, events_.data(), static_cast<int>(events_.size()), 0)
-                          : 0;
+    int n = 0, ready = 0;
+    if (wake_fd < 0) {
+      ready = ::epoll_wait(watch_fd_, events_.data(), static_cast<int>(events_.size()), timeout_ms);
+      if (ready < 0 && errno != EINTR)
+        throw NezhaError(std::string("control channel: epoll_wait() failed: ") + std::strerror(errno));
+      ready = std::max(ready, 0);
+    } else {
+      n = ::poll(waits, 2, timeout_ms);
+      if (n < 0 && errno != EINTR) throw NezhaError(std::string("control channel: poll() failed: ") + std::strerror(errno));
+      ready = n > 0 && (waits[1].revents & POLLIN)
+                  ? ::epoll_wait(watch_fd_, events_.data(), static_cast<int>(events_.size()), 0)
+                  : 0;
+    }
     for (auto& r : ready_fds) r.clear();
     for (int e = 0; e < ready; ++e) {
       const auto at = path_of_fd_.find(events_[e].data.fd);

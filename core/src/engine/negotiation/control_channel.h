@@ -84,6 +84,9 @@ class ControlChannel {
   // Without a system call: whether recv_any has something to return now, as far as the paths can
   // tell cheaply (the shared-memory path can). For a caller that polls briefly before it sleeps.
   bool readable_now() const;
+  // recv_any's waits until set back to 1 need not end before `messages` messages came (each
+  // path's MessagePath::wake_after_messages): rank 0 waiting for an operation's requests.
+  void wake_after_messages(int messages);
   size_t path_count() const { return paths_.size(); }
   // Messages (acknowledgements alone included) this rank handed to reliable paths (shared memory)
   // and to the others, resends included. Any thread.

@@ -484,6 +484,22 @@ std::optional<Clock::time_point> Coordinator::next_wakeup(Clock::time_point now)
   return t;
 }
 
+int Coordinator::fewest_requests_missing() const {
+  if (pending_.empty() || !ready_.empty() || !failed_.empty()) return 1;
+  int fewest = opt_.size;
+  for (const auto& [name, p] : pending_) {
+    int missing = 0;
+    auto lacks = [&](int r) { missing += (r != 0 && !p.by_rank[r] && (p.members || !joined_[r])) ? 1 : 0; };
+    if (p.members) {
+      for (int r : *p.members) lacks(r);
+    } else {
+      for (int r = 0; r < opt_.size; ++r) lacks(r);
+    }
+    fewest = std::min(fewest, missing);
+  }
+  return std::max(1, fewest);
+}
+
 std::string Coordinator::missing_ranks(const Pending& p) const {
   std::vector<int> missing;
   if (p.members) {

@@ -74,6 +74,11 @@ class Coordinator {
   std::vector<std::string> take_notices();
 
   bool has_pending() const { return !pending_.empty() || !ready_.empty() || !failed_.empty(); }
+  // How many other ranks' requests must come, at least, before some pending tensor is complete
+  // (the fewest any lacks, not counting rank 0's own); 1 when none is pending, or something is
+  // due without any (a ready tensor, an error to send, a group's member complete). Rank 0 may sleep
+  // until that many messages came.
+  int fewest_requests_missing() const;
 
  private:
   struct Pending {

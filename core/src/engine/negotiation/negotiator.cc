@@ -119,6 +119,11 @@ bool Negotiator::coordinate(Clock::time_point now) {
   return true;
 }
 
+int Negotiator::requests_awaited() const {
+  if (opt_.rank != 0 || rounds_->enabled() || !held_dispatch_.empty()) return 1;
+  return coordinator_->fewest_requests_missing();
+}
+
 namespace {
 // The elements a plan splits: what the operation moves per rank, about (an allgather's or
 // alltoall's blocks differ per rank; each share carries the same fraction of every block).

@@ -85,6 +85,10 @@ class Negotiator {
   // Rank 0: dispatches what the coordinator has ready (and stall errors), sends its notices.
   // Returns true once every rank asked to shut down (the goodbye is sent: the loop ends).
   bool coordinate(Clock::time_point now);
+  // Rank 0, after coordinate(): how many control messages must come, at least, before it has
+  // anything to coordinate (Coordinator::fewest_requests_missing); 1 on every other rank, with
+  // cache rounds (their vectors are messages too) and while a join waits for a round.
+  int requests_awaited() const;
   // A control message from `peer`. Returns true when the loop must end (rank 0's goodbye or fatal).
   bool on_control_message(int peer, const std::string& payload);
   void send_heartbeats(Clock::time_point now);

@@ -174,10 +174,31 @@ void ShmMessagePath::ring(const Link& l) const {
   if (l.segment.header()->sleeping.load(std::memory_order_seq_cst) != 0) write_eventfd(l.doorbell);
 }
 
+void ShmMessagePath::ring_for_message(const Link& l) const {
+  shm::SegmentHeader* h = l.segment.header();
+  // A count left over from an earlier wait (the owner reset it meanwhile) only rings early.
+  if (h->sleeping.load(std::memory_order_seq_cst) != 0 && h->wake_after.fetch_sub(1, std::memory_order_seq_cst) <= 1)
+    write_eventfd(l.doorbell);
+}
+
+void ShmMessagePath::wake_after_messages(int messages) {
+  wake_after_ = std::max(1, messages);
+  if (wake_after_ > 1 || !armed_with_count_ || !own_.valid()) return;
+  armed_with_count_ = false;
+  // Armed with a count and maybe still armed (the waiter that set it left without reading, e.g.
+  // a lead that ended): senders that counted down without ringing left their messages
+  // unannounced, and whoever waits next without re-arming (the loop thread, asleep since before
+  // the lead) must be woken for them. The count first, then the rings: a sender either rings
+  // itself or published before this look.
+  own_.header()->wake_after.store(1, std::memory_order_seq_cst);
+  if (rings_hold_data()) write_eventfd(doorbell_);
+}
+
 void ShmMessagePath::drain_doorbell() const {
+  // One read takes an eventfd's whole count (no EFD_SEMAPHORE); a write after it makes it readable
+  // again, which is what the next wait must see.
   uint64_t v;
-  while (::read(doorbell_, &v, sizeof v) > 0) {
-  }
+  (void)::read(doorbell_, &v, sizeof v);
 }
 
 bool ShmMessagePath::rings_hold_data() const {
@@ -192,6 +213,10 @@ bool ShmMessagePath::readable_now() const { return own_.valid() && rings_hold_da
 
 void ShmMessagePath::arm() const {
   if (!own_.valid()) return;
+  // The count before the flag: a sender that sees the flag counts down this wait's count. Messages
+  // already in (the re-check below) ring at once, whatever the count.
+  own_.header()->wake_after.store(wake_after_, std::memory_order_seq_cst);
+  armed_with_count_ = armed_with_count_ || wake_after_ > 1;
   own_.header()->sleeping.store(1, std::memory_order_seq_cst);
   // A publisher that looked at the flag before it was set did not ring: look at the rings again.
   if (rings_hold_data()) write_eventfd(doorbell_);
@@ -237,7 +262,9 @@ void ShmMessagePath::read_ring(int peer, Link& l, std::vector<Message>& out) {
     l.length_have = 0;
     l.need = 0;
   }
-  if (consumed) ring(l);  // the peer may be waiting for the space
+  // Only a producer blocked on this ring waits for the space: waking one that sleeps for another
+  // reason costs it a wake-up (and, on a busy host, the core) for nothing.
+  if (consumed && l.in.control->producer_waiting.load(std::memory_order_seq_cst) != 0) write_eventfd(l.doorbell);
 }
 
 void ShmMessagePath::read_rings(std::vector<Message>& out) {
@@ -275,6 +302,7 @@ void ShmMessagePath::read_polled(const pollfd* fds, size_t n, std::vector<Messag
     throw_if_aborted();
     if (!own_.valid()) return;
     own_.header()->sleeping.store(0, std::memory_order_seq_cst);
+    own_.header()->wake_after.store(1, std::memory_order_seq_cst);
     drain_doorbell();
     std::vector<char> exited(static_cast<size_t>(size_), 0);
     for (size_t i = 0; i < n; ++i) {
@@ -321,6 +349,10 @@ void ShmMessagePath::wait_for_space(int peer, Link& l, const Deadline& deadline)
   std::vector<Message> got;
   read_rings(got);
   for (Message& m : got) pending_.push_back(std::move(m));
+  // Dekker with read_ring(): the flag before the re-check of the space, so either this rank sees
+  // the consumer's new tail or the consumer sees the flag and rings.
+  l.out.control->producer_waiting.store(1, std::memory_order_seq_cst);
+  own_.header()->wake_after.store(1, std::memory_order_seq_cst);  // any message wakes a blocked sender
   own_.header()->sleeping.store(1, std::memory_order_seq_cst);
   if (l.out.free_bytes() == 0 && !aborted_.load()) {
     pollfd fds[2] = {{doorbell_, POLLIN, 0}, {l.pidfd, POLLIN, 0}};
@@ -328,6 +360,7 @@ void ShmMessagePath::wait_for_space(int peer, Link& l, const Deadline& deadline)
     ::poll(fds, l.pidfd >= 0 ? 2 : 1, static_cast<int>(std::min<long>(slice_ms, deadline.remaining_ms())));
   }
   own_.header()->sleeping.store(0, std::memory_order_seq_cst);
+  l.out.control->producer_waiting.store(0, std::memory_order_seq_cst);
   drain_doorbell();
   if (!pending_.empty()) write_eventfd(doorbell_);  // the caller's next wait must not sleep on them
   throw_if_aborted();
@@ -368,7 +401,7 @@ void ShmMessagePath::send_message(int peer, const std::string& payload, const De
       done += n;
     }
   }
-  ring(l);
+  ring_for_message(l);
 }
 
 std::unique_ptr<MessagePath> make_shm_message_path(const RailSpec& spec, const RailContext& ctx) {

@@ -14,10 +14,16 @@
 //
 // Waking (shm_ring.h's protocol, an eventfd in the futex's place). append_poll_fds(), which the
 // caller runs right before it waits, sets this rank's `sleeping` flag and re-checks the rings,
-// ringing its own doorbell if something is there already; whoever publishes bytes for a peer, or
-// frees space in a ring the peer fills, writes that peer's doorbell only if its flag is set;
-// read_polled() clears it. A rank that polls readable_now() before it sleeps (the engine's lead
-// does, for a few tens of microseconds) takes messages that arrive meanwhile without a wake-up.
+// ringing its own doorbell if something is there already; whoever publishes a message for a peer
+// writes that peer's doorbell only if its flag is set; read_polled() clears it. A rank that knows
+// it has nothing to do until several messages have come (rank 0 waiting for an operation's
+// requests: wake_after_messages) arms with that count in its header's `wake_after`; each sender
+// counts it down and only the last one rings, so rank 0 is woken once per operation, not once per
+// request. Whoever frees space in a ring writes the producer's doorbell only if the producer is
+// blocked on that ring (its ring's `producer_waiting`): in the usual lock-step of requests and
+// responses both ends sleep waiting for messages, and a wake-up for freed space would be one per
+// message for nothing. A rank that polls readable_now() before it sleeps (the engine's lead does,
+// for a few tens of microseconds) takes messages that arrive meanwhile without a wake-up.
 //
 // Failures. Messages handed over are never lost (reliable()): a peer can only fail with its process,
 // and each linked peer's pidfd is polled beside the doorbell, so a killed rank is reported at once,
@@ -77,6 +83,7 @@ class ShmMessagePath final : public MessagePath {
   bool reaches(int peer) const override;
   bool reliable() const override { return true; }
   bool readable_now() const override;
+  void wake_after_messages(int messages) override;
 
   size_t ring_bytes() const { return ring_bytes_; }
 
@@ -108,6 +115,9 @@ class ShmMessagePath final : public MessagePath {
   void wait_for_space(int peer, Link& l, const Deadline& deadline);
   [[noreturn]] void fail_link(int peer, const std::string& why);
   void ring(const Link& l) const;  // the peer's doorbell, if it may sleep
+  // After a whole message for the peer: its doorbell, if it may sleep and this message is the
+  // last it waits for (wake_after).
+  void ring_for_message(const Link& l) const;
   void drain_doorbell() const;
   void arm() const;                // sets `sleeping`, rings this rank's own doorbell if not needed
   bool rings_hold_data() const;
@@ -125,6 +135,8 @@ class ShmMessagePath final : public MessagePath {
   int doorbell_ = -1;  // this rank's eventfd
   std::vector<Link> links_;  // by rank
   std::deque<Message> pending_;  // whole messages taken in while sending (recv_message_any, read_polled)
+  int wake_after_ = 1;  // what arm() arms with (wake_after_messages)
+  mutable bool armed_with_count_ = false;  // armed with wake_after_ > 1 since the last reset to 1
   std::atomic<bool> aborted_{false};
   mutable std::mutex mu_;  // abort() vs connect/close changing the mappings; abort_reason_
   std::string abort_reason_;

@@ -96,6 +96,7 @@ Segment Segment::create(const SegmentIdentity& id) {
   h->doorbell.store(0);
   h->sleeping.store(0);
   h->closed.store(0);
+  h->wake_after.store(1);
   for (uint32_t i = 0; i < id.slots; ++i) new (s.ring(i)) RingControl();
   return s;
 }

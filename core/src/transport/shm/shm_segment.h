@@ -38,7 +38,10 @@ struct alignas(64) RingControl {
   char pad1[48];
   std::atomic<uint32_t> broken{0};  // set by either end after an error on this pair
   std::atomic<uint32_t> direct_ok{0};  // the consumer can read the producer's memory (shm_ring.h)
-  char pad2[56];
+  // Set by a producer blocked on a full ring: only then does the consumer wake it for the space it
+  // frees (a producer merely asleep waits for messages, not for space).
+  std::atomic<uint32_t> producer_waiting{0};
+  char pad2[52];
 };
 
 struct alignas(64) SegmentHeader {
@@ -56,6 +59,9 @@ struct alignas(64) SegmentHeader {
   alignas(64) std::atomic<uint32_t> doorbell;  // futex word the owner sleeps on
   std::atomic<uint32_t> sleeping;              // 1 while the owner may be in futex_wait
   std::atomic<uint32_t> closed;                // owner closed/reset/aborted the rail
+  // Control path (shm_message_path.h): while `sleeping`, each message published for the owner
+  // counts this down and the one that takes it to zero rings; 1 (the default) rings for each.
+  std::atomic<int32_t> wake_after;
 };
 
 size_t segment_bytes_for(uint32_t slots, uint64_t ring_bytes);
