@@ -1,7 +1,7 @@
 """Where a small allreduce's time goes, per rank and thread: run under nezharun; each rank calls
 nezha.allreduce on N (env, default 3000) 8-byte arrays after a warm-up and prints the time per call
 and, per thread that used any, its CPU per call (user part in brackets) and voluntary/involuntary
-context switches per call, from /proc/self/task/*/{stat,sched}.
+context switches per call, from /proc/self/task/*/{stat,status} (nezha.bench.thread_stats).
 
     nezharun -np 4 .venv/bin/python benchmarks/small_op_cpu.py
 """
@@ -11,24 +11,7 @@ import time
 import numpy as np
 
 import nezha as nz
-
-
-def thread_counters():
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                comm = f.read().strip()
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/self/task/{tid}/sched") as f:
-                sched = {k.strip(): v for k, v in (l.split(":", 1) for l in f.read().splitlines() if ":" in l)}
-        except OSError:  # the thread ended meanwhile
-            continue
-        user, system = int(fields[11]), int(fields[12])
-        out[tid] = (comm, user, system, int(sched["nr_voluntary_switches"].strip()),
-                    int(sched["nr_involuntary_switches"].strip()))
-    return out
+from nezha.bench.thread_stats import thread_times
 
 
 def main():
@@ -37,10 +20,10 @@ def main():
     x = np.ones(2, np.float32)
     for _ in range(200):
         nz.allreduce(x, name="small-op-cpu")
-    before, start = thread_counters(), time.perf_counter()
+    before, start = thread_times(), time.perf_counter()
     for _ in range(calls):
         nz.allreduce(x, name="small-op-cpu")
-    elapsed, after = time.perf_counter() - start, thread_counters()
+    elapsed, after = time.perf_counter() - start, thread_times()
     us_per_tick = 1e6 / os.sysconf("SC_CLK_TCK")
     rows = []
     for tid, (comm, user, system, vol, invol) in after.items():
