@@ -74,7 +74,7 @@ double share_gbps_prior(double link_gbps, bool collective_rail, int ranks);
 // What to plan: `count` elements of `elem_size` bytes; `splittable` (a collective that moves data)
 // may be striped, anything else runs whole on one rail. Only an allreduce of every rank may go to a
 // collective rail (one that reduces in the network), and only if it reduces dtype/op; or, whole, a
-// broadcast, allgather or reducescatter of every rank (`other`) that the rail runs.
+// broadcast, allgather, reducescatter or alltoall of every rank (`other`) that the rail runs.
 struct OpToPlan {
   size_t count = 0;
   size_t elem_size = 1;

@@ -16,8 +16,9 @@
 // How the engine holds it. As a Rail, like every rail; Rail::as_collective() answers with this
 // interface. It carries no messages between ranks, so it is never handed to a collective algorithm
 // (they take a PointToPointRail): the executor runs an allreduce share on it when takes(dtype, op,
-// bytes), and a broadcast, allgather or reducescatter of every rank whole on it when it runs that
-// operation; the rail table gives it nothing else (multirail::RailDescription::reduces and runs).
+// bytes), and a broadcast, allgather, reducescatter or alltoall of every rank whole on it when it
+// runs that operation; the rail table gives it nothing else (multirail::RailDescription::reduces and
+// runs).
 //
 // What it promises, for every operation.
 //  * The result lands in the output on every rank, bit-identical on all ranks (the reducer sums in
