@@ -60,14 +60,14 @@ class CallTimingRailTest : public ::testing::TestWithParam<size_t> {};
 TEST_P(CallTimingRailTest, ALatePeersWaitIsNotTheRails) {
   testing::MemoryWorld world(kRanks);
   world.set_send_pace(2);  // 2 us per KiB: the rail takes a measurable time of its own
-  const double late_s = 0.060;
+  const double late_s = 0.200;
   const std::vector<RankTiming> t = allreduce_with_late_rank(world, GetParam(), /*late=*/2, late_s);
   for (int r = 0; r < kRanks; ++r) {
     if (r == 2) continue;  // the late rank found its peers' data waiting
     EXPECT_GE(t[r].wall, 0.9 * late_s) << "rank " << r << " should have waited for rank 2";
-    // What is left is the rail's time (well under a millisecond here) and scheduling noise on a
-    // loaded host; the wait for rank 2 must be gone.
-    EXPECT_LT(t[r].rail, late_s / 4) << "rank " << r << " wall " << t[r].wall;
+    // The wait for rank 2 must be gone from what is learned; what is left is the rail's own time
+    // (under a millisecond here, tens of them under ThreadSanitizer) and scheduling noise.
+    EXPECT_GE(t[r].wall - t[r].rail, 0.75 * late_s) << "rank " << r << " wall " << t[r].wall << ", rail " << t[r].rail;
   }
 }
 

@@ -67,7 +67,9 @@ void healthy_op(Harness& h, int rail, milliseconds pause) {
 TEST(RailWatchdog, LimitGrowsWithPausesOfHealthyOperations) {
   Harness h;
   EXPECT_NEAR(h.dog.limit_s(0), 0.05, 1e-9);
-  healthy_op(h, 0, milliseconds(30));  // a pause below the limit, then it completes
+  // A pause below the limit, then it completes. A watchdog thread starved of CPU (sanitizers on a
+  // loaded host) may take its first sample after the pause and so see none: up to three tries.
+  for (int i = 0; i < 3 && h.dog.limit_s(0) < 0.075; ++i) healthy_op(h, 0, milliseconds(30));
   EXPECT_GE(h.dog.limit_s(0), 0.075);  // about 3 x 30 ms
   EXPECT_NEAR(h.dog.limit_s(1), 0.05, 1e-9);  // per rail
   // A later, longer pause is now inside the limit.
