@@ -10,7 +10,8 @@ KB, MB = 1 << 10, 1 << 20
 
 
 def _shared(**kw):
-    costs = dict(cpu_cores=2.0, background_cpu=0.01, step_cpu_us={"tcp": 30.0, "shm": 10.0}, step_us={"tcp": 20.0, "shm": 5.0},
+    costs = dict(cpu_cores=2.0, background_cpu=0.01, step_cpu_us={"tcp": 30.0, "shm": 10.0},
+                 step_us={"tcp": 20.0, "shm": 5.0},
                  op_us=50.0, per_rank_us=10.0, negotiation_cpu_us=40.0, inline_ns_per_byte=5.0, machine_gbps=None,
                  burst_s=0.0, min_burst_bytes=0)
     costs.update(kw)
@@ -98,8 +99,10 @@ def test_calibration_recovers_the_costs_that_made_the_measurements():
         for nbytes in (8, KB):
             t = allreduce_records(Cluster(1, n, rail), truth, [nbytes], iters=3, warmup=1)[0]["time_us"]
             small.append({"ranks": n, "bytes": nbytes, "time_us": t, "cpu_us_others": 25.0 + 0.02 * t})
-    mid = [{"ranks": r, "bytes": b, "time_us": allreduce_records(Cluster(1, r, rail), truth, [b], iters=3, warmup=1)[0]["time_us"]}
-           for r in (8, 16, 32) for b in (64 * KB, 256 * KB)]
+    def one_host(ranks, nbytes):
+        return allreduce_records(Cluster(1, ranks, rail), truth, [nbytes], iters=3, warmup=1)[0]["time_us"]
+
+    mid = [{"ranks": r, "bytes": b, "time_us": one_host(r, b)} for r in (8, 16, 32) for b in (64 * KB, 256 * KB)]
     large = [{"ranks": 4, "bytes": 64 * MB,
               "time_us": allreduce_records(Cluster(1, 4, rail), truth, [64 * MB], iters=3, warmup=1)[0]["time_us"]}]
     from nezha.sim import baselines

@@ -209,7 +209,8 @@ def calibrate(measured: Dict, base: Profile, measured_name: str) -> Profile:
                                    step_cpu_us={**prof.step_cpu_us, "gloo": gloo["step_cpu_us_gloo"]},
                                    extra={**prof.extra, "gloo_op_us": gloo["gloo_op_us"]})
     hosts = ", ".join(str(c["hosts"]) for c in measured["unshaped"])
-    small_sizes = " / ".join(f"{b} B" if b < 1024 else format_size(b) for b in sorted({p.get("bytes", 8) for p in small}))
+    sizes = sorted({p.get("bytes", 8) for p in small})
+    small_sizes = " / ".join(f"{b} B" if b < 1024 else format_size(b) for b in sizes)
     other = measured.get("other_cores", {})
     source = (f"fitted by `python -m nezha.sim calibrate` to {measured_name} (engine at commit "
               f"{measured.get('commit', '?')}), none of it a validation case: the CPU each rank burns per "
