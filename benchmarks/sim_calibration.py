@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
 """Measures what `python -m nezha.sim calibrate` fits the testbed profile to, none of it a case of
-the validation (benchmarks/sim_validation.py): the 8 B allreduce of 2 to 32 numpy ranks on one
-host (negotiation alone), the 64 MB allreduce of 4 ranks on one host (the host lane: shared
-memory), and nezha-bench on rail 0 of an unshaped 2- and 4-host testbed (the per-step cost and the
-machine's byte budget).
+the validation (benchmarks/sim_validation.py): the 8 B and 1 KB allreduce of 2 to 32 numpy ranks
+on one host (negotiation, the inline result's bytes, and from 32 ranks the host lane's steps), the
+64 and 256 KB allreduce of 8 to 32 ranks on one host (the host lane's steps with many processes on
+the machine's cores), the 64 MB allreduce of 4 ranks on one host (the host lane: shared memory),
+and nezha-bench on rail 0 of an unshaped 2- to 16-host testbed with Gloo beside it on the same
+interface (the per-step cost and CPU, the machine's byte budget, Gloo's per-step cost).
 
-    .venv/bin/python benchmarks/sim_calibration.py            # root; ~3 minutes
+The machine is shared with other work (builds, other measurements), which slows whatever runs
+beside it: each part records the cores that other work took meanwhile (other_cores; the
+calibration gives the job the rest), every run's summary is kept under runs/, and --quietest
+writes the summary of several runs' quietest parts. Run it with the engine the validation
+measured (a worktree at that commit) when the engine has changed since.
+
+    .venv/bin/python benchmarks/sim_calibration.py            # root; ~4 minutes
+    .venv/bin/python benchmarks/sim_calibration.py --quietest benchmarks/out/sim-calibration/runs/run-*.json
     .venv/bin/python -m nezha.sim calibrate --measured benchmarks/out/sim_calibration.json \\
         --out nezha/sim/profiles/testbed.json
 """
@@ -14,8 +23,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -28,8 +40,36 @@ from run_matrix import run_job  # noqa: E402
 
 OUT_DIR = BENCH_DIR / "out" / "sim-calibration"
 SUMMARY = BENCH_DIR / "out" / "sim_calibration.json"
-UNSHAPED_SIZES = "8,64K,256K,1M,64M"
+UNSHAPED_SIZES = "8,1K,64K,256K,1M,4M,64M"
 JOB_TIMEOUT_S = 300.0
+class OtherLoad:
+    """What else ran on the machine while a part ran (other jobs build and measure on it): the
+    cores busy that this script's jobs (children: nezharun and its ranks) did not use, averaged
+    over the part. The calibration gives the job the rest of the machine's cores."""
+
+    def __enter__(self):
+        self.busy0, self.wall0 = busy_cpu_seconds(), time.monotonic()
+        self.own0 = children_cpu_seconds()
+        return self
+
+    def __exit__(self, *exc):
+        wall = time.monotonic() - self.wall0
+        other = busy_cpu_seconds() - self.busy0 - (children_cpu_seconds() - self.own0)
+        self.cores = max(0.0, other / wall) if wall > 0 else 0.0
+        return False
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds processes kept the machine busy since boot (/proc/stat: user, nice, system; not
+    the interrupts' and softirqs' time, which is mostly the testbed's own packets, charged to no
+    process)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields[:3]) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def one_host(ranks: str, size: str, name: str) -> list:
@@ -43,7 +83,9 @@ def one_host(ranks: str, size: str, name: str) -> list:
     for record in json.loads(path.read_text())["records"]:
         for entry in record.get("ops", ()):
             if entry["op"] == "allreduce":
-                out.append({"ranks": record["ranks"], "bytes": entry["bytes"], "time_us": entry["time_us"]})
+                out.append({"ranks": record["ranks"], "bytes": entry["bytes"], "time_us": entry["time_us"],
+                            "cpu_us_rank0": entry.get("cpu_us_rank0"),
+                            "cpu_us_others": entry.get("cpu_us_others_mean")})
     return out
 
 
@@ -55,30 +97,85 @@ def unshaped(hosts: int) -> dict:
         argv = [sys.executable, "-m", "nezha.runner", "-np", str(hosts), *testbed.nezharun_args(), "--",
                 sys.executable, "-m", "nezha.bench", "--op", "allreduce", "--sizes", UNSHAPED_SIZES,
                 "--dtype", "float32", "--iters", "auto", "--warmup", "2", "--json", str(path),
-                "--impl-label", "nezha-rail0"]
+                "--impl-label", "nezha-rail0", "--baseline", "gloo", "--gloo-ifname", testbed.interface(0),
+                "--baseline-label", "gloo-rail0"]
         error = run_job(argv, OUT_DIR / f"unshaped-h{hosts}.log", JOB_TIMEOUT_S)
         if error:
             raise RuntimeError(f"unshaped {hosts}-host job failed: {error}")
     finally:
         testbed.down()
-    records = [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in json.loads(path.read_text())]
-    return {"hosts": hosts, "rails": 1, "records": records}
+    rows = json.loads(path.read_text())
+    records = [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in rows if r.get("impl") != "gloo-rail0"]
+    gloo = [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in rows if r.get("impl") == "gloo-rail0"]
+    return {"hosts": hosts, "rails": 1, "records": records, "gloo": gloo}
+
+
+def part_data(summary: dict, name: str):
+    if name.startswith("unshaped-h"):
+        hosts = int(name[len("unshaped-h"):])
+        return next(c for c in summary["unshaped"] if c["hosts"] == hosts)
+    return summary[name]
+
+
+def quietest(runs: list) -> dict:
+    """Each part from the run in which other work took the fewest cores (the machine is shared):
+    the summary of several runs of this script, each part saying which run it is from."""
+    out = {"commit": runs[0]["commit"], "other_cores": {}, "part_generated": {}, "unshaped": []}
+    names = list(dict.fromkeys(name for r in runs for name in r.get("other_cores", {})))
+    for name in names:
+        best = min((r for r in runs if name in r.get("other_cores", {})), key=lambda r: r["other_cores"][name])
+        out["other_cores"][name] = best["other_cores"][name]
+        out["part_generated"][name] = best["generated"]
+        if name.startswith("unshaped-h"):
+            data = part_data(best, name)
+            if not data.get("gloo"):  # Gloo beside it from the quietest run that has it
+                with_gloo = [r for r in runs if name in r.get("other_cores", {}) and part_data(r, name).get("gloo")]
+                if with_gloo:
+                    gloo_run = min(with_gloo, key=lambda r: r["other_cores"][name])
+                    data = dict(data, gloo=part_data(gloo_run, name)["gloo"],
+                                gloo_other_cores=gloo_run["other_cores"][name])
+            out["unshaped"].append(data)
+        else:
+            out[name] = part_data(best, name)
+    out["generated"] = max(out["part_generated"].values())
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", default="2,4,8,16,32")
-    parser.add_argument("--hosts", default="2,4")
+    parser.add_argument("--mid-ranks", default="8,16,32")
+    parser.add_argument("--hosts", default="2,4,8,16")
+    parser.add_argument("--quietest", nargs="+", metavar="SUMMARY",
+                        help="measure nothing: write the summary of these runs' quietest parts")
     args = parser.parse_args()
+    if args.quietest:
+        summary = quietest([json.loads(Path(p).read_text()) for p in args.quietest])
+        SUMMARY.write_text(json.dumps(summary, indent=2) + "\n")
+        print(json.dumps(summary["other_cores"], indent=2))
+        return 0
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     summary = {"generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                         cwd=REPO_ROOT).stdout.strip(),
-               "one_host_small": one_host(args.ranks, "8", "one_host_small"),
-               "one_host_large": one_host("4", "64M", "one_host_large"),
-               "unshaped": [unshaped(int(h)) for h in args.hosts.split(",")]}
-    SUMMARY.write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary, indent=2))
+               "other_cores": {}}
+
+    def part(name, run):
+        with OtherLoad() as other:
+            out = run()
+        summary["other_cores"][name] = round(other.cores, 3)
+        return out
+
+    summary["one_host_small"] = part("one_host_small", lambda: one_host(args.ranks, "8,1K", "one_host_small"))
+    summary["one_host_mid"] = part("one_host_mid", lambda: one_host(args.mid_ranks, "64K,256K", "one_host_mid"))
+    summary["one_host_large"] = part("one_host_large", lambda: one_host("4", "64M", "one_host_large"))
+    summary["unshaped"] = [part(f"unshaped-h{h}", lambda h=h: unshaped(int(h))) for h in args.hosts.split(",")]
+    text = json.dumps(summary, indent=2) + "\n"
+    SUMMARY.write_text(text)
+    runs = OUT_DIR / "runs"
+    runs.mkdir(exist_ok=True)
+    (runs / f"run-{datetime.datetime.now(datetime.timezone.utc):%H%M}.json").write_text(text)
+    print(text)
     return 0
 
 

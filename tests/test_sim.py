@@ -181,34 +181,6 @@ def test_cli_writes_records_and_rejects_bad_rails(tmp_path):
     assert bad.returncode == 2 and "kind 'ib'" in bad.stderr
 
 
-def test_calibration_recovers_the_costs_that_made_the_measurements():
-    pytest.importorskip("scipy")
-    from nezha.sim.calibrate import UNSHAPED_GBPS, calibrate
-    from nezha.sim.cli import allreduce_records
-    from nezha.sim.cluster import RailModel
-
-    truth = load_profile("testbed").with_overrides(op_us=40.0, per_rank_us=12.0, contention_exponent=0.3,
-                                                   step_us={"tcp": 80.0, "shm": 5.0}, machine_gbps=30.0,
-                                                   line_gbps=30.0, shm_gbps=60.0)
-    small = [{"ranks": n, "time_us": (truth.op_us + truth.per_rank_us * (n - 1) ** 1.3)} for n in (2, 4, 8, 16, 32)]
-    unshaped = []
-    for hosts in (2, 4):
-        rails = [RailModel("rail0:tcp", "tcp", UNSHAPED_GBPS)]
-        recs = allreduce_records(Cluster(hosts, 1, rails), truth, [8, 65536, 262144, 1 << 20, 64 << 20], iters=3, warmup=1)
-        unshaped.append({"hosts": hosts, "rails": 1, "records": recs})
-    lane = allreduce_records(Cluster(1, 4, [RailModel("rail0:tcp", "tcp", UNSHAPED_GBPS)]), truth, [64 << 20],
-                             iters=3, warmup=1)
-    large = [{"ranks": 4, "bytes": 64 << 20, "time_us": lane[0]["time_us"]}]
-    fitted = calibrate({"one_host_small": small, "unshaped": unshaped, "one_host_large": large},
-                       load_profile("testbed"), "synthetic")
-    assert fitted.per_rank_us == pytest.approx(12.0, rel=0.05)
-    assert fitted.contention_exponent == pytest.approx(0.3, rel=0.05)
-    assert fitted.step("tcp") == pytest.approx(80.0, rel=0.05)
-    assert fitted.machine_gbps == pytest.approx(30.0, rel=0.05)
-    assert fitted.shm_gbps == pytest.approx(60.0, rel=0.05)
-    assert "synthetic" in fitted.source
-
-
 def test_a_shared_machine_is_split_max_min_fairly_among_busy_links():
     profile = load_profile("testbed").with_overrides(machine_gbps=20.0)
     job = SimJob(Cluster(16, 1, parse_rails("1gbit,250mbit")), profile, calibrate=False)

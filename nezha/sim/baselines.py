@@ -1,8 +1,8 @@
 """The baselines the simulator sets Nezha beside, as the same job on other terms.
 
 * Gloo (torch.distributed's CPU backend, one NIC): no negotiation, a flat ring over every rank for
-  every size, and for training DDP's 25 MB buckets, fused as they fill; its per-step cost is the
-  profile's "gloo" kind.
+  every size, and for training DDP's 25 MB buckets, fused as they fill; its per-step cost and its
+  per-step CPU on shared cores are the profile's "gloo" kind.
 * MPTCP: one TCP connection the kernel stripes over every TCP plane (a Nezha job on one rail whose
   rate is the planes' sum times the scheduler's efficiency, profile.extra["mptcp_efficiency"]);
   planes that are not TCP (RDMA, in-network aggregation) it cannot use.
@@ -19,7 +19,10 @@ DDP_BUCKET_BYTES = 25 << 20
 def gloo_profile(profile: Profile) -> Profile:
     return profile.with_overrides(
         name=profile.name + "+gloo", op_us=profile.extra.get("gloo_op_us", profile.op_us), per_rank_us=0.0,
-        step_us={**profile.step_us, "tcp": profile.step("gloo")}, inline_bytes=0, logstep_max_bytes=0,
+        step_us={**profile.step_us, "tcp": profile.step("gloo")},
+        step_cpu_us={**profile.step_cpu_us,
+                     "tcp": profile.step_cpu_us.get("gloo", profile.step_cpu_us.get("tcp", 0.0))},
+        negotiation_cpu_us=0.0, inline_ns_per_byte=0.0, inline_bytes=0, logstep_max_bytes=0,
         balance_bytes=0, unfused_bytes=0, fusion_bytes=DDP_BUCKET_BYTES, cycle_ms=0.0, hierarchical=False)
 
 

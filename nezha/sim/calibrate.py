@@ -1,16 +1,23 @@
 """`python -m nezha.sim calibrate`: fit the testbed profile's software costs to measurements that
-are not the validation's.
+are not the validation's (benchmarks/sim_calibration.py).
 
-Two sources, each fitting what it isolates:
-  * `one_host_small`: the 8 B allreduce of n numpy ranks on one host (benchmarks/scale_one_host.py),
-    which is negotiation alone (it travels inline): op_us + per_rank_us x (n - 1) ** (1 + c), c the
-    contention exponent every per-message cost then carries;
-  * `unshaped`: nezha-bench on the testbed with its rails unshaped (each host's links as fast as
-    the machine moves bytes), which is the per-step cost of a message (small and mid sizes) and the
-    machine's byte budget (64 MB), fitted through the simulator itself with the negotiation fixed;
-  * `one_host_large`: the 64 MB allreduce of a few numpy ranks on one host, which is the
-    hierarchical allreduce's host lane alone (shared memory): the machine's memory budget for it.
-The fit minimises squared log errors (every size weighs alike) with scipy's least_squares.
+The testbed's hosts are namespaces of one machine, so its CPU is a budget its cores' worth shared
+by every process of the job (cluster.Profile). Each source fits what it isolates, in order:
+  * the CPU counters of the one-host inline series (`one_host_small`: the 8 B and 1 KB allreduce of
+    n numpy ranks on one host, negotiation alone): a rank's CPU per operation is its own work plus a
+    share of the wall time (its loops' timers and wake-ups); the slope is background_cpu;
+  * the times of that series: the negotiation's path (op_us, per_rank_us), its CPU per rank
+    (negotiation_cpu_us) and the inline bytes' cost on rank 0 (inline_ns_per_byte);
+  * `unshaped`: nezha-bench on the testbed with its rails unshaped, one rank per host, 2 to 16
+    hosts, and the one-host 64 KB - 64 MB allreduces (`one_host_mid`, `one_host_large`, and the
+    series' ops too large to travel inline), which run the host lane alone: a collective step's
+    software cost and CPU (tcp and shm), the machine's byte budget and its memory budget, fitted
+    through the simulator itself with the negotiation fixed;
+  * Gloo beside Nezha on the unshaped runs: Gloo's per-operation cost, per-step cost and CPU.
+The machine is shared with other work (builds, other measurements): sim_calibration.py records per
+part the cores that work took, and each point is simulated with the rest of the cores
+(`other_cores`); the profile keeps the whole machine's. The fits minimise squared log errors
+(every size weighs alike) with scipy's least_squares.
 """
 from __future__ import annotations
 
@@ -19,66 +26,200 @@ import math
 from pathlib import Path
 from typing import Dict, List
 
+from nezha.bench.sizes import format_size
+
+from . import baselines
 from .cli import allreduce_records
 from .cluster import Cluster, Profile, RailModel, load_profile
+from .engine import SimJob
 
 UNSHAPED_GBPS = 1000.0  # a link no shaper limits: the machine's budget binds first
 
 
-def fit_negotiation(points: List[Dict]) -> Dict[str, float]:
+def _rail() -> List[RailModel]:
+    return [RailModel("rail0:tcp", "tcp", UNSHAPED_GBPS)]
+
+
+def _theirs(prof: Profile, point: Dict) -> Profile:
+    """The profile as the machine was while `point` was measured: other jobs on it took
+    point["other_cores"] of its cores (sim_calibration.py measures them per part), so the job had
+    the rest for its work and for the bytes its cores move."""
+    other = point.get("other_cores", 0.0)
+    if not other or not prof.cpu_cores:
+        return prof
+    left = max(0.25 * prof.cpu_cores, prof.cpu_cores - other)
+    share = left / prof.cpu_cores
+    return prof.with_overrides(cpu_cores=left, shm_gbps=prof.shm_gbps * share,
+                               machine_gbps=prof.machine_gbps * share if prof.machine_gbps else None,
+                               line_gbps=prof.line_gbps * share)
+
+
+def _with_other_load(measured: Dict) -> Dict:
+    """Each point and case tagged with the cores other jobs took during its part."""
+    other = measured.get("other_cores", {})
+    out = dict(measured)
+    for part in ("one_host_small", "one_host_mid", "one_host_large"):
+        out[part] = [dict(p, other_cores=other.get(part, 0.0)) for p in measured.get(part, [])]
+    out["unshaped"] = [dict(c, other_cores=other.get(f"unshaped-h{c['hosts']}", 0.0)) for c in measured["unshaped"]]
+    return out
+
+
+def _inline(point: Dict, base: Profile) -> bool:
+    return point["ranks"] >= 2 and point.get("bytes", 8) * (point["ranks"] - 1) <= base.inline_bytes
+
+
+def fit_background(points: List[Dict]) -> float:
+    """Least-squares slope of the other ranks' CPU per operation over its wall time (inline ops:
+    the same work at every job size, so what grows with the time is what the ranks burn meanwhile)."""
+    pts = [(p["time_us"], p["cpu_us_others"]) for p in points if p.get("cpu_us_others") is not None]
+    if len(pts) < 3:
+        return 0.0
+    mt = sum(t for t, _ in pts) / len(pts)
+    mc = sum(c for _, c in pts) / len(pts)
+    var = sum((t - mt) ** 2 for t, _ in pts)
+    return max(0.0, sum((t - mt) * (c - mc) for t, c in pts) / var) if var else 0.0
+
+
+def fit_negotiation(points: List[Dict], base: Profile) -> Dict[str, float]:
     from scipy.optimize import least_squares
 
-    n = [p["ranks"] for p in points]
-    t = [p["time_us"] for p in points]
-    if len(points) < 3:
-        raise ValueError("one_host_small needs at least 3 job sizes to fit three parameters")
+    inline = [p for p in points if _inline(p, base)]
+    if len(inline) < 4:
+        raise ValueError("one_host_small needs at least 4 inline points to fit four parameters")
 
-    def residuals(x):
-        return [math.log((x[0] + x[1] * (ni - 1) ** x[2]) / ti) for ni, ti in zip(n, t)]
-
-    fit = least_squares(residuals, [50.0, 20.0, 1.2], bounds=([0.0, 0.0, 0.5], [1e4, 1e4, 3.0]))
-    return {"op_us": float(fit.x[0]), "per_rank_us": float(fit.x[1]), "contention_exponent": float(fit.x[2]) - 1}
-
-
-def fit_network(cases: List[Dict], one_host_large: List[Dict], base: Profile) -> Dict[str, float]:
-    from scipy.optimize import least_squares
+    # The inline bytes' cost is identified only where the series has two sizes (8 B and 1 KB).
+    sizes = {p.get("bytes", 8) for p in inline}
 
     def profile_of(x) -> Profile:
-        steps = {**base.step_us, "tcp": float(x[0]), "mptcp": float(x[0])}
-        return base.with_overrides(step_us=steps, machine_gbps=float(x[1]), line_gbps=float(x[1]),
-                                   shm_gbps=float(x[2]))
+        return base.with_overrides(op_us=float(x[0]), per_rank_us=float(x[1]), negotiation_cpu_us=float(x[2]),
+                                   inline_ns_per_byte=float(x[3]) if len(sizes) > 1 else 0.0)
+
+    def residuals(x):
+        prof = profile_of(x)
+        out = []
+        for p in inline:
+            job = SimJob(Cluster(1, p["ranks"], _rail()), _theirs(prof, p), calibrate=False)
+            out.append(math.log(job.negotiation_seconds(p.get("bytes", 8)) * 1e6 / p["time_us"]))
+        return out
+
+    fit = least_squares(residuals, [30.0, 10.0, 20.0, 5.0], bounds=([0.0] * 4, [1e4, 1e4, 1e4, 1e3]),
+                        diff_step=1e-3)
+    return {"op_us": float(fit.x[0]), "per_rank_us": float(fit.x[1]), "negotiation_cpu_us": float(fit.x[2]),
+            "inline_ns_per_byte": float(fit.x[3]) if len(sizes) > 1 else 0.0}
+
+
+def _lane_points(measured: Dict, base: Profile) -> List[Dict]:
+    """One-host allreduces that run the host lane (every one not inline)."""
+    pts = [p for p in measured.get("one_host_small", []) if not _inline(p, base)]
+    return pts + list(measured.get("one_host_mid", [])) + list(measured.get("one_host_large", []))
+
+
+def _fit(residuals, x0, lower, upper):
+    from scipy.optimize import least_squares
+
+    return [float(v) for v in least_squares(residuals, x0, bounds=(lower, upper), diff_step=1e-3).x]
+
+
+def _unshaped_residuals(cases: List[Dict], prof: Profile) -> List[float]:
+    out = []
+    for case in cases:
+        rails = [RailModel(f"rail{i}:tcp", "tcp", UNSHAPED_GBPS) for i in range(case.get("rails", 1))]
+        sizes = [r["bytes"] for r in case["records"]]
+        sim = allreduce_records(Cluster(case["hosts"], 1, rails), _theirs(prof, case), sizes, iters=3, warmup=1)
+        out += [math.log(s["time_us"] / r["time_us"]) for s, r in zip(sim, case["records"])]
+    return out
+
+
+def _lane_residuals(points: List[Dict], prof: Profile) -> List[float]:
+    out = []
+    for p in points:  # one host: the allreduce is the host lane alone
+        sim = allreduce_records(Cluster(1, p["ranks"], _rail()), _theirs(prof, p), [p["bytes"]], iters=3, warmup=1)
+        out.append(math.log(sim[0]["time_us"] / p["time_us"]))
+    return out
+
+
+def fit_network(cases: List[Dict], lane: List[Dict], base: Profile) -> Dict[str, float]:
+    """Each cost from what isolates it, in turn: the network's step cost, step CPU and the machine's
+    byte budget from the unshaped runs; the host lane's memory budget from its bandwidth-bound
+    allreduces (16 MB and more); its step CPU from the rest of the one-host allreduces."""
+    def network(x) -> Profile:
+        return base.with_overrides(step_us={**base.step_us, "tcp": x[0], "mptcp": x[0]},
+                                   step_cpu_us={**base.step_cpu_us, "tcp": x[1], "mptcp": x[1]},
+                                   machine_gbps=x[2], line_gbps=x[2])
+
+    net = _fit(lambda x: _unshaped_residuals(cases, network(x)), [20.0, 10.0, 30.0], [1.0, 0.0, 1.0],
+               [2000.0, 5000.0, 1000.0])
+    prof = network(net)
+    large = [p for p in lane if p["bytes"] >= 16 << 20]
+    small = [p for p in lane if p["bytes"] < 16 << 20]
+    shm = _fit(lambda x: _lane_residuals(large, prof.with_overrides(shm_gbps=x[0])), [50.0], [1.0], [1e4])[0] \
+        if large else prof.shm_gbps
+    prof = prof.with_overrides(shm_gbps=shm)
+
+    def lane_cpu(x) -> Profile:
+        return prof.with_overrides(step_cpu_us={**prof.step_cpu_us, "shm": x[0]})
+
+    shm_cpu = _fit(lambda x: _lane_residuals(small, lane_cpu(x)), [10.0], [0.0], [5000.0])[0] if small else 0.0
+    return {"step_us_tcp": net[0], "step_cpu_us_tcp": net[1], "machine_gbps": net[2], "shm_gbps": shm,
+            "step_cpu_us_shm": shm_cpu}
+
+
+def fit_gloo(cases: List[Dict], base: Profile) -> Dict[str, float]:
+    from scipy.optimize import least_squares
+
+    # Gloo's ring skips the chunks an input too small to give every rank one leaves empty (8 B on
+    # 4 ranks and more): those sizes are another algorithm's, left out as the validation leaves them.
+    cases = [dict(c, gloo=[r for r in c["gloo"] if r["bytes"] // 4 >= c["hosts"]]) for c in cases if c.get("gloo")]
+
+    def profile_of(x) -> Profile:
+        return base.with_overrides(step_us={**base.step_us, "gloo": float(x[0])},
+                                   step_cpu_us={**base.step_cpu_us, "gloo": float(x[1])},
+                                   extra={**base.extra, "gloo_op_us": float(x[2])})
 
     def residuals(x):
         out = []
-        prof = profile_of(x)
+        prof = baselines.gloo_profile(profile_of(x))
         for case in cases:
-            rails = [RailModel(f"rail{i}:tcp", "tcp", UNSHAPED_GBPS) for i in range(case.get("rails", 1))]
-            sizes = [r["bytes"] for r in case["records"]]
-            sim = allreduce_records(Cluster(case["hosts"], 1, rails), prof, sizes, iters=3, warmup=1)
-            out += [math.log(s["time_us"] / r["time_us"]) for s, r in zip(sim, case["records"])]
-        for case in one_host_large:  # one host: the allreduce is the host lane alone
-            rails = [RailModel("rail0:tcp", "tcp", UNSHAPED_GBPS)]
-            sim = allreduce_records(Cluster(1, case["ranks"], rails), prof, [case["bytes"]], iters=3, warmup=1)
-            out.append(math.log(sim[0]["time_us"] / case["time_us"]))
+            sizes = [r["bytes"] for r in case["gloo"]]
+            other = {"other_cores": case.get("gloo_other_cores", case.get("other_cores", 0.0))}
+            sim = allreduce_records(Cluster(case["hosts"], 1, _rail()), _theirs(prof, other), sizes, iters=3, warmup=1)
+            out += [math.log(s["time_us"] / r["time_us"]) for s, r in zip(sim, case["gloo"])]
         return out
 
-    fit = least_squares(residuals, [50.0, 30.0, 50.0], bounds=([1.0, 1.0, 1.0], [2000.0, 1000.0, 10000.0]),
-                        diff_step=1e-3)
-    return {"step_us_tcp": float(fit.x[0]), "machine_gbps": float(fit.x[1]), "shm_gbps": float(fit.x[2])}
+    if not cases:
+        return {}
+    fit = least_squares(residuals, [50.0, 50.0, 50.0], bounds=([0.0] * 3, [1e5] * 3), diff_step=1e-3)
+    return {"step_us_gloo": float(fit.x[0]), "step_cpu_us_gloo": float(fit.x[1]), "gloo_op_us": float(fit.x[2])}
 
 
 def calibrate(measured: Dict, base: Profile, measured_name: str) -> Profile:
-    neg = fit_negotiation(measured["one_host_small"])
-    prof = base.with_overrides(**neg)
-    net = fit_network(measured["unshaped"], measured.get("one_host_large", []), prof)
-    steps = {**prof.step_us, "tcp": net["step_us_tcp"], "mptcp": net["step_us_tcp"]}
-    source = (f"fitted by `python -m nezha.sim calibrate` to {measured_name}: negotiation to the one-host "
-              f"8 B series ({', '.join(str(p['ranks']) for p in measured['one_host_small'])} ranks), the per-step "
-              f"cost and the machine's byte budget to unshaped testbed runs "
-              f"({', '.join(str(c['hosts']) + ' hosts' for c in measured['unshaped'])}), the host lane's memory "
-              f"budget to the one-host 64 MB allreduce ({', '.join(str(c['ranks']) + ' ranks' for c in measured.get('one_host_large', []))})")
-    return prof.with_overrides(step_us=steps, machine_gbps=net["machine_gbps"], line_gbps=net["machine_gbps"],
-                               shm_gbps=net["shm_gbps"], source=source)
+    measured = _with_other_load(measured)
+    small = measured["one_host_small"]
+    prof = base.with_overrides(background_cpu=fit_background([p for p in small if _inline(p, base)]))
+    prof = prof.with_overrides(**fit_negotiation(small, prof))
+    net = fit_network(measured["unshaped"], _lane_points(measured, prof), prof)
+    prof = prof.with_overrides(
+        step_us={**prof.step_us, "tcp": net["step_us_tcp"], "mptcp": net["step_us_tcp"]},
+        step_cpu_us={**prof.step_cpu_us, "tcp": net["step_cpu_us_tcp"], "mptcp": net["step_cpu_us_tcp"],
+                     "shm": net["step_cpu_us_shm"]},
+        machine_gbps=net["machine_gbps"], line_gbps=net["machine_gbps"], shm_gbps=net["shm_gbps"])
+    gloo = fit_gloo(measured["unshaped"], prof)
+    if gloo:
+        prof = prof.with_overrides(step_us={**prof.step_us, "gloo": gloo["step_us_gloo"]},
+                                   step_cpu_us={**prof.step_cpu_us, "gloo": gloo["step_cpu_us_gloo"]},
+                                   extra={**prof.extra, "gloo_op_us": gloo["gloo_op_us"]})
+    hosts = ", ".join(str(c["hosts"]) for c in measured["unshaped"])
+    sizes = sorted({p.get("bytes", 8) for p in small})
+    small_sizes = " / ".join(f"{b} B" if b < 1024 else format_size(b) for b in sizes)
+    other = measured.get("other_cores", {})
+    source = (f"fitted by `python -m nezha.sim calibrate` to {measured_name} (engine at commit "
+              f"{measured.get('commit', '?')}), none of it a validation case: the CPU each rank burns per "
+              f"second and the negotiation to the one-host {small_sizes} series "
+              f"({', '.join(sorted({str(p['ranks']) for p in small}, key=int))} ranks), the per-step cost and CPU, "
+              f"the machine's byte budget and the host lane's memory budget to unshaped testbed runs "
+              f"({hosts} hosts) and one-host 64 KB - 64 MB allreduces, Gloo's costs to Gloo beside them; "
+              f"other jobs' cores per part: {', '.join(f'{k} {v:.2f}' for k, v in other.items()) or 'not measured'}")
+    return prof.with_overrides(source=source)
 
 
 def run_calibration(args) -> int:

@@ -88,11 +88,21 @@ class Profile:
     reduce_gbps: float                 # one host reducing (reads two inputs, writes one)
     shm_gbps: float                    # a host's memory for copies between its ranks, shared by them
                                        # (with machine_gbps: the machine's, shared by every rank)
-    # Where all ranks share a few cores (the testbed), a message's wake-up waits behind more of them
-    # as the job grows: every per-message cost is multiplied by (threads - 1) ** contention_exponent,
-    # threads being the ranks (rank 0's work per rank) or the ranks' workers of every busy rail (a
-    # collective's step). 0 where every host has its own cores.
-    contention_exponent: float = 0.0
+    # Where all ranks share a few cores (the testbed: every host is a namespace of one machine), the
+    # machine's CPU is a budget of cpu_cores shared by the runnable processes (processor sharing):
+    # every process also burns background_cpu of a core on its own while the job runs (its loops'
+    # timers and wake-ups), the rest is left for the work. A collective step costs each rank's worker
+    # step_cpu_us[kind] of CPU, a negotiated operation costs each rank negotiation_cpu_us, so a step
+    # (an operation) lasts at least the CPU of all its processes divided by what is left of the
+    # cores. (The background is wake-ups, so bulk transfers, which wait in long sleeps, keep the
+    # machine's byte budgets: machine_gbps, shm_gbps.) None: every host has its own cores.
+    cpu_cores: Optional[float] = None
+    background_cpu: float = 0.0
+    step_cpu_us: Dict[str, float] = field(default_factory=dict)
+    negotiation_cpu_us: float = 0.0
+    # Rank 0's work per byte of an inline operation (its inputs in, its results out, each through
+    # the control messages' encoding): 2 (n - 1) x bytes on the coordinator's path.
+    inline_ns_per_byte: float = 0.0
     machine_gbps: Optional[float] = None  # testbed: wire bytes all hosts together move per second
     # Links shaped by a token bucket (the testbed's `tc tbf`): its depth, as seconds of the rate but
     # at least min_burst_bytes, sent at line_gbps. 0: a plain link at its rate.
@@ -117,8 +127,18 @@ class Profile:
     def step(self, kind: str) -> float:
         return self.step_us.get(kind, self.step_us["tcp"])
 
-    def contention(self, ranks: int) -> float:
-        return max(1, ranks - 1) ** self.contention_exponent
+    def cpu_left(self, processes: int) -> float:
+        """Cores the work of `processes` running processes gets: the machine's less their background
+        (never below a tenth of it). inf where hosts have their own cores."""
+        if not self.cpu_cores:
+            return float("inf")
+        return max(0.1 * self.cpu_cores, self.cpu_cores - processes * self.background_cpu)
+
+    def step_cpu_floor(self, kind: str, workers: int, processes: int) -> float:
+        """Seconds a step of `workers` workers lasts at least on the shared cores, beside its bytes
+        (0: own cores)."""
+        cpu = self.step_cpu_us.get(kind, self.step_cpu_us.get("tcp", 0.0))
+        return workers * cpu * 1e-6 / self.cpu_left(processes)
 
     def with_overrides(self, **kw) -> "Profile":
         return replace(self, **kw)

@@ -69,9 +69,10 @@ class SimJob:
         max-min fairly: a slow link keeps its rate, the fast ones split the rest."""
         link = self.links[rail]
         busy = set(active) | {rail}
-        # Every rank's worker on every busy rail is a thread waiting for its turn on shared cores.
-        link.step_s = self.profile.step(self.rails[rail].kind) * 1e-6 * self.profile.contention(
-            self.cluster.ranks * len(busy))
+        # Every rank's worker on every busy rail does its step's work on the cores the hosts share.
+        kind, ranks = self.rails[rail].kind, self.cluster.ranks
+        link.step_s = self.profile.step(kind) * 1e-6
+        link.cpu_s = self.profile.step_cpu_floor(kind, ranks * len(busy), ranks)
         machine = self.profile.machine_gbps
         if machine:
             rates = sorted(self.links[r].rate for r in busy)
@@ -99,18 +100,34 @@ class SimJob:
             # A flat ring over every rank: ranks of a host are neighbours, so each host's link
             # carries one flow of the ring.
             return schedules.allreduce(nbytes, c.ranks, link, at, p.logstep_max_bytes)
-        # The host lane's copies and reductions share the host's memory among its ranks (on a
-        # testbed whose hosts are one machine, among every rank).
-        shm = p.shm_gbps * 1e9 / 8 / (c.ranks if p.machine_gbps else rph)
-        shm_step = p.step("shm") * 1e-6
-        lane = schedules.host_reduce_scatter(nbytes, rph, shm, min(link.reduce_rate, shm), shm_step)
-        net = schedules.allreduce(nbytes / rph, c.hosts, link, at + lane, p.logstep_max_bytes, flows_per_link=rph)
-        return lane + net + schedules.host_allgather(nbytes, rph, shm, shm_step)
+        lane = self.host_lane(len(set(active) | {rail}))
+        if c.hosts == 1:  # allreduce_hierarchical: one host's lane reaches every rank
+            return schedules.allreduce(nbytes, rph, lane, at, p.logstep_max_bytes)
+        rs = schedules.host_reduce_scatter(nbytes, rph, lane, at)
+        net = schedules.allreduce(nbytes / rph, c.hosts, link, at + rs, p.logstep_max_bytes, flows_per_link=rph)
+        return rs + net + schedules.host_allgather(nbytes, rph, lane, at + rs + net)
 
-    def negotiation_seconds(self) -> float:
+    def host_lane(self, shares: int = 1) -> schedules.Link:
+        """The hosts' shared memory between their ranks while `shares` shares (one per busy rail) run
+        their host lanes at once: each rank's copies and reductions share the host's memory budget
+        (on a testbed whose hosts are one machine, every rank's share the machine's); its steps are
+        every rank's of every share at once, on the shared cores where hosts share them."""
+        c, p = self.cluster, self.profile
+        shm = p.shm_gbps * 1e9 / 8 / (c.ranks if p.machine_gbps else c.ranks_per_host) / shares
+        lane = schedules.Link(shm, p.step("shm") * 1e-6, min(p.reduce_gbps * 1e9 / 8, shm))
+        lane.cpu_s = p.step_cpu_floor("shm", c.ranks * shares, c.ranks)
+        return lane
+
+    def negotiation_seconds(self, inline_bytes: int = 0) -> float:
+        """Rank 0's path (its own cost, its work per other rank, an inline operation's bytes in and
+        out) or, where the hosts share cores, every rank's negotiation CPU on what is left of them,
+        whichever is longer."""
         p = self.profile
         n = self.cluster.ranks
-        return (p.op_us + p.per_rank_us * (n - 1) * p.contention(n)) * 1e-6
+        inline_us = p.inline_ns_per_byte * 1e-3 * 2 * (n - 1) * inline_bytes
+        path = p.op_us + p.per_rank_us * (n - 1) + inline_us
+        cpu = (n * p.negotiation_cpu_us + p.per_rank_us * (n - 1) + inline_us) / p.cpu_left(n)
+        return max(path, cpu) * 1e-6
 
     # -- the engine's decisions ---------------------------------------------------------------
     def calibrate(self) -> None:
@@ -163,14 +180,14 @@ class SimJob:
         n = self.cluster.ranks
         start = self.now
         self._probe_rails()
+        if n >= 2 and 0 < nbytes * (n - 1) <= self.profile.inline_bytes:
+            # NEZHA_CONTROL_INLINE_BYTES: rank 0 reduces it inside the negotiation.
+            self.now = start + self.negotiation_seconds(nbytes)
+            return OpResult(nbytes, self.now - start, "inline with negotiation", {})
         t = start + self.negotiation_seconds()
         if n < 2 or nbytes == 0:
             self.now = t
             return OpResult(nbytes, t - start, "alone", {})
-        if nbytes * (n - 1) <= self.profile.inline_bytes:
-            # NEZHA_CONTROL_INLINE_BYTES: rank 0 reduces it inside the negotiation.
-            self.now = t
-            return OpResult(nbytes, t - start, "inline with negotiation", {})
         count = max(1, nbytes // ELEM)
         plan = self.table.plan(count, ELEM)
         shares = [(s.rail, s.offset, s.count) for s in plan.shares] or [(0, 0, count)]

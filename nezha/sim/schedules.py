@@ -24,13 +24,16 @@ class Link:
     reduction rate, all in bytes/s and seconds. Stateful: the bucket's fill carries over from one
     step, share and operation to the next on the simulated clock, so software time between
     transfers lets it refill as it does on the testbed. `cap` (bytes/s) bounds both speeds while
-    the machine the hosts share is the bottleneck (set by the caller per share)."""
+    the machine the hosts share is the bottleneck (set by the caller per share); a step lasts at
+    least `cpu_s` while every host's workers share the machine's cores (set likewise; 0 on own
+    cores)."""
 
     def __init__(self, rate: float, step_s: float, reduce_rate: float, burst: float = 0.0, line: float = 0.0):
         self.rate, self.step_s, self.reduce_rate = rate, step_s, reduce_rate
         self.burst, self.line = burst, max(line, rate)
         self.tokens, self.last = burst, 0.0
         self.cap = float("inf")
+        self.cpu_s = 0.0
 
     def send(self, nbytes: float, at: float) -> float:
         """Seconds to move `nbytes` through the link starting at `at`."""
@@ -44,6 +47,11 @@ class Link:
         self.tokens -= from_bucket
         self.last = max(self.last, at + secs)
         return secs
+
+    def step(self, nbytes: float, at: float) -> float:
+        """One message step from `at`: its software cost then its bytes, or the CPU every worker's
+        step needs of the shared cores, whichever is longer."""
+        return max(self.step_s + self.send(nbytes, at + self.step_s), self.cpu_s)
 
     def reduce(self, nbytes: float) -> float:
         return nbytes / self.reduce_rate
@@ -62,14 +70,13 @@ def ring_allreduce(nbytes: float, n: int, link: Link, at: float, flows_per_link:
         return 0.0
     block = nbytes / n
     if link.burst == 0:  # no bucket state to carry: every step is alike
-        wire = link.send(block * flows_per_link, at)
-        link.last = at + 2 * (n - 1) * (link.step_s + wire)
-        return 2 * (n - 1) * (link.step_s + wire) + (n - 1) * link.reduce(min(block, SEGMENT_BYTES))
+        step = link.step(block * flows_per_link, at)
+        link.last = at + 2 * (n - 1) * step
+        return 2 * (n - 1) * step + (n - 1) * link.reduce(min(block, SEGMENT_BYTES))
     t = at
-    for step in range(2 * (n - 1)):
-        t += link.step_s
-        t += link.send(block * flows_per_link, t)
-        if step < n - 1:
+    for i in range(2 * (n - 1)):
+        t += link.step(block * flows_per_link, t)
+        if i < n - 1:
             t += link.reduce(min(block, SEGMENT_BYTES))
     return t - at
 
@@ -83,8 +90,7 @@ def logstep_allreduce(nbytes: float, n: int, link: Link, at: float, flows_per_li
     steps = int(math.log2(p)) + (2 if n > p else 0)
     t = at
     for _ in range(steps):
-        t += link.step_s
-        t += link.send(nbytes * flows_per_link, t) + link.reduce(nbytes)
+        t += link.step(nbytes * flows_per_link, t) + link.reduce(nbytes)
     return t - at
 
 
@@ -115,15 +121,13 @@ def broadcast(nbytes: float, n: int, link: Link, at: float) -> float:
     t = at
     if nbytes <= BROADCAST_TREE_MAX:
         for _ in range(math.ceil(math.log2(n))):
-            t += link.step_s
-            t += link.send(nbytes, t)
+            t += link.step(nbytes, t)
         return t - at
     waits = max(1, n - 2)
     budget = max(BROADCAST_MIN_PIECE, BROADCAST_FIRST_PIECE // waits)
     piece = min(SEGMENT_BYTES, budget, max(BROADCAST_MIN_PIECE, nbytes / BROADCAST_CHAIN_PIECES))
     for _ in range(math.ceil(nbytes / piece) + n - 2):
-        t += link.step_s
-        t += link.send(piece, t)
+        t += link.step(piece, t)
     return t - at
 
 
@@ -133,24 +137,27 @@ def ring_allgather(total_bytes: float, n: int, link: Link, at: float, flows_per_
         return 0.0
     t = at
     for _ in range(n - 1):
-        t += link.step_s
-        t += link.send(total_bytes / n * flows_per_link, t)
+        t += link.step(total_bytes / n * flows_per_link, t)
     return t - at
 
 
-def host_reduce_scatter(nbytes: float, ranks_per_host: int, shm_rate: float, reduce_rate: float,
-                        step_s: float) -> float:
-    """The hierarchical allreduce's host lane (allreduce_hierarchical.cc) over shared memory: each
-    rank reads its slice from the R-1 others and reduces it; R ranks work in parallel."""
+def host_reduce_scatter(nbytes: float, ranks_per_host: int, lane: Link, at: float = 0.0) -> float:
+    """The hierarchical allreduce's host lane (allreduce_hierarchical.cc) over shared memory: a ring
+    reduce-scatter among the host's R ranks, R - 1 steps of a slice each, reduced as it arrives."""
     r = ranks_per_host
     if r < 2 or nbytes <= 0:
         return 0.0
-    moved = nbytes * (r - 1) / r
-    return (r - 1) * step_s + moved / shm_rate + moved / reduce_rate
+    t = at
+    for _ in range(r - 1):
+        t += lane.step(nbytes / r, t) + lane.reduce(nbytes / r)
+    return t - at
 
 
-def host_allgather(nbytes: float, ranks_per_host: int, shm_rate: float, step_s: float) -> float:
+def host_allgather(nbytes: float, ranks_per_host: int, lane: Link, at: float = 0.0) -> float:
     r = ranks_per_host
     if r < 2 or nbytes <= 0:
         return 0.0
-    return (r - 1) * step_s + nbytes * (r - 1) / r / shm_rate
+    t = at
+    for _ in range(r - 1):
+        t += lane.step(nbytes / r, t)
+    return t - at

@@ -1,0 +1,135 @@
+"""nezha.sim's shared machine: the testbed's cores as a budget every process draws from (processor
+sharing), the inline path's bytes, and the calibration that fits them; the cluster profile keeps
+every host's own cores."""
+import pytest
+
+from nezha.sim import Cluster, SimJob, load_profile, parse_rails
+from nezha.sim import schedules
+
+KB, MB = 1 << 10, 1 << 20
+
+
+def _shared(**kw):
+    costs = dict(cpu_cores=2.0, background_cpu=0.01, step_cpu_us={"tcp": 30.0, "shm": 10.0},
+                 step_us={"tcp": 20.0, "shm": 5.0},
+                 op_us=50.0, per_rank_us=10.0, negotiation_cpu_us=40.0, inline_ns_per_byte=5.0, machine_gbps=None,
+                 burst_s=0.0, min_burst_bytes=0)
+    costs.update(kw)
+    return load_profile("testbed").with_overrides(**costs)
+
+
+def test_a_step_lasts_at_least_every_workers_cpu_over_the_cores_left():
+    profile = _shared()
+    for hosts, rails in ((2, "1gbit"), (16, "1gbit"), (16, "1gbit,1gbit")):
+        job = SimJob(Cluster(hosts, 1, parse_rails(rails)), profile, calibrate=False)
+        busy = tuple(range(len(job.rails)))
+        link = job.link(0, busy)
+        workers = hosts * len(busy)
+        # by hand: every rank's worker on every busy rail, 30 us each, on 2 cores less 1 % per process
+        assert link.cpu_s == pytest.approx(workers * 30e-6 / (2.0 - hosts * 0.01))
+    # 2 processes on 2 cores: the step is its own cost and bytes; 16: their CPU binds.
+    small, big = (SimJob(Cluster(h, 1, parse_rails("1gbit")), profile, calibrate=False) for h in (2, 16))
+    nbytes = 4 * KB  # log-step: log2(n) exchanges of the whole buffer
+    wire = nbytes / small.links[0].rate
+    assert schedules.logstep_allreduce(nbytes, 2, small.link(0, (0,)), 0.0) == pytest.approx(
+        20e-6 + wire + nbytes / small.links[0].reduce_rate, rel=1e-6)
+    floor = 16 * 30e-6 / (2.0 - 0.16)
+    assert floor > 20e-6 + wire
+    assert schedules.logstep_allreduce(nbytes, 16, big.link(0, (0,)), 0.0) == pytest.approx(
+        4 * (floor + nbytes / big.links[0].reduce_rate), rel=1e-6)
+
+
+def test_large_transfers_are_their_bytes_not_the_cpu_floor():
+    profile = _shared()
+    job = SimJob(Cluster(16, 1, parse_rails("1gbit")), profile, calibrate=False)
+    link = job.link(0, (0,))
+    block = 64 * MB / 16
+    assert block / link.rate > 10 * link.cpu_s  # the wire binds: the floor changes nothing
+    expect = 2 * 15 * (20e-6 + block / link.rate) + 15 * link.reduce(MB)
+    assert schedules.ring_allreduce(64 * MB, 16, link, 0.0) == pytest.approx(expect, rel=1e-6)
+
+
+def test_negotiation_is_rank_zeros_path_or_everyones_cpu_and_inline_bytes_cost():
+    profile = _shared()
+    for n, bound in ((2, "path"), (32, "cpu")):
+        job = SimJob(Cluster(n, 1, parse_rails("1gbit")), profile, calibrate=False)
+        path = 50 + 10 * (n - 1)
+        cpu = (40 * n + 10 * (n - 1)) / (2.0 - 0.01 * n)
+        assert job.negotiation_seconds() * 1e6 == pytest.approx(max(path, cpu))
+        assert (path > cpu) == (bound == "path")
+    # A 1 KB op travels inline (2 hosts, rank 0's path binds): 2 (n - 1) x 1 KB more through rank 0.
+    job = SimJob(Cluster(2, 1, parse_rails("1gbit")), profile, calibrate=False)
+    eight, kilo = job.allreduce(8), job.allreduce(KB)
+    assert eight.plan == kilo.plan == "inline with negotiation"
+    assert (kilo.seconds - eight.seconds) * 1e9 == pytest.approx(5.0 * 2 * 1 * (KB - 8))
+
+
+def test_more_processes_than_cores_slow_the_host_lane_and_the_background_binds():
+    profile = _shared()
+    times = {r: SimJob(Cluster(1, r, parse_rails("1gbit")), profile).allreduce(64 * KB).seconds for r in (2, 8, 32)}
+    assert times[2] < times[8] < times[32]
+    # one host, 32 ranks: the lane's log-step (5 exchanges), each at least 32 workers x 10 us on
+    # 2 - 0.32 cores, after the negotiation
+    neg = SimJob(Cluster(1, 32, parse_rails("1gbit")), profile, calibrate=False).negotiation_seconds()
+    assert times[32] >= neg + 5 * 32 * 10e-6 / 1.68
+    assert profile.cpu_left(1000) == pytest.approx(0.2)  # never below a tenth of the cores
+
+
+def test_the_cluster_profile_shares_no_cpu():
+    profile = load_profile("cluster")
+    assert profile.cpu_cores is None and profile.cpu_left(4096) == float("inf")
+    job = SimJob(Cluster(512, 1, parse_rails("ofi:100gbit,tcp:25gbit")), profile, calibrate=False)
+    assert job.link(0, (0, 1)).cpu_s == 0.0
+    assert job.negotiation_seconds() * 1e6 == pytest.approx(profile.op_us + profile.per_rank_us * 511)
+
+
+def test_calibration_recovers_the_costs_that_made_the_measurements():
+    pytest.importorskip("scipy")
+    from nezha.sim.calibrate import UNSHAPED_GBPS, calibrate
+    from nezha.sim.cli import allreduce_records
+    from nezha.sim.cluster import RailModel
+
+    truth = load_profile("testbed").with_overrides(
+        op_us=30.0, per_rank_us=8.0, negotiation_cpu_us=25.0, inline_ns_per_byte=4.0, background_cpu=0.02,
+        step_us={"tcp": 20.0, "shm": 5.0, "gloo": 60.0}, step_cpu_us={"tcp": 15.0, "shm": 8.0, "gloo": 90.0},
+        machine_gbps=30.0, line_gbps=30.0, shm_gbps=60.0, extra={"gloo_op_us": 40.0})
+    rail = [RailModel("rail0:tcp", "tcp", UNSHAPED_GBPS)]
+    small = []
+    for n in (2, 4, 8, 16, 32):
+        for nbytes in (8, KB):
+            t = allreduce_records(Cluster(1, n, rail), truth, [nbytes], iters=3, warmup=1)[0]["time_us"]
+            small.append({"ranks": n, "bytes": nbytes, "time_us": t, "cpu_us_others": 25.0 + 0.02 * t})
+    def one_host(ranks, nbytes):
+        return allreduce_records(Cluster(1, ranks, rail), truth, [nbytes], iters=3, warmup=1)[0]["time_us"]
+
+    mid = [{"ranks": r, "bytes": b, "time_us": one_host(r, b)} for r in (8, 16, 32) for b in (64 * KB, 256 * KB)]
+    large = [{"ranks": 4, "bytes": 64 * MB,
+              "time_us": allreduce_records(Cluster(1, 4, rail), truth, [64 * MB], iters=3, warmup=1)[0]["time_us"]}]
+    from nezha.sim import baselines
+    unshaped = []
+    sizes = [8, KB, 64 * KB, 256 * KB, MB, 4 * MB, 64 * MB]
+    for hosts in (2, 4, 8, 16):
+        recs = allreduce_records(Cluster(hosts, 1, rail), truth, sizes, iters=3, warmup=1)
+        gloo = allreduce_records(Cluster(hosts, 1, rail), baselines.gloo_profile(truth), sizes, iters=3, warmup=1)
+        unshaped.append({"hosts": hosts, "rails": 1, "records": recs, "gloo": gloo})
+    fitted = calibrate({"one_host_small": small, "one_host_mid": mid, "one_host_large": large, "unshaped": unshaped,
+                        "commit": "abc"}, load_profile("testbed"), "synthetic")
+    assert fitted.background_cpu == pytest.approx(0.02, rel=1e-3)
+    assert fitted.per_rank_us == pytest.approx(8.0, rel=0.05)
+    assert fitted.negotiation_cpu_us == pytest.approx(25.0, rel=0.05)
+    assert fitted.inline_ns_per_byte == pytest.approx(4.0, rel=0.05)
+    assert fitted.step("tcp") == pytest.approx(20.0, rel=0.05)
+    assert fitted.step_cpu_us["tcp"] == pytest.approx(15.0, rel=0.05)
+    assert fitted.step_cpu_us["shm"] == pytest.approx(8.0, rel=0.05)
+    assert fitted.machine_gbps == pytest.approx(30.0, rel=0.05)
+    assert fitted.step_cpu_us["gloo"] == pytest.approx(90.0, rel=0.05)
+    assert "synthetic" in fitted.source and "abc" in fitted.source
+
+
+def test_two_rails_shares_run_their_host_lanes_on_the_same_memory_and_cores():
+    profile = _shared(machine_gbps=30.0, shm_gbps=80.0)
+    job = SimJob(Cluster(4, 4, parse_rails("1gbit,1gbit")), profile, calibrate=False)
+    one, two = job.host_lane(1), job.host_lane(2)
+    assert one.rate == pytest.approx(80e9 / 8 / 16) and two.rate == pytest.approx(one.rate / 2)
+    # by hand: 16 ranks' lane steps, twice as many with two shares, on 2 - 16 x 1 % cores
+    assert one.cpu_s == pytest.approx(16 * 10e-6 / 1.84) and two.cpu_s == pytest.approx(2 * one.cpu_s)
