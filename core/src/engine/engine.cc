@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/knobs.h"
 #include "common/logging.h"
+#include "common/usable_cores.h"
 #include "engine/engine_internal.h"
 #include "engine/failover/redo_scope.h"
 #include "engine/negotiation/message_codec.h"
@@ -24,15 +25,6 @@
 namespace nezha::engine {
 
 using namespace internal;
-
-namespace {
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
-}
-}  // namespace
 
 EngineConfig EngineConfig::from_knobs() {
   EngineConfig c;

@@ -13,6 +13,7 @@
 
 #include "collectives/reduce.h"
 #include "common/error.h"
+#include "common/usable_cores.h"
 #include "rank_threads.h"
 #include "reduce_reference.h"
 #include "transport/rail_factory.h"
@@ -226,6 +227,29 @@ TEST(ShmCollRail, TheFactoryBuildsACollectiveRail) {
   EXPECT_THROW(make_rail(spec, ctx), InvalidArgument);
   spec.options = {{"ring_bytes", "8192"}};
   EXPECT_THROW(make_rail(spec, ctx), InvalidArgument);
+}
+
+// Where the ranks outnumber the cores every wait is a sleep, so shares up to 128 KiB take the
+// one-wait path; with a core each they keep the default; an explicit option always wins.
+TEST(ShmCollRail, SharesUpTo128KiBTakeTheOneWaitPathWhereRanksOutnumberTheCores) {
+  RailSpec spec;
+  spec.kind = "shmcoll";
+  RailContext ctx;
+  ctx.secret = "s";
+  ctx.reduce_into = &collectives::reduce_into;
+  auto small_bytes = [&](int ranks) {
+    ctx.size = ranks;
+    auto rail = make_rail(spec, ctx);
+    auto* coll = dynamic_cast<ShmCollRail*>(rail.get());
+    EXPECT_NE(coll, nullptr);
+    return coll ? coll->config().small_bytes : 0;
+  };
+  EXPECT_EQ(small_bytes(usable_cores()), ShmCollRailConfig().small_bytes);
+  EXPECT_EQ(small_bytes(usable_cores() + 1), size_t{128} << 10);
+  spec.options = {{"small_bytes", "4096"}};
+  EXPECT_EQ(small_bytes(usable_cores() + 1), 4096u);
+  spec.options = {{"chunk_bytes", "65536"}};  // never above a chunk
+  EXPECT_EQ(small_bytes(usable_cores() + 1), 65536u);
 }
 
 }  // namespace

@@ -80,6 +80,7 @@ class ShmCollRail final : public CollectiveRail {
   ShmCollRail& operator=(const ShmCollRail&) = delete;
 
   const RailProperties& properties() const override { return properties_; }
+  const ShmCollRailConfig& config() const { return config_; }
   // Among this host's ranks for a host lane, once connected.
   int rank() const override { return rank_; }
   int size() const override { return size_; }

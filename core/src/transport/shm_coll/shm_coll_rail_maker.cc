@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/usable_cores.h"
 #include "transport/shm_coll/shm_coll_rail.h"
 
 namespace nezha::transport {
@@ -16,7 +17,11 @@ std::unique_ptr<Rail> make_shm_coll_rail(const RailSpec& spec, const RailContext
   c.reduce_into = ctx.reduce_into;
   c.chunk_bytes = rail_option_bytes(spec, "chunk_bytes", c.chunk_bytes);
   c.slots = static_cast<uint32_t>(rail_option_bytes(spec, "slots", c.slots));
-  c.small_bytes = rail_option_bytes(spec, "small_bytes", std::min(c.small_bytes, c.chunk_bytes));
+  // Up to small_bytes every rank reduces the whole share after one wait; above, each its slice,
+  // after two. Where the ranks outnumber the cores a wait is a sleep and a wake-up behind every
+  // descheduled peer, which costs more than reducing 128 KiB n times over (benchmarks/SHM.md).
+  const size_t small_default = ctx.size > usable_cores() ? size_t{128} << 10 : c.small_bytes;
+  c.small_bytes = rail_option_bytes(spec, "small_bytes", std::min(small_default, c.chunk_bytes));
   c.spin_us = static_cast<double>(rail_option_bytes(spec, "spin_us", static_cast<size_t>(c.spin_us)));
   c.max_share_bytes = rail_option_bytes(spec, "max_share_bytes", 0);
   c.host_lane = rail_option_bytes(spec, "host_lane", 0) != 0;
