@@ -32,6 +32,7 @@ void Engine::build_rails() {
     ctx.secret = config_.secret;
     ctx.host_id = config_.host_id;
     ctx.socket_buffer_bytes = config_.socket_buffer_bytes;
+    ctx.local_size = config_.local_size;
     ctx.reduce_into = &collectives::reduce_into;  // for rails that reduce on this host (shmcoll)
     return ctx;
   };

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "common/error.h"
+#include "common/usable_cores.h"
 
 namespace nezha::transport {
 
@@ -42,6 +43,10 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 }  // namespace
+
+bool ranks_outnumber_cores(const RailContext& ctx) {
+  return (ctx.local_size > 0 ? ctx.local_size : ctx.size) > usable_cores();
+}
 
 std::unique_ptr<Rail> make_rail(const RailSpec& spec, const RailContext& ctx) {
   const RailKind* row = find_rail_kind(spec.kind);

@@ -30,7 +30,13 @@ struct RailContext {
   size_t socket_buffer_bytes = 4 << 20;
   double handshake_timeout_s = 5;
   ReduceKernel reduce_into = nullptr;  // for rails that reduce on this host (shmcoll); null: none
+  int local_size = 0;          // ranks on this rank's host (the launcher's placement); 0: as size
 };
+
+// Whether this host's ranks outnumber the cores this process may use. Then a rank waiting on a
+// shared-memory peer most likely waits for one that has no core: spinning first only keeps the core
+// from it, and every wait is a sleep and a wake-up (benchmarks/SHM.md).
+bool ranks_outnumber_cores(const RailContext& ctx);
 
 using RailMaker = std::unique_ptr<Rail> (*)(const RailSpec&, const RailContext&);
 using MessagePathMaker = std::unique_ptr<MessagePath> (*)(const RailSpec&, const RailContext&);

@@ -229,27 +229,41 @@ TEST(ShmCollRail, TheFactoryBuildsACollectiveRail) {
   EXPECT_THROW(make_rail(spec, ctx), InvalidArgument);
 }
 
-// Where the ranks outnumber the cores every wait is a sleep, so shares up to 128 KiB take the
-// one-wait path; with a core each they keep the default; an explicit option always wins.
-TEST(ShmCollRail, SharesUpTo128KiBTakeTheOneWaitPathWhereRanksOutnumberTheCores) {
+// Where this host's ranks outnumber the cores every wait is a sleep: shares up to 128 KiB take the
+// one-wait path and nobody spins. With a core each (or many ranks over many hosts, few here) the
+// defaults stay; an explicit option always wins.
+TEST(ShmCollRail, WhereRanksOutnumberTheCoresSharesUpTo128KiBTakeOneWaitAndNobodySpins) {
   RailSpec spec;
   spec.kind = "shmcoll";
   RailContext ctx;
   ctx.secret = "s";
   ctx.reduce_into = &collectives::reduce_into;
-  auto small_bytes = [&](int ranks) {
-    ctx.size = ranks;
+  auto config_of = [&](int size, int local_size) {
+    ctx.size = size;
+    ctx.local_size = local_size;
     auto rail = make_rail(spec, ctx);
     auto* coll = dynamic_cast<ShmCollRail*>(rail.get());
     EXPECT_NE(coll, nullptr);
-    return coll ? coll->config().small_bytes : 0;
+    return coll ? coll->config() : ShmCollRailConfig();
   };
-  EXPECT_EQ(small_bytes(usable_cores()), ShmCollRailConfig().small_bytes);
-  EXPECT_EQ(small_bytes(usable_cores() + 1), size_t{128} << 10);
-  spec.options = {{"small_bytes", "4096"}};
-  EXPECT_EQ(small_bytes(usable_cores() + 1), 4096u);
+  const ShmCollRailConfig defaults;
+  const int cores = usable_cores();
+  for (int local : {0, cores}) {  // 0: the job's size counts
+    const ShmCollRailConfig c = config_of(cores, local);
+    EXPECT_EQ(c.small_bytes, defaults.small_bytes);
+    EXPECT_EQ(c.spin_us, defaults.spin_us);
+  }
+  EXPECT_EQ(config_of(4 * cores, cores).spin_us, defaults.spin_us);  // the others are elsewhere
+  for (int local : {0, cores + 1}) {
+    const ShmCollRailConfig c = config_of(cores + 1, local);
+    EXPECT_EQ(c.small_bytes, size_t{128} << 10);
+    EXPECT_EQ(c.spin_us, 0);
+  }
+  spec.options = {{"small_bytes", "4096"}, {"spin_us", "7"}};
+  EXPECT_EQ(config_of(cores + 1, 0).small_bytes, 4096u);
+  EXPECT_EQ(config_of(cores + 1, 0).spin_us, 7);
   spec.options = {{"chunk_bytes", "65536"}};  // never above a chunk
-  EXPECT_EQ(small_bytes(usable_cores() + 1), 65536u);
+  EXPECT_EQ(config_of(cores + 1, 0).small_bytes, 65536u);
 }
 
 }  // namespace

@@ -10,8 +10,10 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "common/usable_cores.h"
 #include "shm_mesh.h"
 #include "tcp_mesh.h"
+#include "transport/rail_factory.h"
 #include "transport/shm/shm_address.h"
 #include "transport/shm/shm_segment.h"
 
@@ -345,6 +347,29 @@ TEST(ShmRail, BadCallsAreInvalidArgument) {
   EXPECT_THROW(ShmRail(small_ring_config(), 2, 2), InvalidArgument);
   EXPECT_THROW(unconnected.connect({"garbage", "garbage"}, Deadline::after_seconds(1)), InvalidArgument);
   EXPECT_THROW(unconnected.connect({unconnected.local_address()}, Deadline::after_seconds(1)), InvalidArgument);
+}
+
+TEST(ShmRail, NobodySpinsWhereThisHostsRanksOutnumberTheCores) {
+  RailSpec spec;
+  spec.kind = "shm";
+  RailContext ctx;
+  ctx.secret = "s";
+  auto spin_of = [&](int size, int local_size) {
+    ctx.size = size;
+    ctx.local_size = local_size;
+    auto rail = make_rail(spec, ctx);
+    auto* shm = dynamic_cast<ShmRail*>(rail.get());
+    EXPECT_NE(shm, nullptr);
+    return shm ? shm->config().spin_us : -1.0;
+  };
+  const double spin = ShmRailConfig().spin_us;
+  const int cores = usable_cores();
+  EXPECT_EQ(spin_of(cores, 0), spin);
+  EXPECT_EQ(spin_of(4 * cores, 2), spin);  // many ranks, few on this host
+  EXPECT_EQ(spin_of(cores + 1, 0), 0);
+  EXPECT_EQ(spin_of(4 * cores, cores + 1), 0);
+  spec.options = {{"spin_us", "5"}};
+  EXPECT_EQ(spin_of(cores + 1, 0), 5);
 }
 
 }  // namespace

@@ -341,7 +341,9 @@ std::unique_ptr<Rail> make_shm_rail(const RailSpec& spec, const RailContext& ctx
   c.host_id = ctx.host_id;
   c.ring_bytes = rail_option_bytes(spec, "ring_bytes", c.ring_bytes);
   c.chunk_bytes = rail_option_bytes(spec, "chunk_bytes", c.chunk_bytes);
-  c.spin_us = static_cast<double>(rail_option_bytes(spec, "spin_us", static_cast<size_t>(c.spin_us)));
+  // Where the ranks outnumber the cores the peer a spinning rank waits for most likely has no core.
+  const size_t spin_default = ranks_outnumber_cores(ctx) ? 0 : static_cast<size_t>(c.spin_us);
+  c.spin_us = static_cast<double>(rail_option_bytes(spec, "spin_us", spin_default));
   c.max_share_bytes = rail_option_bytes(spec, "max_share_bytes", 0);
   c.direct = rail_option_bytes(spec, "direct", 1) != 0;
   return std::make_unique<ShmRail>(c, ctx.rank, ctx.size);

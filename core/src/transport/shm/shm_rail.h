@@ -99,6 +99,7 @@ class ShmRail : public PointToPointRail {
   std::string host_key(const std::string& address) const override;
 
   const RailProperties& properties() const override { return properties_; }
+  const ShmRailConfig& config() const { return config_; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void send(int peer, uint64_t tag, const void* data, size_t bytes, const Deadline& deadline) override;

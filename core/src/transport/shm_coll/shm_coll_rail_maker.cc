@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "common/error.h"
-#include "common/usable_cores.h"
 #include "transport/shm_coll/shm_coll_rail.h"
 
 namespace nezha::transport {
@@ -18,11 +17,13 @@ std::unique_ptr<Rail> make_shm_coll_rail(const RailSpec& spec, const RailContext
   c.chunk_bytes = rail_option_bytes(spec, "chunk_bytes", c.chunk_bytes);
   c.slots = static_cast<uint32_t>(rail_option_bytes(spec, "slots", c.slots));
   // Up to small_bytes every rank reduces the whole share after one wait; above, each its slice,
-  // after two. Where the ranks outnumber the cores a wait is a sleep and a wake-up behind every
-  // descheduled peer, which costs more than reducing 128 KiB n times over (benchmarks/SHM.md).
-  const size_t small_default = ctx.size > usable_cores() ? size_t{128} << 10 : c.small_bytes;
+  // after two. Where the ranks outnumber the cores a wait is a sleep and a wake-up behind a
+  // descheduled peer, which costs more than reducing 128 KiB n times over, and spinning before it
+  // only keeps the core from that peer (benchmarks/SHM.md).
+  const bool crowded = ranks_outnumber_cores(ctx);
+  const size_t small_default = crowded ? size_t{128} << 10 : c.small_bytes;
   c.small_bytes = rail_option_bytes(spec, "small_bytes", std::min(small_default, c.chunk_bytes));
-  c.spin_us = static_cast<double>(rail_option_bytes(spec, "spin_us", static_cast<size_t>(c.spin_us)));
+  c.spin_us = static_cast<double>(rail_option_bytes(spec, "spin_us", crowded ? 0 : static_cast<size_t>(c.spin_us)));
   c.max_share_bytes = rail_option_bytes(spec, "max_share_bytes", 0);
   c.host_lane = rail_option_bytes(spec, "host_lane", 0) != 0;
   return std::make_unique<ShmCollRail>(c, ctx.rank, ctx.size);
