@@ -19,7 +19,7 @@ DDP_BUCKET_BYTES = 25 << 20
 def gloo_profile(profile: Profile) -> Profile:
     return profile.with_overrides(
         name=profile.name + "+gloo", op_us=profile.extra.get("gloo_op_us", profile.op_us), per_rank_us=0.0,
-        step_us={**profile.step_us, "tcp": profile.step("gloo")}, inline_bytes=0, logstep_max_bytes=0,
+        step_us={**profile.step_us, "tcp": profile.step("gloo")}, inline_bytes=0, logstep_max_bytes=0, halving_max_bytes=0,
         balance_bytes=0, unfused_bytes=0, fusion_bytes=DDP_BUCKET_BYTES, cycle_ms=0.0, hierarchical=False)
 
 

@@ -98,13 +98,15 @@ class SimJob:
         if rph == 1 or not p.hierarchical:
             # A flat ring over every rank: ranks of a host are neighbours, so each host's link
             # carries one flow of the ring.
-            return schedules.allreduce(nbytes, c.ranks, link, at, p.logstep_max_bytes)
+            return schedules.allreduce(nbytes, c.ranks, link, at, p.logstep_max_bytes,
+                                       halving_max_bytes=p.halving_max_bytes)
         # The host lane's copies and reductions share the host's memory among its ranks (on a
         # testbed whose hosts are one machine, among every rank).
         shm = p.shm_gbps * 1e9 / 8 / (c.ranks if p.machine_gbps else rph)
         shm_step = p.step("shm") * 1e-6
         lane = schedules.host_reduce_scatter(nbytes, rph, shm, min(link.reduce_rate, shm), shm_step)
-        net = schedules.allreduce(nbytes / rph, c.hosts, link, at + lane, p.logstep_max_bytes, flows_per_link=rph)
+        net = schedules.allreduce(nbytes / rph, c.hosts, link, at + lane, p.logstep_max_bytes, flows_per_link=rph,
+                                  halving_max_bytes=p.halving_max_bytes)
         return lane + net + schedules.host_allgather(nbytes, rph, shm, shm_step)
 
     def negotiation_seconds(self) -> float:
