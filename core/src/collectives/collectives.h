@@ -34,7 +34,7 @@ struct CollectiveOptions {
   // byte). In place, the engine keeps the input for a redo on another rail this way, a range at a
   // time while the data moves, instead of copying the whole input before the operation starts. Out
   // of place the input stays where it is, but the engine may hand it back (the operation done) before
-  // a redo: it saves the same ranges from the input. The ring and log-step report every byte of
+  // a redo: it saves the same ranges from the input. The ring, halving and log-step report every byte of
   // the output when the rail has several ranks.
   std::function<void(size_t offset, size_t bytes)> before_overwrite;
   // allreduce only: every element of the result is multiplied by this exactly once (scale(): Average's
