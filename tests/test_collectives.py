@@ -10,12 +10,16 @@ def test_collectives_match_numpy_and_agree_bitwise(job, ranks):
         assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
 
 
-def test_multi_segment_ring_and_logstep_everywhere(job):
-    # Tiny ring segments reach the pipelined multi-segment path; a zero log-step threshold sends
-    # even one-element payloads through the ring, and a huge one sends 1 MiB through log-step
-    # (small allreduces stay on the rail: none is reduced by rank 0 within negotiation).
-    for env in ({"NEZHA_SEGMENT_BYTES": "4096", "NEZHA_LOGSTEP_MAX_BYTES": "0", "NEZHA_CONTROL_INLINE_BYTES": "0"},
-                {"NEZHA_LOGSTEP_MAX_BYTES": str(1 << 30), "NEZHA_CONTROL_INLINE_BYTES": "0"}):
+def test_multi_segment_ring_halving_and_logstep_everywhere(job):
+    # Tiny segments reach the multi-segment paths; zero log-step and halving thresholds send even
+    # one-element payloads through the ring, a huge halving one sends them all through
+    # halving/doubling, and a huge log-step one sends 1 MiB through log-step (small allreduces
+    # stay on the rail: none is reduced by rank 0 within negotiation).
+    no_inline = {"NEZHA_CONTROL_INLINE_BYTES": "0"}
+    for env in ({"NEZHA_SEGMENT_BYTES": "4096", "NEZHA_LOGSTEP_MAX_BYTES": "0", "NEZHA_HALVING_MAX_BYTES": "0", **no_inline},
+                {"NEZHA_SEGMENT_BYTES": "4096", "NEZHA_LOGSTEP_MAX_BYTES": "0", "NEZHA_HALVING_MAX_BYTES": str(1 << 30),
+                 **no_inline},
+                {"NEZHA_LOGSTEP_MAX_BYTES": str(1 << 30), **no_inline}):
         result = job(3, "collectives_check.py", env=env, timeout=300)
         assert result.returncode == 0, (env, result.output[-4000:])
 

@@ -116,6 +116,22 @@ def test_logstep_steps_for_odd_sizes():
     assert schedules.logstep_allreduce(1024, 6, link, 0.0) == pytest.approx(4 * (10e-6 + 1024 / 1e9), rel=1e-3)
 
 
+def test_halving_moves_the_rings_bytes_in_log_steps():
+    link = schedules.Link(1e9, 10e-6, 1e12)
+    n_bytes = 8192
+    # 8 ranks: 3 halving steps (4096, 2048, 1024 bytes) and 3 doubling steps back.
+    want = 6 * 10e-6 + 2 * (4096 + 2048 + 1024) / 1e9
+    assert schedules.halving_allreduce(n_bytes, 8, link, 0.0) == pytest.approx(want, rel=1e-3)
+    # 6 ranks: 2 ranks fold in and out, two more steps of the whole buffer around p = 4.
+    want = 6 * 10e-6 + 2 * (4096 + 2048 + n_bytes) / 1e9
+    assert schedules.halving_allreduce(n_bytes, 6, link, 0.0) == pytest.approx(want, rel=1e-3)
+    # allreduce.cc's rule: log-step, then halving up to its bound, then the ring.
+    assert schedules.allreduce(n_bytes, 8, link, 0.0, 4096, halving_max_bytes=n_bytes) == \
+        pytest.approx(schedules.halving_allreduce(n_bytes, 8, link, 0.0))
+    assert schedules.allreduce(n_bytes, 8, link, 0.0, 4096, halving_max_bytes=4096) == \
+        pytest.approx(schedules.ring_allreduce(n_bytes, 8, link, 0.0))
+
+
 def _job(rails, hosts=4, profile="testbed"):
     return SimJob(Cluster(hosts, 1, parse_rails(rails)), load_profile(profile))
 

@@ -22,7 +22,7 @@ def gloo_profile(profile: Profile) -> Profile:
         step_us={**profile.step_us, "tcp": profile.step("gloo")},
         step_cpu_us={**profile.step_cpu_us,
                      "tcp": profile.step_cpu_us.get("gloo", profile.step_cpu_us.get("tcp", 0.0))},
-        negotiation_cpu_us=0.0, inline_ns_per_byte=0.0, inline_bytes=0, logstep_max_bytes=0,
+        negotiation_cpu_us=0.0, inline_ns_per_byte=0.0, inline_bytes=0, logstep_max_bytes=0, halving_max_bytes=0,
         balance_bytes=0, unfused_bytes=0, fusion_bytes=DDP_BUCKET_BYTES, cycle_ms=0.0, hierarchical=False)
 
 

@@ -114,6 +114,7 @@ class Profile:
     inline_bytes: int = 16384          # NEZHA_CONTROL_INLINE_BYTES
     hierarchical: bool = True          # NEZHA_HIERARCHICAL (False: a flat ring over every rank)
     logstep_max_bytes: int = 65536     # NEZHA_LOGSTEP_MAX_BYTES
+    halving_max_bytes: int = 256 << 10  # NEZHA_HALVING_MAX_BYTES
     balance_bytes: int = 1 << 20       # NEZHA_BALANCE_BYTES
     fusion_bytes: int = 64 << 20       # NEZHA_FUSION_THRESHOLD
     unfused_bytes: int = 1 << 20       # NEZHA_UNFUSED_BYTES

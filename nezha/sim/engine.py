@@ -99,12 +99,15 @@ class SimJob:
         if rph == 1 or not p.hierarchical:
             # A flat ring over every rank: ranks of a host are neighbours, so each host's link
             # carries one flow of the ring.
-            return schedules.allreduce(nbytes, c.ranks, link, at, p.logstep_max_bytes)
+            return schedules.allreduce(nbytes, c.ranks, link, at, p.logstep_max_bytes,
+                                       halving_max_bytes=p.halving_max_bytes)
         lane = self.host_lane(len(set(active) | {rail}))
         if c.hosts == 1:  # allreduce_hierarchical: one host's lane reaches every rank
-            return schedules.allreduce(nbytes, rph, lane, at, p.logstep_max_bytes)
+            return schedules.allreduce(nbytes, rph, lane, at, p.logstep_max_bytes,
+                                       halving_max_bytes=p.halving_max_bytes)
         rs = schedules.host_reduce_scatter(nbytes, rph, lane, at)
-        net = schedules.allreduce(nbytes / rph, c.hosts, link, at + rs, p.logstep_max_bytes, flows_per_link=rph)
+        net = schedules.allreduce(nbytes / rph, c.hosts, link, at + rs, p.logstep_max_bytes, flows_per_link=rph,
+                                  halving_max_bytes=p.halving_max_bytes)
         return rs + net + schedules.host_allgather(nbytes, rph, lane, at + rs + net)
 
     def host_lane(self, shares: int = 1) -> schedules.Link:

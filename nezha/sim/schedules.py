@@ -94,10 +94,35 @@ def logstep_allreduce(nbytes: float, n: int, link: Link, at: float, flows_per_li
     return t - at
 
 
-def allreduce(nbytes: float, n: int, link: Link, at: float, logstep_max_bytes: int, flows_per_link: int = 1) -> float:
-    """allreduce.cc's choice: log-step up to logstep_max_bytes, the ring above."""
+def halving_allreduce(nbytes: float, n: int, link: Link, at: float, flows_per_link: int = 1) -> float:
+    """Halving/doubling (allreduce_halving.cc): log2(p) reduce-scatter steps moving N/2, N/4, ..,
+    N/p, each reduced before the next (no pipeline across steps), then log2(p) allgather steps
+    moving N/p, .., N/2; plus a fold in and a copy back of the whole buffer when n is not a power of
+    two."""
+    if n < 2 or nbytes <= 0:
+        return 0.0
+    p = largest_power_of_two_at_most(n)
+    halves = [nbytes / 2 ** k for k in range(1, int(math.log2(p)) + 1)]
+    t = at
+    if n > p:
+        t += link.step(nbytes * flows_per_link, t) + link.reduce(nbytes)
+    for part in halves:
+        t += link.step(part * flows_per_link, t) + link.reduce(part)
+    for part in reversed(halves):
+        t += link.step(part * flows_per_link, t)
+    if n > p:
+        t += link.step(nbytes * flows_per_link, t)
+    return t - at
+
+
+def allreduce(nbytes: float, n: int, link: Link, at: float, logstep_max_bytes: int, flows_per_link: int = 1,
+              halving_max_bytes: int = 0) -> float:
+    """allreduce.cc's choice: log-step up to logstep_max_bytes, halving/doubling up to
+    halving_max_bytes, the ring above."""
     if nbytes <= logstep_max_bytes:
         return logstep_allreduce(nbytes, n, link, at, flows_per_link)
+    if nbytes <= halving_max_bytes:
+        return halving_allreduce(nbytes, n, link, at, flows_per_link)
     return ring_allreduce(nbytes, n, link, at, flows_per_link)
 
 

@@ -302,6 +302,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("stall_check_s", &EngineConfig::stall_check_s)
       .def_readwrite("stall_shutdown_s", &EngineConfig::stall_shutdown_s)
       .def_readwrite("logstep_max_bytes", &EngineConfig::logstep_max_bytes)
+      .def_readwrite("halving_max_bytes", &EngineConfig::halving_max_bytes)
       .def_readwrite("balance_bytes", &EngineConfig::balance_bytes)
       .def_readwrite("segment_bytes", &EngineConfig::segment_bytes)
       .def_readwrite("socket_buffer_bytes", &EngineConfig::socket_buffer_bytes);

@@ -65,6 +65,14 @@ bool allreduce_alone(transport::PointToPointRail& rail, void* buf, size_t count,
 // the algorithm runs in place).
 void copy_input(const void* in, void* out, size_t bytes);
 
+// The largest power of two <= n (n >= 1): the ranks that run recursive doubling or halving; the
+// others fold their data into a partner first.
+inline int largest_power_of_two_at_most(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
 // Ring neighbour arithmetic that never goes negative.
 inline int ring_mod(long long x, int n) { return static_cast<int>(((x % n) + n) % n); }
 

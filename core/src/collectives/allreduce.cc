@@ -1,7 +1,8 @@
 // allreduce(): on a point-to-point rail, pick the algorithm by payload size. Log-step needs log2(n)
-// rounds of the whole payload (latency-bound small messages win); the ring moves 2(n-1)/n of it in
-// 2(n-1) rounds (bandwidth-bound large messages win). A collective rail (collective_rail.h) runs the
-// share itself.
+// rounds of the whole payload (latency-bound small messages win); halving/doubling moves 2(n-1)/n
+// of it in 2 log2(n) rounds (mid-size: the bytes count, and so do the ring's extra rounds); the ring
+// moves as much in 2(n-1) rounds, pipelined (large messages: it keeps every link busy while it
+// reduces). A collective rail (collective_rail.h) runs the share itself.
 #include <cstring>
 
 #include "collectives/algorithm_util.h"
@@ -28,7 +29,12 @@ void detail::copy_input(const void* in, void* out, size_t bytes) {
 
 void allreduce(transport::PointToPointRail& rail, const void* in, void* out, size_t count, DataType dtype,
                ReduceOp op, const CollectiveOptions& opt) {
-  if (count * dtype_size(dtype) > opt.logstep_max_bytes) {
+  const size_t bytes = count * dtype_size(dtype);
+  if (bytes > opt.logstep_max_bytes && bytes <= opt.halving_max_bytes) {
+    allreduce_halving(rail, in, out, count, dtype, op, opt);
+    return;
+  }
+  if (bytes > opt.logstep_max_bytes) {
     allreduce_ring(rail, in, out, count, dtype, op, opt);
     return;
   }

@@ -18,12 +18,6 @@
 namespace nezha::collectives {
 namespace {
 
-int largest_power_of_two_at_most(int n) {
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
-}
-
 // mine := (lower operand) op (higher operand), where `theirs` came from the partner.
 void combine_in_rank_order(uint8_t* mine, uint8_t* theirs, bool mine_is_lower, size_t count,
                            DataType dtype, ReduceOp op) {
@@ -45,7 +39,7 @@ void allreduce_logstep(transport::PointToPointRail& rail, void* buf, size_t coun
   const int r = rail.rank();
   if (count == 0 || detail::allreduce_alone(rail, buf, count, dtype, opt)) return;
 
-  const int p = largest_power_of_two_at_most(n);
+  const int p = detail::largest_power_of_two_at_most(n);
   int rounds = 0;
   while ((1 << rounds) < p) ++rounds;
   // Tag steps: 0 = fold in, 1..rounds = doubling exchanges, rounds+1 = fold out.

@@ -27,12 +27,14 @@ struct CollectiveOptions {
   Deadline deadline = Deadline::never();
   size_t segment_bytes = 1 << 20; // ring pipeline segment (tests set it small to reach multi-segment paths)
   size_t logstep_max_bytes = 65536;  // allreduce(): payloads up to this use the log-step algorithm
+  size_t halving_max_bytes = 0;      // allreduce(): larger ones up to this halving/doubling, the ring above
+                                     // (the engine passes NEZHA_HALVING_MAX_BYTES; 0 here: no halving)
   // allreduce only, may be empty: called with a byte range of the output before the algorithm first
   // writes there anything but that range's input (ranges may repeat; together they cover every such
   // byte). In place, the engine keeps the input for a redo on another rail this way, a range at a
   // time while the data moves, instead of copying the whole input before the operation starts. Out
   // of place the input stays where it is, but the engine may hand it back (the operation done) before
-  // a redo: it saves the same ranges from the input. The ring and log-step report every byte of
+  // a redo: it saves the same ranges from the input. The ring, halving and log-step report every byte of
   // the output when the rail has several ranks.
   std::function<void(size_t offset, size_t bytes)> before_overwrite;
   // allreduce only: every element of the result is multiplied by this exactly once (scale(): Average's
@@ -45,11 +47,13 @@ struct CollectiveOptions {
 inline uint64_t make_tag(uint64_t seq, uint64_t step) { return (seq << 20) | (step & 0xFFFFF); }
 
 // Allreduce of count elements of `in` into `out`: in place where they are the same buffer, else they
-// must not overlap and `in` is never written. Chooses log-step for small payloads, ring otherwise.
-// Out of place, the ring reads `in` where it needs it and writes each byte of `out` once it has its
+// must not overlap and `in` is never written. Chooses log-step for small payloads (up to
+// opt.logstep_max_bytes), halving/doubling for mid-size ones (up to opt.halving_max_bytes), the ring
+// above.
+// Out of place, the ring and halving read `in` where it needs it and writes each byte of `out` once it has its
 // sum: no copy of `in` into `out` first, which would hold back every rank's first message for the
 // copy and a fresh output's page faults (27-97 ms of a 64 MB allreduce into XLA's output). The
-// other algorithms (small payloads, a collective rail's allreduce below) copy first.
+// others (small payloads, a collective rail's allreduce below) copy first.
 void allreduce(transport::PointToPointRail& rail, const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                const CollectiveOptions& opt);
 inline void allreduce(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
@@ -72,6 +76,15 @@ inline void allreduce_ring(transport::PointToPointRail& rail, void* buf, size_t 
 // Recursive doubling (non-powers of two fold the extra ranks in first and out last).
 void allreduce_logstep(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
                        const CollectiveOptions& opt);
+// Rabenseifner: recursive-halving reduce-scatter, then recursive-doubling allgather (2 log2(p) steps,
+// the ring's bytes; the same fold as the log-step); segmented by opt.segment_bytes; in place or out
+// of place as allreduce(), without a copy of `in` first.
+void allreduce_halving(transport::PointToPointRail& rail, const void* in, void* out, size_t count, DataType dtype,
+                       ReduceOp op, const CollectiveOptions& opt);
+inline void allreduce_halving(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+                              const CollectiveOptions& opt) {
+  allreduce_halving(rail, buf, buf, count, dtype, op, opt);
+}
 
 // Hierarchical allreduce (design: hierarchy.h): reduce-scatter among the ranks of each host over
 // host_lane (a kHost rail), allreduce of each slice across hosts among its owners over network, then

@@ -36,6 +36,7 @@ EngineConfig EngineConfig::from_knobs() {
   c.stall_check_s = knob_double("NEZHA_STALL_CHECK_S");
   c.stall_shutdown_s = knob_double("NEZHA_STALL_SHUTDOWN_S");
   c.logstep_max_bytes = static_cast<size_t>(knob_int("NEZHA_LOGSTEP_MAX_BYTES"));
+  c.halving_max_bytes = static_cast<size_t>(knob_int("NEZHA_HALVING_MAX_BYTES"));
   c.segment_bytes = static_cast<size_t>(std::max<int64_t>(64, knob_int("NEZHA_SEGMENT_BYTES")));
   c.socket_buffer_bytes = static_cast<size_t>(knob_int("NEZHA_SOCKET_BUFFER_BYTES"));
   c.balance_bytes = static_cast<size_t>(std::max<int64_t>(0, knob_int("NEZHA_BALANCE_BYTES")));
@@ -221,6 +222,7 @@ void Engine::wire_components(const std::vector<std::vector<std::string>>& addrs_
   eo.timeout_s = config_.timeout_s;
   eo.segment_bytes = config_.segment_bytes;
   eo.logstep_max_bytes = config_.logstep_max_bytes;
+  eo.halving_max_bytes = config_.halving_max_bytes;
   eo.balance_bytes = config_.balance_bytes;
   eo.failover = failover;
   eo.stall_s = config_.rail_stall_ms / 1000.0;

@@ -91,6 +91,7 @@ struct EngineConfig {
   double stall_check_s = 60;
   double stall_shutdown_s = 0;
   size_t logstep_max_bytes = 65536;
+  size_t halving_max_bytes = 262144;  // NEZHA_HALVING_MAX_BYTES
   size_t segment_bytes = 1 << 20;
   size_t balance_bytes = 1 << 20;  // NEZHA_BALANCE_BYTES: see ExecutorOptions::balance_bytes
   size_t socket_buffer_bytes = 4 << 20;

@@ -28,13 +28,16 @@ struct Algorithm {
   const char* name;
   AllreduceFn fn;
   size_t logstep_max_bytes;  // only read by allreduce()
+  size_t halving_max_bytes;  // only read by allreduce()
 };
 
 const Algorithm kAlgorithms[] = {
-    {"ring", allreduce_ring, 0},
-    {"logstep", allreduce_logstep, 0},
-    {"auto_small_is_logstep", allreduce, size_t(1) << 30},
-    {"auto_large_is_ring", allreduce, 0},
+    {"ring", allreduce_ring, 0, 0},
+    {"logstep", allreduce_logstep, 0, 0},
+    {"halving", allreduce_halving, 0, SIZE_MAX},  // allreduce() with these options runs it too
+    {"auto_small_is_logstep", allreduce, size_t(1) << 30, 0},
+    {"auto_mid_is_halving", allreduce, 0, SIZE_MAX},
+    {"auto_large_is_ring", allreduce, 0, 0},
 };
 
 struct Case {
@@ -70,6 +73,7 @@ TEST_P(AllreduceTest, MatchesSerialReferenceOnEveryRank) {
       run_ranks(size, [&](transport::PointToPointRail& rail) {
         CollectiveOptions opt = test_options(/*seq=*/3, segment_bytes);
         opt.logstep_max_bytes = algo.logstep_max_bytes;
+        opt.halving_max_bytes = algo.halving_max_bytes;
         algo.fn(rail, bufs[rail.rank()].data(), count, c.dtype, c.op, opt);
       });
       for (int r = 0; r < size; ++r) {
@@ -112,6 +116,7 @@ TEST(AllreduceBitIdentical, RandomFloat32SumsAgreeOnEveryRank) {
       run_ranks(size, [&](transport::PointToPointRail& rail) {
         CollectiveOptions opt = test_options(/*seq=*/9, /*segment_bytes=*/1000);
         opt.logstep_max_bytes = algo.logstep_max_bytes;
+        opt.halving_max_bytes = algo.halving_max_bytes;
         algo.fn(rail, bufs[rail.rank()].data(), count, DataType::kFloat32, ReduceOp::kSum, opt);
       });
       for (int r = 1; r < size; ++r) {
@@ -142,6 +147,7 @@ TEST(AllreduceBitIdentical, NanMinMaxAgreeOnEveryRank) {
       run_ranks(size, [&](transport::PointToPointRail& rail) {
         CollectiveOptions opt = test_options(1, 32);
         opt.logstep_max_bytes = algo.logstep_max_bytes;
+        opt.halving_max_bytes = algo.halving_max_bytes;
         algo.fn(rail, bufs[rail.rank()].data(), count, DataType::kFloat32, op, opt);
       });
       for (int r = 1; r < size; ++r) {
@@ -173,6 +179,7 @@ TEST(AllreduceOutOfPlace, SameBitsAsInPlaceAndTheInputIsNeverWritten) {
             run_ranks(size, [&](transport::PointToPointRail& rail) {
               CollectiveOptions opt = test_options(/*seq=*/5, /*segment_bytes=*/1000);
               opt.logstep_max_bytes = algo.logstep_max_bytes;
+              opt.halving_max_bytes = algo.halving_max_bytes;
               opt.postscale = postscale;
               auto& in = inputs[rail.rank()];
               auto& out = outs[rail.rank()];
@@ -190,6 +197,7 @@ TEST(AllreduceOutOfPlace, SameBitsAsInPlaceAndTheInputIsNeverWritten) {
           run_ranks(size, [&](transport::PointToPointRail& rail) {
             CollectiveOptions opt = test_options(/*seq=*/5, /*segment_bytes=*/1000);
             opt.logstep_max_bytes = algo.logstep_max_bytes;
+            opt.halving_max_bytes = algo.halving_max_bytes;
             opt.postscale = postscale;
             auto& b = in_place[rail.rank()];
             allreduce(rail, b.data(), count, DataType::kFloat32, ReduceOp::kSum, opt);

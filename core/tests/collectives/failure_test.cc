@@ -64,6 +64,15 @@ TEST(Failure, AbsentRankTimesOutLogstepAllreduce) {
   });
 }
 
+TEST(Failure, AbsentRankTimesOutHalvingAllreduce) {
+  for (int n : {4, 6}) {  // 6: the absent rank is an extra one, folded in
+    expect_timeout_when_last_rank_is_absent(n, [](transport::PointToPointRail& rail, const CollectiveOptions& o) {
+      std::vector<float> buf(1000, 1.0f);
+      allreduce_halving(rail, buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum, o);
+    });
+  }
+}
+
 TEST(Failure, AbsentRankTimesOutBroadcastAllgatherAlltoall) {
   expect_timeout_when_last_rank_is_absent(3, [](transport::PointToPointRail& rail, const CollectiveOptions& o) {
     std::vector<uint8_t> buf(30, 1);

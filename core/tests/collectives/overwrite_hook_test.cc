@@ -41,7 +41,7 @@ struct Saver {
 };
 
 void check_rebuilds_input(int size, size_t count, size_t segment_bytes, size_t logstep_max_bytes,
-                          size_t send_buffer_bytes) {
+                          size_t send_buffer_bytes, size_t halving_max_bytes = 0) {
   const DataType dtype = DataType::kFloat32;
   std::vector<std::vector<uint8_t>> inputs, bufs;
   for (int r = 0; r < size; ++r) inputs.push_back(make_input(dtype, r, count));
@@ -54,6 +54,7 @@ void check_rebuilds_input(int size, size_t count, size_t segment_bytes, size_t l
         Saver saver(buf.data(), buf.size());
         CollectiveOptions opt = test_options(/*seq=*/4, segment_bytes);
         opt.logstep_max_bytes = logstep_max_bytes;
+        opt.halving_max_bytes = halving_max_bytes;
         opt.before_overwrite = [&](size_t offset, size_t bytes) { saver.save(offset, bytes); };
         allreduce(rail, buf.data(), count, dtype, ReduceOp::kSum, opt);
         rebuilt[static_cast<size_t>(rail.rank())] = saver.rebuilt();
@@ -66,9 +67,10 @@ void check_rebuilds_input(int size, size_t count, size_t segment_bytes, size_t l
 }
 
 TEST(OverwriteHook, SavedRangesRebuildTheInputForEveryAlgorithmAndSchedule) {
-  for (int size : {1, 2, 3, 4, 5}) {
+  for (int size : {1, 2, 3, 4, 5, 6}) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{40003}}) {
       SCOPED_TRACE("ranks " + std::to_string(size) + " count " + std::to_string(count));
+      check_rebuilds_input(size, count, 4096, 0, SIZE_MAX, SIZE_MAX);  // halving/doubling
       check_rebuilds_input(size, count, 4096, 0, SIZE_MAX);        // ring, pipelined
       check_rebuilds_input(size, count, 4096, 0, 0);               // ring, lock-step
       check_rebuilds_input(size, count, 1 << 20, 0, SIZE_MAX);     // ring, one segment per block
@@ -80,7 +82,8 @@ TEST(OverwriteHook, SavedRangesRebuildTheInputForEveryAlgorithmAndSchedule) {
 // Out of place the input is never written, but the engine saves it through the hook all the same
 // (it may hand the input back before a redo): every byte of the output must be reported, before
 // anything but its input is written there (the log-step copies the input in first, unreported).
-void check_reports_every_output_byte(int size, size_t count, size_t segment_bytes, size_t logstep_max_bytes) {
+void check_reports_every_output_byte(int size, size_t count, size_t segment_bytes, size_t logstep_max_bytes,
+                                     size_t halving_max_bytes = 0) {
   const DataType dtype = DataType::kFloat32;
   std::vector<std::vector<uint8_t>> inputs, outs;
   for (int r = 0; r < size; ++r) {
@@ -95,6 +98,7 @@ void check_reports_every_output_byte(int size, size_t count, size_t segment_byte
     covered[r].assign(out.size(), false);
     CollectiveOptions opt = test_options(/*seq=*/6, segment_bytes);
     opt.logstep_max_bytes = logstep_max_bytes;
+    opt.halving_max_bytes = halving_max_bytes;
     opt.before_overwrite = [&](size_t offset, size_t bytes) {
       for (size_t b = offset; b < offset + bytes && b < out.size(); ++b) {
         if (!covered[r][b] && out[b] != 0xEE && out[b] != inputs[r][b]) ++late[r];
@@ -111,9 +115,10 @@ void check_reports_every_output_byte(int size, size_t count, size_t segment_byte
 }
 
 TEST(OverwriteHook, OutOfPlaceEveryOutputByteIsReportedBeforeItIsWritten) {
-  for (int size : {1, 2, 3, 4, 5}) {
+  for (int size : {1, 2, 3, 4, 5, 6}) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{40003}}) {
       SCOPED_TRACE("ranks " + std::to_string(size) + " count " + std::to_string(count));
+      check_reports_every_output_byte(size, count, 4096, 0, SIZE_MAX);  // halving/doubling
       check_reports_every_output_byte(size, count, 4096, 0);         // ring
       check_reports_every_output_byte(size, count, 1 << 20, 0);      // ring, one segment per block
       check_reports_every_output_byte(size, count, 4096, SIZE_MAX);  // log-step

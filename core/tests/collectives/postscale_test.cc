@@ -21,7 +21,7 @@ using nezha::testing::run_ranks;
 using nezha::testing::store_value;
 using nezha::testing::test_options;
 
-enum class Algorithm { kRingPipelined, kRingLockStep, kLogStep };
+enum class Algorithm { kRingPipelined, kRingLockStep, kLogStep, kHalving };
 
 std::vector<std::vector<uint8_t>> inputs_for(int size, size_t count, DataType dtype) {
   std::mt19937 gen(static_cast<unsigned>(count * 31 + size));
@@ -45,6 +45,7 @@ std::vector<std::vector<uint8_t>> run(Algorithm algo, std::vector<std::vector<ui
         opt.postscale = postscale;
         void* b = bufs[rail.rank()].data();
         if (algo == Algorithm::kLogStep) allreduce_logstep(rail, b, count, dtype, op, opt);
+        else if (algo == Algorithm::kHalving) allreduce_halving(rail, b, count, dtype, op, opt);
         else allreduce_ring(rail, b, count, dtype, op, opt);
       },
       algo == Algorithm::kRingLockStep ? 0 : SIZE_MAX);
@@ -61,8 +62,8 @@ TEST(Postscale, EqualsReducingThenScalingOnEveryRankForEveryAlgorithm) {
                {DataType::kBFloat16, ReduceOp::kMax, 1.0 / 3},    {DataType::kInt32, ReduceOp::kAverage, 1.0 / 3},
                {DataType::kUInt8, ReduceOp::kSum, 0.5},         {DataType::kInt16, ReduceOp::kAverage, 1.0 / 3}};
   const size_t counts[] = {1, 3, 1000, 4099};  // fewer elements than ranks; many segments
-  for (Algorithm algo : {Algorithm::kRingPipelined, Algorithm::kRingLockStep, Algorithm::kLogStep})
-    for (int size : {1, 2, 3, 4})
+  for (Algorithm algo : {Algorithm::kRingPipelined, Algorithm::kRingLockStep, Algorithm::kLogStep, Algorithm::kHalving})
+    for (int size : {1, 2, 3, 4, 6})
       for (size_t count : counts)
         for (const auto& c : cases) {
           SCOPED_TRACE("algorithm " + std::to_string(static_cast<int>(algo)) + ", " + std::to_string(size) +

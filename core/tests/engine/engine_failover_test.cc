@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
@@ -26,9 +27,11 @@ class TwoRailJob : public testing::Cluster {
  public:
   explicit TwoRailJob(int size, bool failover = true, bool cache_rounds = false,
                       double probe_backoff_s = 0.2,
-                      std::vector<RailConfig> rails = testing::loopback_rails(2), size_t unfused_bytes = 1 << 20)
+                      std::vector<RailConfig> rails = testing::loopback_rails(2), size_t unfused_bytes = 1 << 20,
+                      size_t halving_max_bytes = EngineConfig{}.halving_max_bytes)
       : testing::Cluster(size, std::move(rails), [=](EngineConfig& c) {
           c.unfused_bytes = unfused_bytes;
+          c.halving_max_bytes = halving_max_bytes;
           c.timeout_s = 10;
           c.rail_stall_ms = 1000;  // loopback under a loaded CI machine: only real errors fail over here
           c.rail_probe_backoff_s = probe_backoff_s;
@@ -129,6 +132,21 @@ TEST(EngineFailoverTest, RailFailingOnOneRankIsRedoneOnTheOtherAndReadmitted) {
   run_and_check(job, 3, 1, count, [](int) {});
   for (int extra = 0; extra < 20 && !striped_everywhere(); ++extra) run_and_check(job, 1, 1, count, [](int) {});
   for (int r = 0; r < job.size(); ++r) EXPECT_GT(job[r].rail_stats()[1].share, 0.1) << "rank " << r;
+}
+
+TEST(EngineFailoverTest, HalvingSharesOnAFailedRailAreRedoneOnTheOther) {
+  // Every share runs halving/doubling (3 ranks: rank 2 folds into rank 0), which overwrites its
+  // input in other ranges and order than the ring: the kept ranges must still rebuild it.
+  TwoRailJob job(3, /*failover=*/true, /*cache_rounds=*/false, /*probe_backoff_s=*/0.2,
+                 testing::loopback_rails(2), /*unfused_bytes=*/1 << 20, /*halving_max_bytes=*/SIZE_MAX);
+  bool failed = false;
+  run_and_check(job, 6, 3, 1 << 20, [&](int step) {
+    if (step == 2) {
+      job[2].testing_fail_rail(0, "injected NIC error");
+      failed = true;
+    }
+  });
+  ASSERT_TRUE(failed);
 }
 
 TEST(EngineFailoverTest, AFusedAllreduceOnAFailedRailIsRedoneOnTheOther) {

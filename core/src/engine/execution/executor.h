@@ -41,6 +41,7 @@ struct ExecutorOptions {
   double timeout_s = 30;
   size_t segment_bytes = 1 << 20;
   size_t logstep_max_bytes = 65536;
+  size_t halving_max_bytes = 262144;  // NEZHA_HALVING_MAX_BYTES
   size_t inline_max_bytes = 65536;  // allreduces up to this size may run on the engine thread
   // Striped operations of at least kBalanceMinRanges x this many bytes are re-split among their rails
   // while they run, in ranges of at least this (share_balancer.h); 0: shares run as planned. Must be

@@ -61,6 +61,7 @@ collectives::CollectiveOptions TaskContext::collective_options(uint64_t seq, dou
   copt.seq = seq;
   copt.segment_bytes = opt.segment_bytes;
   copt.logstep_max_bytes = opt.logstep_max_bytes;
+  copt.halving_max_bytes = opt.halving_max_bytes;
   copt.deadline = Deadline::after_seconds(timeout_s);
   return copt;
 }
