@@ -1,5 +1,5 @@
 // Balanced broadcast, allgather, reducescatter and alltoall end to end (striped_part_task.cc): ranks
-// as threads, two in-memory rails paced alike and warmed up, then rail 1 slowed 8x after the plan
+// as threads, two in-memory rails paced alike and warmed up, then rail 1 slowed 16x after the plan
 // was made. The slowed rail must end up carrying less than its planned half of each operation,
 // every rank must get exactly the reference result, and with balancing off the same run keeps the
 // planned split (so the first check can fail).
@@ -24,6 +24,11 @@ using testing::submit;
 constexpr int kRanks = 4;
 constexpr size_t kBlock = 2 << 20;  // float32 elements per rank's block: 8 MiB, 32 MiB per operation
 constexpr int kRoot = 3;
+// Pacing, us per KiB sent: both rails while the cost models learn (~100 MB/s per rank and rail),
+// then rail 1. The pace is a sleep per send, and a loaded machine wakes every sleeper late by about
+// the same time: 16x, not 8x, keeps the slowed rail clearly slower there too (at 8x one ASan CI run
+// on a busy machine ended at the planned split).
+constexpr double kPace = 10, kSlowedPace = 160;
 
 float value(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 31) - 15); }
 
@@ -87,7 +92,7 @@ void run_and_check(Cluster& c, OpType type, const std::string& name) {
 }
 
 // Rail 1's fraction of the bytes each rank sent during one checked operation of `type`, run after
-// both rails were warmed up alike and rail 1 was then slowed 8x.
+// both rails were warmed up alike and rail 1 was then slowed 16x.
 std::vector<double> rail1_fraction_when_slowed(OpType type, size_t balance_bytes) {
   auto rails = testing::memory_rails(2);
   Cluster c(kRanks, rails, [=](EngineConfig& cfg) {
@@ -97,10 +102,10 @@ std::vector<double> rail1_fraction_when_slowed(OpType type, size_t balance_bytes
     cfg.control_inline_bytes = 0;
   });
   auto w0 = testing::memory_world(rails, 0), w1 = testing::memory_world(rails, 1);
-  w0->set_send_pace(10);  // ~100 MB/s per rank and rail
-  w1->set_send_pace(10);
+  w0->set_send_pace(kPace);
+  w1->set_send_pace(kPace);
   for (int i = 0; i < 3; ++i) testing::allreduce_and_check(c, "warm-up", kBlock);  // the cost models learn
-  w1->set_send_pace(80);
+  w1->set_send_pace(kSlowedPace);
   const auto before0 = testing::bytes_sent(c, 0), before1 = testing::bytes_sent(c, 1);
   run_and_check(c, type, std::string(op_type_name(type)) + " slowed");
   const auto after0 = testing::bytes_sent(c, 0), after1 = testing::bytes_sent(c, 1);
@@ -149,10 +154,10 @@ TEST(BalancedStripedAlltoall, EveryPeersPieceStaysLargeEnoughToBePaced) {
     cfg.control_inline_bytes = 0;
   });
   auto w0 = testing::memory_world(rails, 0), w1 = testing::memory_world(rails, 1);
-  w0->set_send_pace(10);
-  w1->set_send_pace(10);
+  w0->set_send_pace(kPace);
+  w1->set_send_pace(kPace);
   for (int i = 0; i < 3; ++i) testing::allreduce_and_check(c, "warm-up", kBlock);
-  w1->set_send_pace(80);
+  w1->set_send_pace(kSlowedPace);
   auto unpaced = [&] {
     return w0->messages_sized(1024, collectives::kAlltoallPacedBytes) +
            w1->messages_sized(1024, collectives::kAlltoallPacedBytes);
