@@ -368,9 +368,11 @@ TEST(RailWatchdog, ASilentRailThatStillDeliversIsReportedOnlyAtTheMaximum) {
     std::atomic<int> asked{0};
     std::mutex mu;
     std::vector<std::chrono::steady_clock::time_point> reports;
+    std::string first_what;
     RailWatchdog dog{1, 0.05, [](int) { return uint64_t{0}; },
-                     [&](int, const std::string&) {
+                     [&](int, const std::string& what) {
                        std::lock_guard<std::mutex> lock(mu);
+                       if (reports.empty()) first_what = what;
                        reports.push_back(std::chrono::steady_clock::now());
                      },
                      [](int) { return std::string(); }, [](int, const std::string&) {},
@@ -388,6 +390,11 @@ TEST(RailWatchdog, ASilentRailThatStillDeliversIsReportedOnlyAtTheMaximum) {
     ASSERT_FALSE(reports.empty());
     const double first_ms = std::chrono::duration<double, std::milli>(reports[0] - start).count();
     EXPECT_GT(asked.load(), 0);
+    // The report says which rule fired (a starved peer and a broken path differ only there).
+    EXPECT_NE(first_what.find("share moved no data for"), std::string::npos) << first_what;
+    EXPECT_NE(first_what.find(delivers ? "its connections deliver" : "waits for the peer's acknowledgement"),
+              std::string::npos)
+        << first_what;
     if (delivers) {
       EXPECT_GE(first_ms, 99.0) << "reported at the limit although the rail delivers";
       EXPECT_LT(first_ms, 390.0) << "a late peer's grace is two limits (generous bound)";

@@ -172,13 +172,21 @@ void RailWatchdog::run() {
         s.last_progress = now;
       } else if (now - s.last_progress >= limit) {
         const auto silent = now - s.last_progress;
-        if (delivering_ &&
-            (silent < kLatePeerLimits * limit || !another_rail_progressed_locked(i, s.last_progress)) &&
-            delivering_(static_cast<int>(i), std::chrono::duration_cast<std::chrono::milliseconds>(limit)))
+        const bool delivers =
+            delivering_ &&
+            delivering_(static_cast<int>(i), std::chrono::duration_cast<std::chrono::milliseconds>(limit));
+        if (delivers && (silent < kLatePeerLimits * limit || !another_rail_progressed_locked(i, s.last_progress)))
           continue;  // a late peer, not a broken path: watched on a while longer
         double ms = std::chrono::duration<double, std::milli>(now - s.last_progress).count();
-        stalled.emplace_back(static_cast<int>(i), s.what + " moved no data for " +
-                                                      std::to_string(static_cast<int>(ms)) + " ms");
+        // Which rule fired: a starved peer and a broken path differ only in the second.
+        stalled.emplace_back(static_cast<int>(i),
+                             s.what + " moved no data for " + std::to_string(static_cast<int>(ms)) + " ms (limit " +
+                                 std::to_string(static_cast<int>(std::chrono::duration<double, std::milli>(limit).count())) +
+                                 " ms; " +
+                                 (delivers ? "its connections deliver, but it outlasted twice the limit and no other rail with work was as silent"
+                                  : delivering_ ? "data it sent waits for the peer's acknowledgement"
+                                                : "its transport cannot tell whether it delivers") +
+                                 ")");
         // Still silent later: report again (rank 0 may have ignored the first report while the
         // rail looked like the last one up).
         s.last_progress = now + kReportAgainAfter * limit;
