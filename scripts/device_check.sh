@@ -2,7 +2,8 @@
 # The GPU machine's check (docs/status.md): builds nezha with that machine's own python3
 # (torch and jax with CUDA; nothing is fetched), runs the adapters' CUDA tests, and compares a jitted
 # pytree allreduce through the CUDA FFI handler with the io_callback path (2 ranks, loopback: the
-# staging and dispatch overhead, not a network figure). Logs go to $OUT (default ./device-out).
+# staging and dispatch overhead, not a network figure), and times the host path with 8 numpy ranks
+# (the shmcoll rail with one thread per rank and with its default). Logs go to $OUT (default ./device-out).
 #
 #   bash scripts/device_check.sh            # on the GPU machine, from the repository root
 #
@@ -42,4 +43,12 @@ echo "== where a tiny jitted allreduce spends its time ($(date +%T))"
 timeout 60 python3 benchmarks/jax_jit_latency.py 2>&1 | grep size
 timeout 90 python3 -m nezha.runner.launch -np 2 python3 benchmarks/jax_jit_latency.py 2>&1 | grep size
 NEZHA_JAX_FORCE_CALLBACK=1 timeout 60 python3 benchmarks/jax_jit_latency.py 2>&1 | grep size
+echo "== host path, 8 numpy ranks: shmcoll with one thread per rank vs its default ($(date +%T))"
+# The default gives each rank the cores the ranks leave idle (shm_coll_crew.h): 2 threads on 16 cores.
+for threads in 1 default; do
+  spec="lo,shmcoll"; [ $threads = default ] || spec="lo,shmcoll;threads=$threads"
+  timeout 150 python3 -m nezha.runner.launch -np 8 --rails "$spec" python3 -m nezha.bench \
+    --sizes 8,64K,1M,64M --iters auto --baseline gloo --json "$OUT/host8_threads_$threads.json" 2>&1 |
+    grep -v Warning | sed "s/^/threads $threads: /" | tail -8
+done
 echo "== done ($(date +%T))"

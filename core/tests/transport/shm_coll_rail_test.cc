@@ -87,6 +87,24 @@ TEST(ShmCollRail, EveryDtypeAndOpMatchesTheSerialReference) {
   }
 }
 
+// With helper threads (shm_coll_crew.h) every copy and reduction is cut into pieces of a cache
+// line or more: the same bits as one thread, on every path (whole chunk, sliced, wrapping slots).
+TEST(ShmCollRail, HelperThreadsGiveTheSameBitsAsOne) {
+  ShmCollRailConfig c = small_config();
+  c.threads = 3;
+  c.thread_min_bytes = 64;
+  for (int n : {2, 3}) {
+    auto rails = make_mesh(n, c);
+    uint64_t seq = 0;
+    for (int t = 0; t < kNumDataTypes; ++t)
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kProduct}) {
+        const auto dtype = static_cast<DataType>(t);
+        for (size_t count : {size_t{13}, size_t{4096 / dtype_size(dtype)} - 3, size_t{5003}})
+          check_allreduce(rails, dtype, op, count, /*in_place=*/seq % 2 == 0, seq++);
+      }
+  }
+}
+
 TEST(ShmCollRail, OneRankAndEmptySharesAreTheirOwnResult) {
   auto one = make_mesh(1);
   check_allreduce(one, DataType::kFloat32, ReduceOp::kSum, 3000, true, 1);
@@ -264,6 +282,43 @@ TEST(ShmCollRail, WhereRanksOutnumberTheCoresSharesUpTo128KiBTakeOneWaitAndNobod
   EXPECT_EQ(config_of(cores + 1, 0).spin_us, 7);
   spec.options = {{"chunk_bytes", "65536"}};  // never above a chunk
   EXPECT_EQ(config_of(cores + 1, 0).small_bytes, 65536u);
+}
+
+// Helper threads only where the host's cores outnumber its ranks: the cores left idle shared out,
+// at most 4 by default; an explicit count wins, within [1, kMaxShmCollThreads].
+TEST(ShmCollRail, HelperThreadsTakeTheCoresTheRanksLeaveIdle) {
+  RailSpec spec;
+  spec.kind = "shmcoll";
+  RailContext ctx;
+  ctx.secret = "s";
+  ctx.reduce_into = &collectives::reduce_into;
+  auto threads_of = [&](int size, int local_size) {
+    ctx.size = size;
+    ctx.local_size = local_size;
+    auto rail = make_rail(spec, ctx);
+    auto* coll = dynamic_cast<ShmCollRail*>(rail.get());
+    EXPECT_NE(coll, nullptr);
+    return coll ? coll->config().threads : 0;
+  };
+  const int cores = usable_cores();
+  EXPECT_EQ(threads_of(cores + 1, 0), 1) << "ranks outnumber the cores";
+  EXPECT_EQ(threads_of(cores, cores), 1) << "a core per rank";
+  EXPECT_EQ(threads_of(1, 1), std::min(cores, 4));
+  EXPECT_EQ(threads_of(64, 1), std::min(cores, 4)) << "the other ranks are on other hosts";
+  if (cores >= 4) EXPECT_EQ(threads_of(cores / 2, cores / 2), 2);
+  spec.options = {{"threads", "3"}};
+  EXPECT_EQ(threads_of(cores + 1, 0), 3);
+  for (const char* bad : {"0", "9"}) {
+    spec.options = {{"threads", bad}};
+    ctx.size = 2;
+    ctx.local_size = 2;
+    try {
+      make_rail(spec, ctx);
+      ADD_FAILURE() << "threads=" << bad << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("threads in [1, 8]"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

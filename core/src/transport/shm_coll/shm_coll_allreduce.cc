@@ -53,7 +53,8 @@ class ShmCollRail::Request final : public Pipeline {
 
   size_t place(uint64_t k, uint8_t* own_slot) override {
     const size_t bytes = chunk_count(k) * esize_;
-    std::memcpy(own_slot, in_ + k * chunk_elems_ * esize_, bytes);
+    const uint8_t* from = in_ + k * chunk_elems_ * esize_;
+    split(bytes, [&](size_t at, size_t len) { std::memcpy(own_slot + at, from + at, len); });
     return bytes;
   }
 
@@ -61,22 +62,40 @@ class ShmCollRail::Request final : public Pipeline {
   // it, and only after it publishes `reduced`).
   void middle(uint64_t k) override {
     const auto [begin, n] = slice(chunk_count(k), rank());
-    shm_coll::reduce_sources(slot(rank(), k) + begin * esize_, sources(k), begin * esize_, n * esize_, esize_,
-                             dtype_, op_, config().reduce_into);
+    uint8_t* dst = slot(rank(), k) + begin * esize_;
+    const auto& srcs = sources(k);
+    split(n * esize_, [&](size_t at, size_t len) {
+      shm_coll::reduce_sources(dst + at, srcs, begin * esize_ + at, len, esize_, dtype_, op_, config().reduce_into);
+    });
   }
 
   size_t take(uint64_t k) override {
     const size_t n = chunk_count(k), offset = k * chunk_elems_ * esize_;
     if (hook_) hook_(offset, n * esize_);
     if (small_) {
-      shm_coll::reduce_sources(out_ + offset, sources(k), 0, n * esize_, esize_, dtype_, op_, config().reduce_into);
+      const auto& srcs = sources(k);
+      split(n * esize_, [&](size_t at, size_t len) {
+        shm_coll::reduce_sources(out_ + offset + at, srcs, at, len, esize_, dtype_, op_, config().reduce_into);
+      });
     } else {
-      for (int r = 0; r < ranks(); ++r) {
-        const auto [begin, len] = slice(n, r);
-        std::memcpy(out_ + offset + begin * esize_, slot(r, k) + begin * esize_, len * esize_);
-      }
+      // Every rank's reduced slice, from its slot: bytes [at, at + len) of the chunk span the slices
+      // of the ranks that own them.
+      split(n * esize_, [&](size_t at, size_t len) {
+        for (int r = 0; r < ranks(); ++r) {
+          const auto [begin, count] = slice(n, r);
+          const size_t from = std::max(at, begin * esize_), to = std::min(at + len, (begin + count) * esize_);
+          if (from < to) std::memcpy(out_ + offset + from, slot(r, k) + from, to - from);
+        }
+      });
     }
     return n * esize_;
+  }
+
+  // f(at, len) over [0, bytes) in cache lines, on the rail's crew where it has one (shm_coll_crew.h).
+  template <class F>
+  void split(size_t bytes, F&& f) {
+    if (shm_coll::Crew* crew = this->crew()) crew->split(bytes, 64, f);
+    else if (bytes > 0) f(size_t{0}, bytes);
   }
 
   const uint8_t* in_;

@@ -101,6 +101,7 @@ class ShmCollRail::Pipeline : public CollectiveRequest {
   int ranks() const { return rail_.size_; }
   const ShmCollRailConfig& config() const { return rail_.config_; }
   uint8_t* slot(int r, uint64_t k) const { return rail_.peers_[r].ws.slot(base_ + k); }
+  shm_coll::Crew* crew() const { return rail_.crew_.get(); }  // null: the rail's thread alone
 
  private:
   bool progress(const Deadline* deadline);

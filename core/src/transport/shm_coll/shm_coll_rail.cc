@@ -23,9 +23,13 @@ ShmCollRail::ShmCollRail(ShmCollRailConfig config, int rank, int size)
     throw InvalidArgument("rail '" + config_.name + "': rank " + std::to_string(rank) + " is outside a job of " +
                           std::to_string(size) + " ranks");
   if (config_.chunk_bytes < 4096 || config_.chunk_bytes % 64 || config_.slots < 2 || config_.slots > 64 ||
-      config_.small_bytes > config_.chunk_bytes)
+      config_.small_bytes > config_.chunk_bytes || config_.threads < 1 || config_.threads > kMaxShmCollThreads)
     throw InvalidArgument("rail '" + config_.name + "': chunk_bytes must be a multiple of 64 of at least 4096, "
-                          "slots in [2, 64] and small_bytes at most chunk_bytes");
+                          "slots in [2, 64], small_bytes at most chunk_bytes and threads in [1, " +
+                          std::to_string(kMaxShmCollThreads) + "]");
+  if (config_.threads > 1)
+    crew_ = std::make_unique<shm_coll::Crew>(config_.threads, config_.thread_min_bytes, config_.spin_us,
+                                             "nz-shmcoll-" + std::to_string(rank));
   properties_.name = config_.name;
   properties_.kind = "shmcoll";
   properties_.local_addr = "shmcoll:" + config_.host_id;

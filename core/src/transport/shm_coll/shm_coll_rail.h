@@ -40,10 +40,13 @@
 // Reduction. The transport layer sits below the kernels (collectives/reduce.h); whoever builds the rail
 // hands it the elementwise kernel (RailContext::reduce_into). Without one, reduces() is false.
 //
-// Threads. As rail.h: one data thread; abort(), counters(), properties() from any thread.
+// Threads. As rail.h: one data thread; abort(), counters(), properties() from any thread. With
+// `threads` > 1 that thread hands parts of an allreduce's copies and reductions to helper threads of
+// its own (shm_coll_crew.h) and waits for them; nothing else runs on them.
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -53,9 +56,13 @@
 #include "transport/shm/shm_address.h"
 #include "transport/shm/shm_handoff.h"
 #include "transport/shm/shm_segment.h"
+#include "transport/shm_coll/shm_coll_crew.h"
 #include "transport/shm_coll/shm_coll_workspace.h"
 
 namespace nezha::transport {
+
+// More threads per rank than this add little: a few threads already move what a socket's memory can.
+constexpr int kMaxShmCollThreads = 8;
 
 struct ShmCollRailConfig {
   std::string name = "shmcoll";
@@ -70,6 +77,10 @@ struct ShmCollRailConfig {
   double liveness_slice_ms = 50;   // futex sleep slice; peers' processes are checked after each
   size_t max_share_bytes = 0;      // RailProperties::max_share_bytes (0: no limit)
   bool host_lane = false;          // reach kHost: the rail of this host's ranks (see above)
+  // Threads per rank that copy and reduce an allreduce's chunks (shm_coll_crew.h), the rail's own
+  // included; the maker gives more than 1 only where the host's cores outnumber its ranks.
+  int threads = 1;
+  size_t thread_min_bytes = 32 << 10;  // a copy or reduction is cut only into pieces this large
 };
 
 class ShmCollRail final : public CollectiveRail {
@@ -169,6 +180,7 @@ class ShmCollRail final : public CollectiveRail {
   shm::HandoffListener listener_;
   shm::Segment own_;
   std::vector<Peer> peers_;  // by rank, after connect
+  std::unique_ptr<shm_coll::Crew> crew_;  // threads > 1 only
   uint64_t step_ = 0;        // chunks this rank has started on the rail since connect (all ranks agree)
   bool connected_ = false;
   std::atomic<bool> aborted_{false};
