@@ -29,9 +29,12 @@ using testing::run_ranks;
 
 using Mesh = std::vector<std::unique_ptr<ShmCollRail>>;
 
-// Small chunks and two slots, so that a few KB take several steps and wrap the slots.
-Mesh make_mesh(int n) {
+// Small chunks and two slots, so that a few KB take several steps and wrap the slots. threads > 1:
+// helper threads that cut every copy and reduction into pieces of a cache line or more.
+Mesh make_mesh(int n, int threads = 1) {
   ShmCollRailConfig c;
+  c.threads = threads;
+  c.thread_min_bytes = 64;
   c.name = "shmcoll-ops";
   c.secret = "shmcoll-ops-secret";
   c.reduce_into = &collectives::reduce_into;
@@ -234,8 +237,7 @@ TEST(ShmCollOps, AnAlltoallOfAnotherMatrixFailsOnEveryRankNamingTheRank) {
       << errors[0];
 }
 
-TEST(ShmCollOps, TheFiveOperationsInterleaveOnOneRail) {
-  auto rails = make_mesh(3);
+void interleave_the_five_operations(Mesh& rails) {
   const size_t count = 3000;
   for (uint64_t seq = 1; seq <= 8; ++seq) {
     check_broadcast(rails, 4096 * 2 + 3, static_cast<int>(seq % 3), seq * 10);
@@ -252,6 +254,19 @@ TEST(ShmCollOps, TheFiveOperationsInterleaveOnOneRail) {
     });
     for (int r = 0; r < 3; ++r) EXPECT_EQ(first_difference(outs[r], want), "") << "allreduce, rank " << r;
   }
+}
+
+TEST(ShmCollOps, TheFiveOperationsInterleaveOnOneRail) {
+  auto rails = make_mesh(3);
+  interleave_the_five_operations(rails);
+}
+
+// Helper threads change who copies and reduces each part, never the result (shm_coll_crew.h).
+TEST(ShmCollOps, TheFiveOperationsWithHelperThreadsGiveTheSameResults) {
+  auto rails = make_mesh(3, /*threads=*/3);
+  interleave_the_five_operations(rails);
+  for (int root = 0; root < 3; ++root) check_broadcast(rails, 4096 * 5 + 1, root, 900 + root);
+  check_reducescatter(rails, DataType::kFloat16, ReduceOp::kSum, {4000, 2048, 77}, 950);
 }
 
 TEST(ShmCollOps, AMismatchedOperationFailsOnEveryRankNamingTheRank) {

@@ -53,8 +53,7 @@ class ShmCollRail::Request final : public Pipeline {
 
   size_t place(uint64_t k, uint8_t* own_slot) override {
     const size_t bytes = chunk_count(k) * esize_;
-    const uint8_t* from = in_ + k * chunk_elems_ * esize_;
-    split(bytes, [&](size_t at, size_t len) { std::memcpy(own_slot + at, from + at, len); });
+    copy(own_slot, in_ + k * chunk_elems_ * esize_, bytes);
     return bytes;
   }
 
@@ -89,13 +88,6 @@ class ShmCollRail::Request final : public Pipeline {
       });
     }
     return n * esize_;
-  }
-
-  // f(at, len) over [0, bytes) in cache lines, on the rail's crew where it has one (shm_coll_crew.h).
-  template <class F>
-  void split(size_t bytes, F&& f) {
-    if (shm_coll::Crew* crew = this->crew()) crew->split(bytes, 64, f);
-    else if (bytes > 0) f(size_t{0}, bytes);
   }
 
   const uint8_t* in_;

@@ -29,13 +29,13 @@ class ShmCollRail::Broadcast final : public Pipeline {
   size_t place(uint64_t k, uint8_t* slot) override {
     if (rank() != root_) return 0;
     const auto [at, len] = range(k);
-    if (len > 0) std::memcpy(slot, buf_ + at, len);
+    copy(slot, buf_ + at, len);
     return len;
   }
   size_t take(uint64_t k) override {
     if (rank() == root_) return 0;
     const auto [at, len] = range(k);
-    if (len > 0) std::memcpy(buf_ + at, slot(root_, k), len);
+    copy(buf_ + at, slot(root_, k), len);
     return len;
   }
 
@@ -60,7 +60,7 @@ class ShmCollRail::Allgather final : public Pipeline {
   }
   size_t place(uint64_t k, uint8_t* slot) override {
     const auto [at, len] = piece(rank(), k);
-    if (len > 0) std::memcpy(slot, in_ + at, len);  // an empty block may come with no buffer at all
+    if (len > 0) copy(slot, in_ + at, len);  // an empty block may come with no buffer at all
     return len;
   }
   size_t take(uint64_t k) override {
@@ -69,10 +69,10 @@ class ShmCollRail::Allgather final : public Pipeline {
       const auto [at, len] = piece(r, k);
       if (len == 0) continue;
       if (r == rank()) {
-        if (out_[r] != in_) std::memcpy(out_[r] + at, in_ + at, len);  // our own: from the input itself
+        if (out_[r] != in_) copy(out_[r] + at, in_ + at, len);  // our own: from the input itself
         continue;
       }
-      std::memcpy(out_[r] + at, slot(r, k), len);
+      copy(out_[r] + at, slot(r, k), len);
       read += len;
     }
     return read;
@@ -114,7 +114,7 @@ class ShmCollRail::Reducescatter final : public Pipeline {
     for (int r = 0; r < ranks(); ++r) {
       const auto [at, len] = piece(r, k);
       if (r == rank() || len == 0) continue;
-      std::memcpy(slot + r * piece_elems_ * esize_, in_[r] + at * esize_, len * esize_);
+      copy(slot + r * piece_elems_ * esize_, in_[r] + at * esize_, len * esize_);
       written += len * esize_;
     }
     return written;
@@ -126,7 +126,10 @@ class ShmCollRail::Reducescatter final : public Pipeline {
     if (len == 0) return 0;
     for (int r = 0; r < ranks(); ++r)
       srcs_[r] = r == rank() ? in_[r] + at * esize_ : slot(r, k) + rank() * piece_elems_ * esize_;
-    shm_coll::reduce_sources(out_ + at * esize_, srcs_, 0, len * esize_, esize_, dtype_, op_, config().reduce_into);
+    // Disjoint parts on the helper threads: each still reads its part of the input before writing it.
+    split(len * esize_, [&](size_t part, size_t n) {
+      shm_coll::reduce_sources(out_ + at * esize_ + part, srcs_, part, n, esize_, dtype_, op_, config().reduce_into);
+    });
     return len * esize_ * static_cast<size_t>(ranks() - 1);
   }
 

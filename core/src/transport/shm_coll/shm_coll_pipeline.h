@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "common/error.h"
@@ -101,7 +102,16 @@ class ShmCollRail::Pipeline : public CollectiveRequest {
   int ranks() const { return rail_.size_; }
   const ShmCollRailConfig& config() const { return rail_.config_; }
   uint8_t* slot(int r, uint64_t k) const { return rail_.peers_[r].ws.slot(base_ + k); }
-  shm_coll::Crew* crew() const { return rail_.crew_.get(); }  // null: the rail's thread alone
+  // f(at, len) over [0, bytes) in cache lines, on the rail's helper threads where it has them
+  // (shm_coll_crew.h), else on this thread.
+  template <class F>
+  void split(size_t bytes, F&& f) const {
+    if (shm_coll::Crew* crew = rail_.crew_.get()) crew->split(bytes, 64, f);
+    else if (bytes > 0) f(size_t{0}, bytes);
+  }
+  void copy(uint8_t* dst, const uint8_t* src, size_t bytes) const {
+    split(bytes, [&](size_t at, size_t len) { std::memcpy(dst + at, src + at, len); });
+  }
 
  private:
   bool progress(const Deadline* deadline);

@@ -41,8 +41,9 @@
 // hands it the elementwise kernel (RailContext::reduce_into). Without one, reduces() is false.
 //
 // Threads. As rail.h: one data thread; abort(), counters(), properties() from any thread. With
-// `threads` > 1 that thread hands parts of an allreduce's copies and reductions to helper threads of
-// its own (shm_coll_crew.h) and waits for them; nothing else runs on them.
+// `threads` > 1 that thread hands parts of its copies and reductions (every operation's but an
+// alltoall's, whose per-peer pieces are small) to helper threads of its own (shm_coll_crew.h) and
+// waits for them; nothing else runs on them.
 #pragma once
 
 #include <atomic>
@@ -77,7 +78,7 @@ struct ShmCollRailConfig {
   double liveness_slice_ms = 50;   // futex sleep slice; peers' processes are checked after each
   size_t max_share_bytes = 0;      // RailProperties::max_share_bytes (0: no limit)
   bool host_lane = false;          // reach kHost: the rail of this host's ranks (see above)
-  // Threads per rank that copy and reduce an allreduce's chunks (shm_coll_crew.h), the rail's own
+  // Threads per rank that copy and reduce each chunk (shm_coll_crew.h), the rail's own
   // included; the maker gives more than 1 only where the host's cores outnumber its ranks.
   int threads = 1;
   size_t thread_min_bytes = 32 << 10;  // a copy or reduction is cut only into pieces this large
