@@ -146,7 +146,7 @@ def test_striping_adds_the_rails_and_small_ops_travel_inline():
     t = [uneven.allreduce(64 * MB).seconds for _ in range(3)][-1]
     assert one / t == pytest.approx(1.25, rel=0.05)
     small = job.allreduce(8)
-    assert small.plan == "inline with negotiation" and small.seconds == pytest.approx(job.negotiation_seconds())
+    assert small.plan == "inline with negotiation" and small.seconds == pytest.approx(job.negotiation_seconds(8))
 
 
 def test_a_cut_rail_fails_over_and_comes_back_after_probing():

@@ -98,6 +98,10 @@ def test_calibration_recovers_the_costs_that_made_the_measurements():
     for n in (2, 4, 8, 16, 32):
         for nbytes in (8, KB):
             t = allreduce_records(Cluster(1, n, rail), truth, [nbytes], iters=3, warmup=1)[0]["time_us"]
+            if nbytes * (n - 1) <= truth.inline_bytes:
+                # Ranks of one host negotiate through shared memory, several times cheaper: the
+                # negotiation must come from the multi-host runs (the background from these).
+                t *= 0.3
             small.append({"ranks": n, "bytes": nbytes, "time_us": t, "cpu_us_others": 25.0 + 0.02 * t})
     def one_host(ranks, nbytes):
         return allreduce_records(Cluster(1, ranks, rail), truth, [nbytes], iters=3, warmup=1)[0]["time_us"]
