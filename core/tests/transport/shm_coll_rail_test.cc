@@ -247,23 +247,27 @@ TEST(ShmCollRail, TheFactoryBuildsACollectiveRail) {
   EXPECT_THROW(make_rail(spec, ctx), InvalidArgument);
 }
 
+// The configuration the factory's maker gives a rail of `spec` in a job of `size` ranks, `local_size`
+// of them on this host (0: the job's size counts).
+ShmCollRailConfig made_config(const RailSpec& spec, int size, int local_size) {
+  RailContext ctx;
+  ctx.secret = "s";
+  ctx.reduce_into = &collectives::reduce_into;
+  ctx.size = size;
+  ctx.local_size = local_size;
+  auto rail = make_rail(spec, ctx);
+  auto* coll = dynamic_cast<ShmCollRail*>(rail.get());
+  EXPECT_NE(coll, nullptr);
+  return coll ? coll->config() : ShmCollRailConfig();
+}
+
 // Where this host's ranks outnumber the cores every wait is a sleep: shares up to 128 KiB take the
 // one-wait path and nobody spins. With a core each (or many ranks over many hosts, few here) the
 // defaults stay; an explicit option always wins.
 TEST(ShmCollRail, WhereRanksOutnumberTheCoresSharesUpTo128KiBTakeOneWaitAndNobodySpins) {
   RailSpec spec;
   spec.kind = "shmcoll";
-  RailContext ctx;
-  ctx.secret = "s";
-  ctx.reduce_into = &collectives::reduce_into;
-  auto config_of = [&](int size, int local_size) {
-    ctx.size = size;
-    ctx.local_size = local_size;
-    auto rail = make_rail(spec, ctx);
-    auto* coll = dynamic_cast<ShmCollRail*>(rail.get());
-    EXPECT_NE(coll, nullptr);
-    return coll ? coll->config() : ShmCollRailConfig();
-  };
+  auto config_of = [&](int size, int local_size) { return made_config(spec, size, local_size); };
   const ShmCollRailConfig defaults;
   const int cores = usable_cores();
   for (int local : {0, cores}) {  // 0: the job's size counts
@@ -289,17 +293,7 @@ TEST(ShmCollRail, WhereRanksOutnumberTheCoresSharesUpTo128KiBTakeOneWaitAndNobod
 TEST(ShmCollRail, HelperThreadsTakeTheCoresTheRanksLeaveIdle) {
   RailSpec spec;
   spec.kind = "shmcoll";
-  RailContext ctx;
-  ctx.secret = "s";
-  ctx.reduce_into = &collectives::reduce_into;
-  auto threads_of = [&](int size, int local_size) {
-    ctx.size = size;
-    ctx.local_size = local_size;
-    auto rail = make_rail(spec, ctx);
-    auto* coll = dynamic_cast<ShmCollRail*>(rail.get());
-    EXPECT_NE(coll, nullptr);
-    return coll ? coll->config().threads : 0;
-  };
+  auto threads_of = [&](int size, int local_size) { return made_config(spec, size, local_size).threads; };
   const int cores = usable_cores();
   EXPECT_EQ(threads_of(cores + 1, 0), 1) << "ranks outnumber the cores";
   EXPECT_EQ(threads_of(cores, cores), 1) << "a core per rank";
@@ -310,10 +304,8 @@ TEST(ShmCollRail, HelperThreadsTakeTheCoresTheRanksLeaveIdle) {
   EXPECT_EQ(threads_of(cores + 1, 0), 3);
   for (const char* bad : {"0", "9"}) {
     spec.options = {{"threads", bad}};
-    ctx.size = 2;
-    ctx.local_size = 2;
     try {
-      make_rail(spec, ctx);
+      made_config(spec, 2, 2);
       ADD_FAILURE() << "threads=" << bad << " was accepted";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("threads in [1, 8]"), std::string::npos) << e.what();
