@@ -119,8 +119,11 @@ void ControlChannel::connect_all(const std::vector<std::vector<std::string>>& ad
   if (addrs.size() != paths_.size())
     throw InvalidArgument("control channel: " + std::to_string(addrs.size()) + " address columns for " +
                           std::to_string(paths_.size()) + " paths");
-  for (int peer = 0; peer < size_; ++peer)
+  linked_peers_.clear();
+  for (int peer = 0; peer < size_; ++peer) {
     linked_[peer] = peer != rank_ && !addrs[0].at(static_cast<size_t>(peer)).empty();
+    if (linked_[peer]) linked_peers_.push_back(peer);
+  }
   for (size_t i = 0; i < paths_.size(); ++i) paths_[i]->connect(addrs[i], deadline);
   // A path that does not reach a peer (shared memory, another host) is as good as broken for it.
   for (int peer = 0; peer < size_; ++peer) {
@@ -247,8 +250,7 @@ std::optional<Clock::time_point> ControlChannel::run_timers(Clock::time_point no
     if (!link.checked || now - link.at >= kLinkCheck) link = {true, now, paths_[path]->link_fault()};
     return link.fault;
   };
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
+  for (int peer : linked_peers_) {  // only linked peers are ever sent to or heard from
     PeerState& p = peers_[peer];
     if (!p.unacked.empty() && p.path >= 0 && !fault_of(p.path).empty()) {
       // This rank's own link of the path is gone: move now if the next path's link is up (else the
@@ -286,10 +288,8 @@ std::optional<Clock::time_point> ControlChannel::next_timer_of(const PeerState& 
 
 std::optional<Clock::time_point> ControlChannel::next_timer(Clock::time_point now) const {
   std::optional<Clock::time_point> next;
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
+  for (int peer : linked_peers_)
     if (auto t = next_timer_of(peers_[peer], now)) next = next ? std::min(*next, *t) : *t;
-  }
   return next;
 }
 

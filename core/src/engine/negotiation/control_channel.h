@@ -169,6 +169,10 @@ class ControlChannel {
   std::vector<LinkCheck> links_;
   std::vector<PeerState> peers_;
   std::vector<bool> linked_;  // per rank: connected (connect_all); never this rank itself
+  // The linked ranks, in order: what the per-wait loops (timers) walk. A worker of the star has only
+  // rank 0, and its every wait would otherwise touch every rank's state (at 128 ranks on one host,
+  // cold cache lines on every wake-up: benchmarks/SCALE.md).
+  std::vector<int> linked_peers_;
   std::deque<transport::MessagePath::Message> ready_;
   std::exception_ptr deferred_error_;  // a peer lost after sending what ready_ still holds
   std::atomic<bool> aborted_{false};

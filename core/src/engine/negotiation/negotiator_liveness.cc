@@ -31,8 +31,10 @@ void Negotiator::send_heartbeats(Clock::time_point now) {
 }
 
 void Negotiator::check_liveness(Clock::time_point now) {
-  for (int peer = 0; peer < opt_.size; ++peer) {
-    if (peer == opt_.rank || (opt_.rank != 0 && peer != 0) || peer_shutdown_[peer]) continue;
+  // Rank 0 hears from every rank; a worker only from rank 0 (one check, not a walk over the job).
+  const int first = opt_.rank == 0 ? 1 : 0, end = opt_.rank == 0 ? opt_.size : std::min(opt_.size, 1);
+  for (int peer = first; peer < end; ++peer) {
+    if (peer_shutdown_[peer]) continue;
     double silent = std::chrono::duration<double>(now - last_heard_[peer]).count();
     // Heartbeats arrive every second: a longer silence may be a cut cable under the current
     // control path, so try the next one (once per silence) well before giving the rank up.

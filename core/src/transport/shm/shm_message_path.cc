@@ -133,6 +133,9 @@ void ShmMessagePath::connect(const std::vector<std::string>& addresses_by_rank, 
   std::lock_guard<std::mutex> lock(mu_);
   own_ = std::move(own);
   links_ = std::move(links);
+  linked_peers_.clear();
+  for (int r = 0; r < size_; ++r)
+    if (links_[static_cast<size_t>(r)].linked) linked_peers_.push_back(r);
 }
 
 bool ShmMessagePath::reaches(int peer) const {
@@ -151,6 +154,7 @@ void ShmMessagePath::drop_links() {
     if (l.pidfd >= 0) ::close(l.pidfd);
     l = Link{};
   }
+  linked_peers_.clear();
   own_.unmap();
   pending_.clear();
 }
@@ -203,9 +207,10 @@ void ShmMessagePath::drain_doorbell() const {
 
 bool ShmMessagePath::rings_hold_data() const {
   if (!pending_.empty()) return true;
-  for (const Link& l : links_)
-    if (l.linked && l.failed.empty() && (l.in.readable_bytes() > 0 || l.segment.header()->closed.load() != 0))
-      return true;
+  for (int peer : linked_peers_) {
+    const Link& l = links_[static_cast<size_t>(peer)];
+    if (l.failed.empty() && (l.in.readable_bytes() > 0 || l.segment.header()->closed.load() != 0)) return true;
+  }
   return false;
 }
 
@@ -225,8 +230,10 @@ void ShmMessagePath::arm() const {
 void ShmMessagePath::append_poll_fds(std::vector<pollfd>& fds) const {
   arm();
   fds.push_back({doorbell_, POLLIN, 0});
-  for (const Link& l : links_)
-    if (l.linked && l.failed.empty() && l.pidfd >= 0) fds.push_back({l.pidfd, POLLIN, 0});
+  for (int peer : linked_peers_) {
+    const Link& l = links_[static_cast<size_t>(peer)];
+    if (l.failed.empty() && l.pidfd >= 0) fds.push_back({l.pidfd, POLLIN, 0});
+  }
 }
 
 void ShmMessagePath::read_ring(int peer, Link& l, std::vector<Message>& out) {
@@ -268,9 +275,9 @@ void ShmMessagePath::read_ring(int peer, Link& l, std::vector<Message>& out) {
 }
 
 void ShmMessagePath::read_rings(std::vector<Message>& out) {
-  for (int peer = 0; peer < size_; ++peer) {
+  for (int peer : linked_peers_) {
     Link& l = links_[static_cast<size_t>(peer)];
-    if (l.linked && l.failed.empty()) read_ring(peer, l, out);
+    if (l.failed.empty()) read_ring(peer, l, out);
   }
 }
 
@@ -281,9 +288,9 @@ void ShmMessagePath::fail_link(int peer, const std::string& why) {
 }
 
 void ShmMessagePath::check_gone(const std::vector<char>& exited, std::vector<Message>& out) {
-  for (int peer = 0; peer < size_; ++peer) {
+  for (int peer : linked_peers_) {
     Link& l = links_[static_cast<size_t>(peer)];
-    if (!l.linked || !l.failed.empty()) continue;
+    if (!l.failed.empty()) continue;
     const bool closed = l.segment.header()->closed.load() != 0;
     if (!closed && !exited[static_cast<size_t>(peer)]) continue;
     read_ring(peer, l, out);  // its last words come first
@@ -307,7 +314,7 @@ void ShmMessagePath::read_polled(const pollfd* fds, size_t n, std::vector<Messag
     std::vector<char> exited(static_cast<size_t>(size_), 0);
     for (size_t i = 0; i < n; ++i) {
       if (fds[i].revents == 0 || fds[i].fd == doorbell_) continue;
-      for (int peer = 0; peer < size_; ++peer)
+      for (int peer : linked_peers_)
         if (links_[static_cast<size_t>(peer)].pidfd == fds[i].fd) exited[static_cast<size_t>(peer)] = 1;
     }
     hand_over();

@@ -134,6 +134,9 @@ class ShmMessagePath final : public MessagePath {
   shm::Segment own_;
   int doorbell_ = -1;  // this rank's eventfd
   std::vector<Link> links_;  // by rank
+  // The linked ranks, in order: what every wait walks (a worker of the star links rank 0 only, and
+  // walking every rank's Link would touch a cold cache line per rank on each wake-up).
+  std::vector<int> linked_peers_;
   std::deque<Message> pending_;  // whole messages taken in while sending (recv_message_any, read_polled)
   int wake_after_ = 1;  // what arm() arms with (wake_after_messages)
   mutable bool armed_with_count_ = false;  // armed with wake_after_ > 1 since the last reset to 1

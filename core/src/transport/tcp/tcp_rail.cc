@@ -218,6 +218,9 @@ void TcpRail::connect(const std::vector<std::string>& listen_addrs_by_rank, cons
     throw InvalidArgument("rail " + config_.name + ": connect() got " +
                           std::to_string(listen_addrs_by_rank.size()) + " addresses for " +
                           std::to_string(size_) + " ranks");
+  addressed_peers_.clear();
+  for (int peer = 0; peer < size_; ++peer)
+    if (peer != rank_ && !listen_addrs_by_rank[peer].empty()) addressed_peers_.push_back(peer);
   if (config_.connect_on_first_use) {
     std::lock_guard<std::mutex> lock(mu_);
     endpoints_ = listen_addrs_by_rank;
@@ -523,8 +526,8 @@ void TcpRail::read_polled(const pollfd* fds, size_t n, std::vector<Message>& out
     throw_if_aborted();
     for (size_t i = 0; i < n; ++i) {
       if (fds[i].revents == 0 || fds[i].fd < 0) continue;
-      for (int peer = 0; peer < size_; ++peer)  // a few peers: a scan beats a map
-        if (peer != rank_ && peers_[peer].fd.valid() && peers_[peer].fd.get() == fds[i].fd) {
+      for (int peer : addressed_peers_)  // a few peers: a scan beats a map
+        if (peers_[peer].fd.valid() && peers_[peer].fd.get() == fds[i].fd) {
           read_control(peer);
           break;
         }
@@ -538,8 +541,8 @@ void TcpRail::read_polled(const pollfd* fds, size_t n, std::vector<Message>& out
 
 void TcpRail::append_poll_fds(std::vector<pollfd>& fds) const {
   fds.push_back({abort_fd_.get(), POLLIN, 0});
-  for (int peer = 0; peer < size_; ++peer)
-    if (peer != rank_ && peers_[peer].fd.valid()) fds.push_back({peers_[peer].fd.get(), POLLIN, 0});
+  for (int peer : addressed_peers_)
+    if (peers_[peer].fd.valid()) fds.push_back({peers_[peer].fd.get(), POLLIN, 0});
 }
 
 void TcpRail::reset() {

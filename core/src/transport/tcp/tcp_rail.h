@@ -149,6 +149,10 @@ class TcpRail : public PointToPointRail, public MessagePath {
   int size_;
   std::string listen_address_;
   std::vector<Peer> peers_;
+  // The ranks with an address at the last connect(): the only ones that can have a socket. The
+  // control path's per-wait calls (append_poll_fds, read_polled) walk these, not every rank: a
+  // worker of the negotiation star has rank 0 alone.
+  std::vector<int> addressed_peers_;
   std::unique_ptr<std::atomic<bool>[]> reachable_;  // per peer: connected and not closed (reaches())
   std::unique_ptr<std::atomic<int>[]> watched_fds_;  // per peer: its socket while reachable, else -1
   tcp::Fd abort_fd_;  // eventfd, readable once abort() was called; in every poll set
