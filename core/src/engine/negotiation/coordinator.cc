@@ -126,6 +126,7 @@ void Coordinator::submit(int rank, std::vector<Request> requests, Clock::time_po
 void Coordinator::add_join(int rank) {
   if (!joined_[rank]) {
     joined_[rank] = true;
+    ++joined_count_;
     last_joined_ = rank;
   }
 }
@@ -147,6 +148,8 @@ bool Coordinator::complete(const Pending& p) const {
       if (!p.by_rank[r]) return false;
     return true;
   }
+  // Called for every pending tensor on every request: without joined ranks the count says it.
+  if (joined_count_ == 0) return p.submitted == opt_.size;
   int covered = 0;
   for (int r = 0; r < opt_.size; ++r) covered += (p.by_rank[r] || joined_[r]) ? 1 : 0;
   return covered == opt_.size;
@@ -444,6 +447,7 @@ std::vector<Response> Coordinator::take_ready_built(Clock::time_point now) {
     join.last_joined_rank = last_joined_;
     out.push_back(join);
     std::fill(joined_.begin(), joined_.end(), false);
+    joined_count_ = 0;
     last_joined_ = -1;
   }
   return out;

@@ -116,6 +116,7 @@ class Coordinator {
   std::vector<std::pair<std::string, Pending>> ready_;  // in the order they became ready
   std::optional<Clock::time_point> oldest_ready_;
   std::vector<bool> joined_;
+  int joined_count_ = 0;  // ranks with joined_ set
   int last_joined_ = -1;
   std::unordered_map<std::string, int32_t> cache_index_;
   std::vector<std::vector<Request>> cache_;  // [id][rank]

@@ -31,6 +31,8 @@ void Negotiator::send_heartbeats(Clock::time_point now) {
 }
 
 void Negotiator::check_liveness(Clock::time_point now) {
+  if (now - liveness_checked_at_ < std::chrono::duration<double>(kLivenessCheckS)) return;
+  liveness_checked_at_ = now;
   // Rank 0 hears from every rank; a worker only from rank 0 (one check, not a walk over the job).
   const int first = opt_.rank == 0 ? 1 : 0, end = opt_.rank == 0 ? opt_.size : std::min(opt_.size, 1);
   for (int peer = first; peer < end; ++peer) {
