@@ -81,6 +81,11 @@ void Engine::loop_pass(const ControlChannel::Wait& wait, bool leader) {
         // loop thread's to take once the lead ends, and draining it here could lose it.
         auto msg = control_->recv_any(leader ? -1 : wake_fd_, Deadline::after_seconds(wait_s), wait);
         if (msg && negotiator_->on_control_message(msg->peer, msg->payload)) finished_ = true;
+        // The rest of what that wake-up brought, in this pass: rank 0 of a star gets an
+        // operation's n - 1 requests at once (wake_after_messages), and a pass per message would
+        // repeat the pass's other work n times per operation.
+        while (msg && !finished_ && (msg = control_->take_ready()))
+          if (negotiator_->on_control_message(msg->peer, msg->payload)) finished_ = true;
       } catch (const PeerError& e) {
         if (!negotiator_->control_loss_expected(e.peer())) throw;
         NZ_LOG(Debug) << rank_prefix(config_.rank) << "control connection closed: " << e.what();

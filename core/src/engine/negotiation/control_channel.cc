@@ -345,6 +345,13 @@ void ControlChannel::on_envelope(int peer, int path, std::string envelope) {
   }
 }
 
+std::optional<transport::MessagePath::Message> ControlChannel::take_ready() {
+  if (ready_.empty()) return std::nullopt;
+  transport::MessagePath::Message m = std::move(ready_.front());
+  ready_.pop_front();
+  return m;
+}
+
 std::optional<transport::MessagePath::Message> ControlChannel::recv_any(int wake_fd, const Deadline& deadline,
                                                                         const Wait& wait) {
   auto pop = [this] {

@@ -77,6 +77,9 @@ class ControlChannel {
   // non-blocking polls here).
   std::optional<transport::MessagePath::Message> recv_any(int wake_fd, const Deadline& deadline,
                                                           const Wait& wait = nullptr);
+  // The next message recv_any() already took in from the paths (in order), without any I/O or
+  // timer; std::nullopt when none is queued. The engine handles a wake-up's messages in one pass.
+  std::optional<transport::MessagePath::Message> take_ready();
   // An epoll descriptor readable whenever a path has something to read, kept in step with the
   // paths' connections by recv_any. The engine nests it in the loop thread's wait, so a thread that
   // leads the loop for a while can take the connections out of that wait without waking it.
