@@ -83,6 +83,44 @@ TEST(ControlChannelHostPath, ASlowPeerIsNotMovedOffTheHostPath) {
   EXPECT_EQ(ch[1]->path_of(0), 1);
 }
 
+// Runs `ch`'s timers (recv_any returns nothing) until `done` or `limit`; the seconds it took.
+template <typename Done>
+double run_timers_until(ControlChannel& ch, Done done, double limit_s) {
+  const auto start = Clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  while (!done() && elapsed() < limit_s) EXPECT_FALSE(ch.recv_any(-1, Deadline::after_seconds(0.02)));
+  return elapsed();
+}
+
+TEST(ControlChannelHostPath, AnAcknowledgementOnTheHostPathWaitsForAMessageToCarryIt) {
+  auto ch = connect_channels({"a", "a"});
+  ch[0]->send(1, "request");
+  EXPECT_EQ(receive_from(*ch[1], 0), "request");
+  const uint64_t before = ch[1]->sent_on_reliable_paths();
+  // Nothing is resent from a reliable path, so no bare acknowledgement within a network path's
+  // delay (10 ms): the next message carries it.
+  run_timers_until(*ch[1], [] { return false; }, 0.2);
+  EXPECT_EQ(ch[1]->sent_on_reliable_paths(), before);
+  ch[1]->send(0, "response");  // carries the acknowledgement
+  EXPECT_EQ(receive_from(*ch[0], 1), "response");
+  EXPECT_EQ(ch[1]->sent_on_reliable_paths(), before + 1);
+  // Left owing one (rank 0 sends nothing more), a rank still acknowledges, after about a second.
+  const uint64_t owed = ch[0]->sent_on_reliable_paths();
+  const double took = run_timers_until(*ch[0], [&] { return ch[0]->sent_on_reliable_paths() > owed; }, 5);
+  EXPECT_EQ(ch[0]->sent_on_reliable_paths(), owed + 1);
+  EXPECT_GE(took, 0.5);
+}
+
+TEST(ControlChannelHostPath, AnAcknowledgementOnTheNetworkPathGoesOutAtOnce) {
+  auto ch = connect_channels({"a", "b"});  // two hosts: the TCP path, where a lost ack means a resend
+  ch[0]->send(1, "request");
+  EXPECT_EQ(receive_from(*ch[1], 0), "request");
+  const uint64_t before = ch[1]->sent_on_other_paths();
+  const double took = run_timers_until(*ch[1], [&] { return ch[1]->sent_on_other_paths() > before; }, 5);
+  EXPECT_EQ(ch[1]->sent_on_other_paths(), before + 1);
+  EXPECT_LT(took, 0.5);  // 10 ms, and a loaded machine's scheduling
+}
+
 TEST(ControlChannelHostPath, AFailedHostPathMovesThePairToTheNetworkWithNothingLost) {
   auto ch = connect_channels({"a", "a"});
   ch[0]->send(1, "m0");

@@ -28,6 +28,11 @@ constexpr size_t kMaxEarly = 1u << 16;    // messages held ahead of a gap, per p
 // Unacknowledged this long, a message is presumed lost under a cut: bare acknowledgements go out
 // after kAckDelay, so this leaves room for a loaded machine's scheduling delays.
 constexpr auto kAckDelay = std::chrono::milliseconds(10);
+// What arrived on a reliable path (shared memory) is never resent on a timeout, so its bare
+// acknowledgement only frees the sender's copies: it waits as long as the loop's idle wake-up
+// (kIdleWakeS), and the next message usually carries it first. With 10 ms, a rank whose operations
+// take longer (128 ranks on 2 cores: 5-10 ms each) had its loop thread woken for it on every call.
+constexpr auto kReliableAckDelay = std::chrono::seconds(1);
 constexpr auto kAckTimeout = std::chrono::milliseconds(100);
 constexpr auto kMaxAckTimeout = std::chrono::milliseconds(3200);
 // While a message is unacknowledged, its path's link (carrier) is checked this often: a pulled
@@ -272,7 +277,7 @@ std::optional<Clock::time_point> ControlChannel::run_timers(Clock::time_point no
                 /*any_path=*/true);
       flush(peer, 0);  // restarts the clock of every message it resends
     }
-    if (p.ack_owed_since && now - *p.ack_owed_since >= kAckDelay) send_bare_ack(peer);
+    if (p.ack_owed_since && now - *p.ack_owed_since >= ack_delay_of(p)) send_bare_ack(peer);
     if (auto t = next_timer_of(p, now)) consider(*t);
   }
   return next;
@@ -282,8 +287,15 @@ std::optional<Clock::time_point> ControlChannel::next_timer_of(const PeerState& 
   std::optional<Clock::time_point> next;
   const bool reliable = p.path >= 0 && paths_[p.path]->reliable();  // no ack timeout, no link to check
   if (!p.unacked.empty() && !reliable) next = std::min(p.unacked.front().sent_at + p.ack_timeout, now + kLinkCheck);
-  if (p.ack_owed_since) next = next ? std::min(*next, *p.ack_owed_since + kAckDelay) : *p.ack_owed_since + kAckDelay;
+  if (p.ack_owed_since) {
+    const Clock::time_point due = *p.ack_owed_since + ack_delay_of(p);
+    next = next ? std::min(*next, due) : due;
+  }
   return next;
+}
+
+Clock::duration ControlChannel::ack_delay_of(const PeerState& p) {
+  return p.ack_owed_reliable ? Clock::duration(kReliableAckDelay) : Clock::duration(kAckDelay);
 }
 
 std::optional<Clock::time_point> ControlChannel::next_timer(Clock::time_point now) const {
@@ -327,7 +339,13 @@ void ControlChannel::on_envelope(int peer, int path, std::string envelope) {
                         "rank " + std::to_string(route.mover) + " of " + std::to_string(size_));
   follow(peer, path, route);
   if (number == kBareAck) return;
-  if (!p.ack_owed_since) p.ack_owed_since = Clock::now();  // duplicates too: the sender resent
+  // Duplicates too: the sender resent. Owed for a message from a network path, the short delay.
+  if (!p.ack_owed_since) {
+    p.ack_owed_since = Clock::now();
+    p.ack_owed_reliable = paths_[static_cast<size_t>(path)]->reliable();
+  } else {
+    p.ack_owed_reliable = p.ack_owed_reliable && paths_[static_cast<size_t>(path)]->reliable();
+  }
   if (number < p.next_recv) return;  // a duplicate, sent again after a path switch
   std::string payload = envelope.substr(kEnvelopeBytes);
   if (number > p.next_recv) {

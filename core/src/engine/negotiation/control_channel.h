@@ -6,7 +6,8 @@
 // goes on that peer's current path: at first the first path that reaches it, reliable paths (shared
 // memory: nothing to lose but the peer itself) before the others; the channel numbers messages per peer and keeps them until
 // the peer acknowledges them. Every message carries the count received from the other side; a rank
-// that owes an acknowledgement and sends nothing to that peer within kAckDelay sends a bare one.
+// that owes an acknowledgement and sends nothing to that peer within kAckDelay sends a bare one
+// (within a second for what came on a reliable path: nothing is resent from there on a timeout).
 // The receiver delivers in number order, drops duplicates and holds early arrivals. When the
 // current path fails (the connection errors, the engine marks that rail down or the peer has been
 // silent too long, or a message stays unacknowledged past the ack timeout: a pulled cable raises
@@ -134,6 +135,7 @@ class ControlChannel {
     std::deque<Unacked> unacked;
     Clock::duration ack_timeout{};           // current; doubles while moving does not help
     std::optional<Clock::time_point> ack_owed_since;  // received, not yet acknowledged
+    bool ack_owed_reliable = true;  // everything owed came on reliable paths (ack_delay_of)
     uint64_t next_recv = 0;
     std::map<uint64_t, std::string> early;  // arrived ahead of a gap (after a path switch)
     std::vector<bool> broken;               // per path: its connection failed
@@ -147,6 +149,8 @@ class ControlChannel {
   // Bare acknowledgements due, ack timeouts passed; returns when to run again.
   std::optional<Clock::time_point> run_timers(Clock::time_point now);
   std::optional<Clock::time_point> next_timer_of(const PeerState& p, Clock::time_point now) const;
+  // How long an acknowledgement owed to `p` may wait for a message to carry it.
+  static Clock::duration ack_delay_of(const PeerState& p);
   // Registers fds[1..] (the paths' descriptors; fds[0] is the caller's wake fd) in watch_fd_ and
   // notes each one's path (path i's: [first_fd[i], first_fd[i + 1])).
   void sync_watch(const std::vector<pollfd>& fds, const std::vector<size_t>& first_fd);
