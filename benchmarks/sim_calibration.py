@@ -4,8 +4,10 @@ the validation (benchmarks/sim_validation.py): the 8 B and 1 KB allreduce of 2 t
 on one host (negotiation, the inline result's bytes, and from 32 ranks the host lane's steps), the
 64 and 256 KB allreduce of 8 to 32 ranks on one host (the host lane's steps with many processes on
 the machine's cores), the 64 MB allreduce of 4 ranks on one host (the host lane: shared memory),
-and nezha-bench on rail 0 of an unshaped 2- to 16-host testbed with Gloo beside it on the same
-interface (the per-step cost and CPU, the machine's byte budget, Gloo's per-step cost).
+nezha-bench on rail 0 of an unshaped 2- to 16-host testbed with Gloo beside it on the same
+interface (the per-step cost and CPU, the machine's byte budget, Gloo's per-step cost), and
+nezha-bench on two shaped rails faster than the validation's, 8 hosts x 2 x 2 Gbit/s, 4-64 MB (the
+machine's byte budget when every packet also passes a token bucket: 32 Gbit/s asked of it).
 
 The machine is shared with other work (builds, other measurements), which slows whatever runs
 beside it: each part records the cores that other work took meanwhile (other_cores; the
@@ -14,6 +16,7 @@ writes the summary of several runs' quietest parts. Run it with the engine the v
 measured (a worktree at that commit) when the engine has changed since.
 
     .venv/bin/python benchmarks/sim_calibration.py            # root; ~4 minutes
+    .venv/bin/python benchmarks/sim_calibration.py --parts shaped   # one part alone (merge with --quietest)
     .venv/bin/python benchmarks/sim_calibration.py --quietest benchmarks/out/sim-calibration/runs/run-*.json
     .venv/bin/python -m nezha.sim calibrate --measured benchmarks/out/sim_calibration.json \\
         --out nezha/sim/profiles/testbed.json
@@ -41,6 +44,8 @@ from run_matrix import run_job  # noqa: E402
 OUT_DIR = BENCH_DIR / "out" / "sim-calibration"
 SUMMARY = BENCH_DIR / "out" / "sim_calibration.json"
 UNSHAPED_SIZES = "8,1K,64K,256K,1M,4M,64M"
+SHAPED_SIZES = "4M,16M,64M"
+SHAPED_HOSTS, SHAPED_RATE = 8, "2gbit"  # two rails at this rate: no validation case's rates
 JOB_TIMEOUT_S = 300.0
 class OtherLoad:
     """What else ran on the machine while a part ran (other jobs build and measure on it): the
@@ -110,17 +115,37 @@ def unshaped(hosts: int) -> dict:
     return {"hosts": hosts, "rails": 1, "records": records, "gloo": gloo}
 
 
+def shaped(hosts: int, rate: str) -> dict:
+    """nezha-bench on two rails shaped to `rate` each (the validation's kind of link, faster)."""
+    testbed = Testbed(hosts, 2, rates=[rate, rate], prefix="nzcal")
+    testbed.up()
+    try:
+        path = OUT_DIR / f"shaped-h{hosts}.json"
+        argv = [sys.executable, "-m", "nezha.runner", "-np", str(hosts), *testbed.nezharun_args(), "--",
+                sys.executable, "-m", "nezha.bench", "--op", "allreduce", "--sizes", SHAPED_SIZES,
+                "--dtype", "float32", "--iters", "auto", "--warmup", "2", "--json", str(path),
+                "--impl-label", "nezha-2rails"]
+        error = run_job(argv, OUT_DIR / f"shaped-h{hosts}.log", JOB_TIMEOUT_S)
+        if error:
+            raise RuntimeError(f"shaped {hosts}-host job failed: {error}")
+    finally:
+        testbed.down()
+    records = [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in json.loads(path.read_text())]
+    return {"hosts": hosts, "rails": 2, "gbps": [float(rate[:-4])] * 2, "records": records}
+
+
 def part_data(summary: dict, name: str):
-    if name.startswith("unshaped-h"):
-        hosts = int(name[len("unshaped-h"):])
-        return next(c for c in summary["unshaped"] if c["hosts"] == hosts)
+    for kind in ("unshaped", "shaped"):
+        if name.startswith(f"{kind}-h"):
+            hosts = int(name[len(kind) + 2:])
+            return next(c for c in summary[kind] if c["hosts"] == hosts)
     return summary[name]
 
 
 def quietest(runs: list) -> dict:
     """Each part from the run in which other work took the fewest cores (the machine is shared):
     the summary of several runs of this script, each part saying which run it is from."""
-    out = {"commit": runs[0]["commit"], "other_cores": {}, "part_generated": {}, "unshaped": []}
+    out = {"commit": runs[0]["commit"], "other_cores": {}, "part_generated": {}, "unshaped": [], "shaped": []}
     names = list(dict.fromkeys(name for r in runs for name in r.get("other_cores", {})))
     for name in names:
         best = min((r for r in runs if name in r.get("other_cores", {})), key=lambda r: r["other_cores"][name])
@@ -135,6 +160,8 @@ def quietest(runs: list) -> dict:
                     data = dict(data, gloo=part_data(gloo_run, name)["gloo"],
                                 gloo_other_cores=gloo_run["other_cores"][name])
             out["unshaped"].append(data)
+        elif name.startswith("shaped-h"):
+            out["shaped"].append(part_data(best, name))
         else:
             out[name] = part_data(best, name)
     out["generated"] = max(out["part_generated"].values())
@@ -146,6 +173,8 @@ def main() -> int:
     parser.add_argument("--ranks", default="2,4,8,16,32")
     parser.add_argument("--mid-ranks", default="8,16,32")
     parser.add_argument("--hosts", default="2,4,8,16")
+    parser.add_argument("--parts", default="one_host,unshaped,shaped",
+                        help="which parts to measure (default all): one_host, unshaped, shaped")
     parser.add_argument("--quietest", nargs="+", metavar="SUMMARY",
                         help="measure nothing: write the summary of these runs' quietest parts")
     args = parser.parse_args()
@@ -166,15 +195,24 @@ def main() -> int:
         summary["other_cores"][name] = round(other.cores, 3)
         return out
 
-    summary["one_host_small"] = part("one_host_small", lambda: one_host(args.ranks, "8,1K", "one_host_small"))
-    summary["one_host_mid"] = part("one_host_mid", lambda: one_host(args.mid_ranks, "64K,256K", "one_host_mid"))
-    summary["one_host_large"] = part("one_host_large", lambda: one_host("4", "64M", "one_host_large"))
-    summary["unshaped"] = [part(f"unshaped-h{h}", lambda h=h: unshaped(int(h))) for h in args.hosts.split(",")]
+    parts = set(args.parts.split(","))
+    if "one_host" in parts:
+        summary["one_host_small"] = part("one_host_small", lambda: one_host(args.ranks, "8,1K", "one_host_small"))
+        summary["one_host_mid"] = part("one_host_mid", lambda: one_host(args.mid_ranks, "64K,256K", "one_host_mid"))
+        summary["one_host_large"] = part("one_host_large", lambda: one_host("4", "64M", "one_host_large"))
+    if "unshaped" in parts:
+        summary["unshaped"] = [part(f"unshaped-h{h}", lambda h=h: unshaped(int(h))) for h in args.hosts.split(",")]
+    if "shaped" in parts:
+        summary["shaped"] = [part(f"shaped-h{SHAPED_HOSTS}", lambda: shaped(SHAPED_HOSTS, SHAPED_RATE))]
     text = json.dumps(summary, indent=2) + "\n"
-    SUMMARY.write_text(text)
     runs = OUT_DIR / "runs"
     runs.mkdir(exist_ok=True)
-    (runs / f"run-{datetime.datetime.now(datetime.timezone.utc):%H%M}.json").write_text(text)
+    run_path = runs / f"run-{datetime.datetime.now(datetime.timezone.utc):%H%M}.json"
+    run_path.write_text(text)
+    if parts >= {"one_host", "unshaped", "shaped"}:
+        SUMMARY.write_text(text)
+    else:  # a partial run: the summary comes from merging it with whole runs
+        print(f"{run_path}: some parts only; merge with --quietest {run_path} <other runs>", file=sys.stderr)
     print(text)
     return 0
 

@@ -92,7 +92,7 @@ def test_calibration_recovers_the_costs_that_made_the_measurements():
     truth = load_profile("testbed").with_overrides(
         op_us=30.0, per_rank_us=8.0, negotiation_cpu_us=25.0, inline_ns_per_byte=4.0, background_cpu=0.02,
         step_us={"tcp": 20.0, "shm": 5.0, "gloo": 60.0}, step_cpu_us={"tcp": 15.0, "shm": 8.0, "gloo": 90.0},
-        machine_gbps=30.0, line_gbps=30.0, shm_gbps=60.0, extra={"gloo_op_us": 40.0})
+        machine_gbps=30.0, line_gbps=30.0, shaped_machine_gbps=24.0, shm_gbps=60.0, extra={"gloo_op_us": 40.0})
     rail = [RailModel("rail0:tcp", "tcp", UNSHAPED_GBPS)]
     small = []
     for n in (2, 4, 8, 16, 32):
@@ -116,8 +116,11 @@ def test_calibration_recovers_the_costs_that_made_the_measurements():
         recs = allreduce_records(Cluster(hosts, 1, rail), truth, sizes, iters=3, warmup=1)
         gloo = allreduce_records(Cluster(hosts, 1, rail), baselines.gloo_profile(truth), sizes, iters=3, warmup=1)
         unshaped.append({"hosts": hosts, "rails": 1, "records": recs, "gloo": gloo})
+    two_fast = [RailModel(f"rail{i}:tcp", "tcp", 2.0) for i in range(2)]
+    shaped = [{"hosts": 8, "rails": 2, "gbps": [2.0, 2.0],
+               "records": allreduce_records(Cluster(8, 1, two_fast), truth, [4 * MB, 64 * MB], iters=3, warmup=1)}]
     fitted = calibrate({"one_host_small": small, "one_host_mid": mid, "one_host_large": large, "unshaped": unshaped,
-                        "commit": "abc"}, load_profile("testbed"), "synthetic")
+                        "shaped": shaped, "commit": "abc"}, load_profile("testbed"), "synthetic")
     assert fitted.background_cpu == pytest.approx(0.02, rel=1e-3)
     assert fitted.per_rank_us == pytest.approx(8.0, rel=0.05)
     assert fitted.negotiation_cpu_us == pytest.approx(25.0, rel=0.05)
@@ -126,6 +129,7 @@ def test_calibration_recovers_the_costs_that_made_the_measurements():
     assert fitted.step_cpu_us["tcp"] == pytest.approx(15.0, rel=0.05)
     assert fitted.step_cpu_us["shm"] == pytest.approx(8.0, rel=0.05)
     assert fitted.machine_gbps == pytest.approx(30.0, rel=0.05)
+    assert fitted.shaped_machine_gbps == pytest.approx(24.0, rel=0.05)
     assert fitted.step_cpu_us["gloo"] == pytest.approx(90.0, rel=0.05)
     assert "synthetic" in fitted.source and "abc" in fitted.source
 

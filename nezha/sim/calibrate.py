@@ -13,6 +13,9 @@ by every process of the job (cluster.Profile). Each source fits what it isolates
     series' ops too large to travel inline), which run the host lane alone: a collective step's
     software cost and CPU (tcp and shm), the machine's byte budget and its memory budget, fitted
     through the simulator itself with the negotiation fixed;
+  * `shaped`: nezha-bench on two shaped rails faster than any validation case's (8 hosts x 2 x
+    2 Gbit/s): the machine's byte budget while its links are shaped (each packet also passes a
+    token bucket on the same cores), from the 4 MB and larger allreduces;
   * Gloo beside Nezha on the unshaped runs: Gloo's per-operation cost, per-step cost and CPU.
 The machine is shared with other work (builds, other measurements): sim_calibration.py records per
 part the cores that work took, and each point is simulated with the rest of the cores
@@ -24,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from nezha.bench.sizes import format_size
 
@@ -51,6 +54,8 @@ def _theirs(prof: Profile, point: Dict) -> Profile:
     share = left / prof.cpu_cores
     return prof.with_overrides(cpu_cores=left, shm_gbps=prof.shm_gbps * share,
                                machine_gbps=prof.machine_gbps * share if prof.machine_gbps else None,
+                               shaped_machine_gbps=prof.shaped_machine_gbps * share
+                               if prof.shaped_machine_gbps else None,
                                line_gbps=prof.line_gbps * share)
 
 
@@ -61,6 +66,7 @@ def _with_other_load(measured: Dict) -> Dict:
     for part in ("one_host_small", "one_host_mid", "one_host_large"):
         out[part] = [dict(p, other_cores=other.get(part, 0.0)) for p in measured.get(part, [])]
     out["unshaped"] = [dict(c, other_cores=other.get(f"unshaped-h{c['hosts']}", 0.0)) for c in measured["unshaped"]]
+    out["shaped"] = [dict(c, other_cores=other.get(f"shaped-h{c['hosts']}", 0.0)) for c in measured.get("shaped", [])]
     return out
 
 
@@ -174,6 +180,27 @@ def fit_network(cases: List[Dict], lane: List[Dict], base: Profile) -> Dict[str,
             "step_cpu_us_shm": shm_cpu}
 
 
+def fit_shaped_budget(cases: List[Dict], base: Profile) -> Optional[float]:
+    """The machine's byte budget under shaped links, from the shaped runs' bandwidth-bound sizes
+    (4 MB and more), everything else as fitted before. None without such runs."""
+    cases = [dict(c, records=[r for r in c["records"] if r["bytes"] >= 4 << 20]) for c in cases]
+    cases = [c for c in cases if c["records"]]
+    if not cases:
+        return None
+
+    def residuals(x):
+        prof = base.with_overrides(shaped_machine_gbps=float(x[0]))
+        out = []
+        for case in cases:
+            rails = [RailModel(f"rail{i}:tcp", "tcp", g) for i, g in enumerate(case["gbps"])]
+            sizes = [r["bytes"] for r in case["records"]]
+            sim = allreduce_records(Cluster(case["hosts"], 1, rails), _theirs(prof, case), sizes, iters=3, warmup=1)
+            out += [math.log(s["time_us"] / r["time_us"]) for s, r in zip(sim, case["records"])]
+        return out
+
+    return _fit(residuals, [base.machine_gbps or 30.0], [1.0], [1000.0])[0]
+
+
 def fit_gloo(cases: List[Dict], base: Profile) -> Dict[str, float]:
     from scipy.optimize import least_squares
 
@@ -214,12 +241,15 @@ def calibrate(measured: Dict, base: Profile, measured_name: str) -> Profile:
         step_cpu_us={**prof.step_cpu_us, "tcp": net["step_cpu_us_tcp"], "mptcp": net["step_cpu_us_tcp"],
                      "shm": net["step_cpu_us_shm"]},
         machine_gbps=net["machine_gbps"], line_gbps=net["machine_gbps"], shm_gbps=net["shm_gbps"])
+    prof = prof.with_overrides(shaped_machine_gbps=fit_shaped_budget(measured["shaped"], prof))
     gloo = fit_gloo(measured["unshaped"], prof)
     if gloo:
         prof = prof.with_overrides(step_us={**prof.step_us, "gloo": gloo["step_us_gloo"]},
                                    step_cpu_us={**prof.step_cpu_us, "gloo": gloo["step_cpu_us_gloo"]},
                                    extra={**prof.extra, "gloo_op_us": gloo["gloo_op_us"]})
     hosts = ", ".join(str(c["hosts"]) for c in measured["unshaped"])
+    shaped = ", ".join(f"{c['hosts']} hosts x {' + '.join(f'{g:g}' for g in c['gbps'])} Gbit/s"
+                       for c in measured["shaped"])
     sizes = sorted({p.get("bytes", 8) for p in negotiation if _inline(p, prof)})
     small_sizes = " / ".join(f"{b} B" if b < 1024 else format_size(b) for b in sizes)
     other = measured.get("other_cores", {})
@@ -228,7 +258,8 @@ def calibrate(measured: Dict, base: Profile, measured_name: str) -> Profile:
               f"second to the one-host 8 B series ({', '.join(sorted({str(p['ranks']) for p in small}, key=int))} "
               f"ranks), the negotiation to the unshaped testbed runs' {small_sizes} allreduces, the per-step cost and CPU, "
               f"the machine's byte budget and the host lane's memory budget to unshaped testbed runs "
-              f"({hosts} hosts) and one-host 64 KB - 64 MB allreduces, Gloo's costs to Gloo beside them; "
+              f"({hosts} hosts) and one-host 64 KB - 64 MB allreduces, the machine's byte budget under "
+              f"shaped links to {shaped or 'no'} shaped testbed runs, Gloo's costs to Gloo beside them; "
               f"other jobs' cores per part: {', '.join(f'{k} {v:.2f}' for k, v in other.items()) or 'not measured'}")
     return prof.with_overrides(source=source)
 

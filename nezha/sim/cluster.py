@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 # Rail kinds the simulator models and how a share's collective runs on them.
 #   tcp, ofi, mptcp: point to point (ring / log-step / chain); agg: reduces in the network (one
@@ -104,6 +104,9 @@ class Profile:
     # the control messages' encoding): 2 (n - 1) x bytes on the coordinator's path.
     inline_ns_per_byte: float = 0.0
     machine_gbps: Optional[float] = None  # testbed: wire bytes all hosts together move per second
+    # The same while the busy links are shaped (slower than line_gbps: every packet also passes a
+    # token bucket, on the same cores): measured lower. None: machine_gbps either way.
+    shaped_machine_gbps: Optional[float] = None
     # Links shaped by a token bucket (the testbed's `tc tbf`): its depth, as seconds of the rate but
     # at least min_burst_bytes, sent at line_gbps. 0: a plain link at its rate.
     burst_s: float = 0.0
@@ -140,6 +143,12 @@ class Profile:
         (0: own cores)."""
         cpu = self.step_cpu_us.get(kind, self.step_cpu_us.get("tcp", 0.0))
         return workers * cpu * 1e-6 / self.cpu_left(processes)
+
+    def machine_budget_gbps(self, link_gbps: Sequence[float]) -> Optional[float]:
+        """The machine's byte budget while links of these rates carry traffic (None: no budget)."""
+        if self.shaped_machine_gbps and any(g < self.line_gbps for g in link_gbps):
+            return self.shaped_machine_gbps
+        return self.machine_gbps
 
     def with_overrides(self, **kw) -> "Profile":
         return replace(self, **kw)

@@ -73,7 +73,7 @@ class SimJob:
         kind, ranks = self.rails[rail].kind, self.cluster.ranks
         link.step_s = self.profile.step(kind) * 1e-6
         link.cpu_s = self.profile.step_cpu_floor(kind, ranks * len(busy), ranks)
-        machine = self.profile.machine_gbps
+        machine = self.profile.machine_budget_gbps([self.rails[r].gbps for r in busy])
         if machine:
             rates = sorted(self.links[r].rate for r in busy)
             budget, hosts = machine * 1e9 / 8, self.cluster.hosts
