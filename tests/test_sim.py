@@ -235,3 +235,10 @@ def test_validation_compares_each_case_and_measures_the_spread_of_repeats():
     assert summ["nezha_cases"] == 4 and summ["nezha_worst_abs_error"] >= 0.2
     spread = {r["what"]: r["spread"] for r in repeatability(measured)}
     assert spread == {"8": pytest.approx(0.25)}
+    # 4 x 4 is another experiment than 4 x 1: its inline op is never a repeat of theirs
+    four = allreduce_records(Cluster(4, 4, parse_rails("1gbit,1gbit")), profile, [8])
+    measured["cases"].append({"hosts": 4, "ranks_per_host": 4, "rates": ["1gbit", "1gbit"], "impl": "nezha-2rails",
+                              "records": [dict(r, time_us=r["time_us"] * 5) for r in four]})
+    repeats = repeatability(measured)
+    assert [(r["hosts"], r["ranks_per_host"], r["what"]) for r in repeats] == [(4, 1, "8")]
+    assert repeats[0]["spread"] == pytest.approx(0.25)

@@ -76,25 +76,28 @@ def repeatability(measured: Dict) -> List[Dict]:
     """How far apart the testbed's own measurements of one experiment land: the floor under any
     model's error. Identical experiments: an allreduce small enough to travel inline with its
     negotiation in every run of one job size (it never touches a rail); rail 0 alone in case A and
-    in case B (rail 1 idle in both); a training configuration run twice."""
+    in case B (rail 1 idle in both); a training configuration run twice. One job size: the same
+    hosts and ranks per host (4 x 1 and 4 x 4 are different experiments)."""
     groups: Dict[tuple, List[float]] = {}
     for case in measured["cases"]:
         if case["impl"].startswith("gloo"):
             continue
-        n = case["hosts"] * case.get("ranks_per_host", 1)
+        rph = case.get("ranks_per_host", 1)
+        n = case["hosts"] * rph
         for rec in case["records"]:
             if rec["bytes"] * (n - 1) <= INLINE_BYTES:
-                key = (case["hosts"], "inline, every run", rec["bytes"])
+                key = (case["hosts"], rph, "inline, every run", rec["bytes"])
             elif case["impl"].endswith("rail0"):
-                key = (case["hosts"], "rail 0 alone, cases A and B", rec["bytes"])
+                key = (case["hosts"], rph, "rail 0 alone, cases A and B", rec["bytes"])
             else:
                 continue
             groups.setdefault(key, []).append(rec["time_us"])
     for tr in measured.get("training", []):
-        key = (tr["hosts"], "training, repeated", tr["model"] + " " + "+".join(tr["rates"]))
+        key = (tr["hosts"], tr.get("ranks_per_host", 1), "training, repeated",
+               tr["model"] + " " + "+".join(tr["rates"]))
         groups.setdefault(key, []).append(tr["nezha_step_s"] * 1e6)
-    return [{"hosts": k[0], "what": format_size(k[2]) if isinstance(k[2], int) else k[2], "experiment": k[1],
-             "runs": len(v), "spread": max(v) / min(v) - 1}
+    return [{"hosts": k[0], "ranks_per_host": k[1], "what": format_size(k[3]) if isinstance(k[3], int) else k[3],
+             "experiment": k[2], "runs": len(v), "spread": max(v) / min(v) - 1}
             for k, v in sorted(groups.items()) if len(v) > 1]
 
 
@@ -149,8 +152,9 @@ def markdown(table: List[Dict], summ: Dict, profile_name: str, measured_path: st
                      f"{_fmt_us(r['measured'])} | {_fmt_us(r['simulated'])} | {r['error']:+.1%} |")
     if repeats:
         lines += ["", "Repeatability: one experiment measured more than once (max / min - 1 over its runs).", "",
-                  "| hosts | what | experiment | runs | spread |", "|---:|---|---|---:|---:|"]
-        lines += [f"| {r['hosts']} | {r['what']} | {r['experiment']} | {r['runs']} | {r['spread']:.0%} |" for r in repeats]
+                  "| hosts x ranks | what | experiment | runs | spread |", "|---:|---|---|---:|---:|"]
+        lines += [f"| {r['hosts']} x {r['ranks_per_host']} | {r['what']} | {r['experiment']} | {r['runs']} | "
+                  f"{r['spread']:.0%} |" for r in repeats]
     return "\n".join(lines) + "\n"
 
 
