@@ -242,3 +242,23 @@ def test_validation_compares_each_case_and_measures_the_spread_of_repeats():
     repeats = repeatability(measured)
     assert [(r["hosts"], r["ranks_per_host"], r["what"]) for r in repeats] == [(4, 1, "8")]
     assert repeats[0]["spread"] == pytest.approx(0.25)
+
+
+def test_per_experiment_pools_a_job_sizes_inline_runs_by_their_median():
+    from nezha.sim.cli import allreduce_records
+    from nezha.sim.validate import per_experiment, rows
+
+    profile = load_profile("testbed")
+    sim = allreduce_records(Cluster(4, 1, parse_rails("1gbit,1gbit")), profile, [8, 1 << 20])
+    cases = [{"hosts": 4, "rates": rates, "impl": impl,
+              "records": [dict(r, time_us=r["time_us"] * f) for r in sim]}
+             for rates, impl, f in ((["1gbit", "1gbit"], "nezha-2rails", 1.0), (["1gbit", "1gbit"], "nezha-rail0", 2.0),
+                                    (["1gbit", "250mbit"], "nezha-2rails", 1.1))]
+    table = rows({"cases": cases, "training": []}, profile)
+    pooled = per_experiment(table)
+    inline = [r for r in pooled if r["size"] == "8"]
+    assert len(inline) == 1 and inline[0]["impl"] == "nezha, median of 3 runs"
+    assert inline[0]["measured"] == pytest.approx(sim[0]["time_us"] * 1.1)  # median of x1, x2, x1.1
+    assert inline[0]["error"] == pytest.approx(1 / 1.1 - 1)
+    # a rail-bound size is its own experiment per case: all three kept as they were
+    assert [r["error"] for r in pooled if r["size"] == "1M"] == [r["error"] for r in table if r["size"] == "1M"]

@@ -5,6 +5,11 @@ rails, on rail 0 alone and Gloo on rail 0; the mlp46m training step), simulates 
 profile, and lists each case beside its measurement with the error. The headline counts Nezha's
 cases (allreduce and training); Gloo is listed from 1 MB up, where its time is its bandwidth (below,
 its latency on this testbed is a ~7 ms floor the model does not reproduce).
+
+Per run and per experiment: an allreduce small enough to travel inline with its negotiation touches
+no rail, so the runs of one job size (both rails or one, either rates) measure one experiment, and
+their times spread 30-90 % between runs (repeatability()). Per experiment, those runs are one case
+measured by their median; every other case is its own experiment.
 """
 from __future__ import annotations
 
@@ -50,9 +55,11 @@ def rows(measured: Dict, profile) -> List[Dict]:
         for rec in case["records"]:
             if case["impl"].startswith("gloo") and rec["bytes"] < GLOO_FROM_BYTES:
                 continue
-            out.append({"what": "allreduce", "hosts": case["hosts"], "ranks_per_host": case.get("ranks_per_host", 1),
+            rph = case.get("ranks_per_host", 1)
+            out.append({"what": "allreduce", "hosts": case["hosts"], "ranks_per_host": rph,
                         "rates": "+".join(case["rates"]),
-                        "impl": case["impl"], "size": format_size(rec["bytes"]),
+                        "impl": case["impl"], "size": format_size(rec["bytes"]), "bytes": rec["bytes"],
+                        "inline": rec["bytes"] * (case["hosts"] * rph - 1) <= INLINE_BYTES,
                         "measured": rec["time_us"], "simulated": sim[rec["bytes"]],
                         "error": sim[rec["bytes"]] / rec["time_us"] - 1})
     for tr in measured.get("training", []):
@@ -101,6 +108,27 @@ def repeatability(measured: Dict) -> List[Dict]:
             for k, v in sorted(groups.items()) if len(v) > 1]
 
 
+def per_experiment(table: List[Dict]) -> List[Dict]:
+    """The table with Nezha's inline allreduces of one job size pooled into one case each: measured
+    is the median of its runs (one experiment, see the module's doc), simulated the model's time
+    (the same for every run: inline, rails and rates do not enter it)."""
+    pooled: Dict[tuple, List[Dict]] = {}
+    out = []
+    for r in table:
+        if r.get("inline") and r["impl"].startswith("nezha"):
+            pooled.setdefault((r["hosts"], r["ranks_per_host"], r["bytes"]), []).append(r)
+        else:
+            out.append(r)
+    for (hosts, rph, nbytes), runs in sorted(pooled.items()):
+        measured = statistics.median(r["measured"] for r in runs)
+        simulated = statistics.median(r["simulated"] for r in runs)
+        out.append({"what": "allreduce", "hosts": hosts, "ranks_per_host": rph, "rates": "any",
+                    "impl": f"nezha, median of {len(runs)} runs", "size": format_size(nbytes), "bytes": nbytes,
+                    "inline": True, "measured": measured, "simulated": simulated,
+                    "error": simulated / measured - 1})
+    return out
+
+
 def summary(table: List[Dict]) -> Dict:
     """Median and worst absolute error, Nezha's cases and Gloo's apart; then Nezha's per
     ranks-per-host and per size class (what the errors depend on)."""
@@ -134,9 +162,8 @@ def _fmt_us(us: float) -> str:
     return f"{us / 1e6:.3f} s" if us >= 1e6 else f"{us / 1e3:.2f} ms" if us >= 1e3 else f"{us:.0f} us"
 
 
-def markdown(table: List[Dict], summ: Dict, profile_name: str, measured_path: str, repeats: List[Dict]) -> str:
-    lines = [f"Profile `{profile_name}`; measurements `{measured_path}`.", "",
-             "| cases | n | median abs. error | worst | over 10 % | over 20 % |", "|---|---:|---:|---:|---:|---:|"]
+def _summary_lines(summ: Dict) -> List[str]:
+    lines = ["| cases | n | median abs. error | worst | over 10 % | over 20 % |", "|---|---:|---:|---:|---:|---:|"]
     groups = [("Nezha, all", summ)] + [(k, v) for k, v in summ.items() if isinstance(v, dict)]
     for label, g in groups:
         if g.get("nezha_cases"):
@@ -145,11 +172,30 @@ def markdown(table: List[Dict], summ: Dict, profile_name: str, measured_path: st
     if "gloo_median_abs_error" in summ:
         lines.append(f"| Gloo, >= 1 MB | {summ['gloo_cases']} | {summ['gloo_median_abs_error']:.1%} | "
                      f"{summ['gloo_worst_abs_error']:.1%} | | |")
-    lines += ["", "| hosts x ranks | rails | impl | size | measured | simulated | error |",
-              "|---:|---|---|---:|---:|---:|---:|"]
+    return lines
+
+
+def _case_lines(table: List[Dict]) -> List[str]:
+    lines = ["| hosts x ranks | rails | impl | size | measured | simulated | error |",
+             "|---:|---|---|---:|---:|---:|---:|"]
     for r in table:
         lines.append(f"| {r['hosts']} x {r['ranks_per_host']} | {r['rates']} | {r['impl']} | {r['size']} | "
                      f"{_fmt_us(r['measured'])} | {_fmt_us(r['simulated'])} | {r['error']:+.1%} |")
+    return lines
+
+
+def markdown(table: List[Dict], summ: Dict, profile_name: str, measured_path: str, repeats: List[Dict],
+             experiments: List[Dict] = (), summ_experiments: Dict = None) -> str:
+    lines = [f"Profile `{profile_name}`; measurements `{measured_path}`.", "", "Per run:", ""]
+    lines += _summary_lines(summ)
+    if summ_experiments:
+        lines += ["", "Per experiment (each job size's inline allreduces, one experiment whatever the rails, "
+                  "measured by the median of its runs; every other case as per run):", ""]
+        lines += _summary_lines(summ_experiments)
+    lines += [""] + _case_lines(table)
+    pooled = [r for r in experiments if r.get("inline") and r["impl"].startswith("nezha")]
+    if pooled:
+        lines += ["", "The inline allreduces per experiment:", ""] + _case_lines(pooled)
     if repeats:
         lines += ["", "Repeatability: one experiment measured more than once (max / min - 1 over its runs).", "",
                   "| hosts x ranks | what | experiment | runs | spread |", "|---:|---|---|---:|---:|"]
@@ -176,11 +222,15 @@ def run_validation(args) -> int:
     profile = load_profile(args.profile)
     table = rows(measured, profile)
     summ = summary(table)
+    experiments = per_experiment(table)
+    summ_experiments = summary(experiments)
     repeats = repeatability(measured)
-    text = markdown(table, summ, profile.name, ", ".join(args.measured), repeats)
+    text = markdown(table, summ, profile.name, ", ".join(args.measured), repeats, experiments, summ_experiments)
     if args.markdown:
         Path(args.markdown).write_text(text)
     if args.json:
-        Path(args.json).write_text(json.dumps({"summary": summ, "rows": table, "repeatability": repeats}, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({"summary": summ, "rows": table, "repeatability": repeats,
+                                               "summary_per_experiment": summ_experiments,
+                                               "experiment_rows": experiments}, indent=2) + "\n")
     print(text)
     return 0
