@@ -7,11 +7,11 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-CORE_SOURCES := $(shell find core -name '*.cc' -o -name '*.h') CMakeLists.txt pyproject.toml
+CORE_SOURCES := $(shell find core -name '*.cc' -o -name '*.h' -o -name '*.cu') cmake/embed_file.cmake CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 
 .PHONY: all setup system-deps demo docs test test-cpp test-py test-sanitizers test-asan test-tsan \
-	test-py-asan clean layering
+	test-py-asan clean layering cuda-fatbin
 
 all: setup
 
@@ -51,9 +51,10 @@ test-py: setup
 
 # Sanitizer tiers. The C++ unit tests under AddressSanitizer + UndefinedBehaviorSanitizer and,
 # separately, ThreadSanitizer; the Python lifetime tests against an ASan build of nezha._core
-# (scripts/asan_python.sh). Any report fails the run.
+# (scripts/asan_python.sh). Any report fails the run. Nothing CUDA is built there (-DNEZHA_CUDA=OFF):
+# the sanitizers cannot see into the driver, and the lane's tests skip without a GPU anyway.
 SANITIZERS ?= test-asan test-tsan test-py-asan
-SAN_CMAKE = PATH=$(abspath $(VENV))/bin:$$PATH cmake -S . -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+SAN_CMAKE = PATH=$(abspath $(VENV))/bin:$$PATH cmake -S . -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNEZHA_CUDA=OFF
 export ASAN_OPTIONS ?= detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
@@ -84,6 +85,13 @@ test-py-asan: build/asan/.built | setup
 	    tests/test_multirail_testbed.py::test_dropped_handles_survive_a_rail_cut
 
 test-sanitizers: $(SANITIZERS)
+
+# The CUDA IPC lane's kernel image, built here with nvcc, for a GPU machine without a toolkit:
+# scripts/device_check.sh embeds .gpu/nezha_reduce_kernels.fatbin when it finds no nvcc.
+cuda-fatbin: | $(VENV)/.deps-stamp
+	PATH=$(abspath $(VENV))/bin:$$PATH cmake -S . -B build/cpp -G Ninja -DNEZHA_BUILD_PYTHON=OFF -DNEZHA_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release -DNEZHA_CUDA=ON >/dev/null
+	PATH=$(abspath $(VENV))/bin:$$PATH cmake --build build/cpp --target nezha_cuda_fatbin
+	mkdir -p .gpu && cp build/cpp/nezha_reduce_kernels.fatbin .gpu/
 
 # The engine's folders include each other one way (shared types <- folders <- Engine).
 layering:

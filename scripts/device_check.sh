@@ -2,7 +2,8 @@
 # The GPU machine's check (docs/status.md): builds nezha with that machine's own python3
 # (torch and jax with CUDA; nothing is fetched), runs the adapters' CUDA tests, and compares a jitted
 # pytree allreduce through the CUDA FFI handler with the io_callback path (2 ranks, loopback: the
-# staging and dispatch overhead, not a network figure), and times the host path with 8 numpy ranks
+# staging and dispatch overhead, not a network figure), builds and tests the CUDA IPC lane (core/src/cuda:
+# its tests and a 4-rank benchmark on the one GPU), and times the host path with 8 numpy ranks
 # (the shmcoll rail with one thread per rank and with its default). Logs go to $OUT (default ./device-out).
 #
 #   bash scripts/device_check.sh            # on the GPU machine, from the repository root
@@ -26,6 +27,30 @@ python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.txt"
 rc=$?; tail -20 "$OUT/build.txt"
 [ $rc -eq 0 ] || { echo "build failed"; exit 1; }
 python3 -c "import nezha.jax as nj; print('ffi', nj.ffi_available())"
+
+echo "== CUDA IPC lane: its tests, then 4 ranks on the GPU ($(date +%T))"
+# Built apart from the Python module (nezha._core does not use the lane yet): nvcc from PATH, the
+# toolkit or pip's nvidia-cuda-nvcc, else a prebuilt kernel image at .gpu/nezha_reduce_kernels.fatbin
+# (`make cuda-fatbin` on a dev machine puts it there); GoogleTest if the machine has it.
+nvcc_bin=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || python3 -c \
+  "import nvidia.cuda_nvcc as n, os; p = os.path.join(n.__path__[0], 'bin', 'nvcc'); print(p if os.path.exists(p) else '')" 2>/dev/null)
+cuda_args=(-DNEZHA_BUILD_PYTHON=OFF -DCMAKE_BUILD_TYPE=Release -DNEZHA_CUDA=ON)
+if [ -n "$nvcc_bin" ]; then cuda_args+=(-DCMAKE_CUDA_COMPILER="$nvcc_bin")
+elif [ -e .gpu/nezha_reduce_kernels.fatbin ]; then cuda_args+=(-DNEZHA_CUDA_FATBIN="$PWD/.gpu/nezha_reduce_kernels.fatbin")
+else echo "no nvcc here and no .gpu/nezha_reduce_kernels.fatbin (make cuda-fatbin on a dev machine): the lane is not built"; fi
+command -v ninja > /dev/null && cuda_args+=(-G Ninja)
+cuda_targets="nezha_cuda_tests nezha-cuda-ipc-bench"
+if ! timeout 120 cmake -S . -B build/cuda "${cuda_args[@]}" -DNEZHA_BUILD_TESTS=ON > "$OUT/cuda_build.txt" 2>&1; then
+  cuda_targets=nezha-cuda-ipc-bench  # no GoogleTest: the benchmark still checks its results
+  timeout 120 cmake -S . -B build/cuda "${cuda_args[@]}" -DNEZHA_BUILD_TESTS=OFF >> "$OUT/cuda_build.txt" 2>&1
+fi
+timeout 300 cmake --build build/cuda --target $cuda_targets -j "$(nproc)" >> "$OUT/cuda_build.txt" 2>&1 ||
+  { echo "CUDA lane build failed:"; tail -15 "$OUT/cuda_build.txt"; }
+if [ -x build/cuda/nezha_cuda_tests ]; then
+  timeout 180 build/cuda/nezha_cuda_tests 2>&1 | tee "$OUT/cuda_tests.txt" | grep -E "FAIL|SKIP|PASSED|Which is|rank [0-9]" | tail -20
+fi
+[ -x build/cuda/nezha-cuda-ipc-bench ] && timeout 120 build/cuda/nezha-cuda-ipc-bench --ranks 4 --sizes 8,64K,1M,64M \
+  --iters 20 --json "$OUT/cuda_ipc_bench.json" 2>&1 | tee "$OUT/cuda_ipc_bench.txt" | tail -8
 
 echo "== tests ($(date +%T))"
 timeout 420 python3 -m pytest -q -p no:cacheprovider -rs tests/test_torch_device.py tests/test_jax.py \

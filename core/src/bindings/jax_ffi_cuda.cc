@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "bindings/cuda_driver.h"
 #include "bindings/current_engine.h"
 #include "bindings/jax_ffi_call.h"
+#include "bindings/pinned_staging.h"
 #include "common/error.h"
 #include "xla/ffi/api/ffi.h"
 

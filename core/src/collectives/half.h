@@ -4,22 +4,24 @@
 // and the wire format is plain uint16_t anyway. The code below is branch-free so the compiler
 // vectorises the array loops with baseline SSE2; half_convert.h adds an F16C version chosen at run
 // time. All paths round to nearest even and handle infinities, NaNs (returned quiet, sign kept) and
-// subnormals.
+// subnormals. The scalar functions are NEZHA_HOST_DEVICE: the CUDA reduction kernels use them too.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
+#include "common/host_device.h"
+
 namespace nezha::collectives {
 
-inline uint32_t float_bits(float f) {
+NEZHA_HOST_DEVICE inline uint32_t float_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
 }
 
-inline float bits_float(uint32_t u) {
+NEZHA_HOST_DEVICE inline float bits_float(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
@@ -27,7 +29,7 @@ inline float bits_float(uint32_t u) {
 
 // cond ? a : b on bit patterns, written with masks: GCC will not if-convert a ternary whose arms
 // involve floating-point operations, and a branch stops the loops below from vectorising.
-inline uint32_t select_bits(bool cond, uint32_t a, uint32_t b) {
+NEZHA_HOST_DEVICE inline uint32_t select_bits(bool cond, uint32_t a, uint32_t b) {
   const uint32_t mask = 0u - static_cast<uint32_t>(cond);
   return (a & mask) | (b & ~mask);
 }
@@ -35,7 +37,7 @@ inline uint32_t select_bits(bool cond, uint32_t a, uint32_t b) {
 // float16 -> float32 is exact. All three cases are computed and one is selected, so array loops
 // over this function vectorise (no branches). Subnormal halves are renormalised by one float
 // subtraction.
-inline float half_to_float(uint16_t h) {
+NEZHA_HOST_DEVICE inline float half_to_float(uint16_t h) {
   constexpr uint32_t kExpMask = 0x7C00u << 13;  // half exponent field, moved to float position
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t em = static_cast<uint32_t>(h & 0x7FFFu) << 13;  // exponent and mantissa
@@ -51,7 +53,7 @@ inline float half_to_float(uint16_t h) {
 
 // float32 -> float16, round to nearest even; overflow gives inf, NaN gives a quiet NaN. Branch-free
 // for the same reason as half_to_float.
-inline uint16_t float_to_half(float value) {
+NEZHA_HOST_DEVICE inline uint16_t float_to_half(float value) {
   constexpr uint32_t kF32Inf = 255u << 23;
   constexpr uint32_t kF16Overflow = (127u + 16u) << 23;  // 2^16: every float >= this is inf in half
   constexpr uint32_t kMinNormal = 113u << 23;             // 2^-14
@@ -73,11 +75,11 @@ inline uint16_t float_to_half(float value) {
   return static_cast<uint16_t>(magnitude | sign);
 }
 
-inline float bfloat16_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+NEZHA_HOST_DEVICE inline float bfloat16_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
 
 // float32 -> bfloat16, round to nearest even; NaN stays NaN (quiet bit forced so rounding can never
 // carry a NaN into infinity).
-inline uint16_t float_to_bfloat16(float value) {
+NEZHA_HOST_DEVICE inline uint16_t float_to_bfloat16(float value) {
   const uint32_t u = float_bits(value);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
   const uint32_t rounding_bias = 0x7FFFu + ((u >> 16) & 1u);

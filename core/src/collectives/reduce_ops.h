@@ -2,6 +2,8 @@
 //
 // Each loop is a plain indexed loop over restrict pointers with the operator inlined, so -O3
 // vectorises it; the dtype/op switch happens once per call in reduce_into.cc, never per element.
+// The operators are NEZHA_HOST_DEVICE: the CUDA kernels (collectives/element_reduce.h) apply the
+// same ones, so a GPU reduction in rank order gives the CPU's bits.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <type_traits>
 
 #include "collectives/half_convert.h"
+#include "common/host_device.h"
 
 namespace nezha::collectives::ops {
 
@@ -20,7 +23,7 @@ using Unsigned = std::make_unsigned_t<T>;
 
 struct Sum {
   template <typename T>
-  static T apply(T a, T b) {
+  NEZHA_HOST_DEVICE static T apply(T a, T b) {
     if constexpr (std::is_integral_v<T>) {
       return static_cast<T>(static_cast<Unsigned<T>>(a) + static_cast<Unsigned<T>>(b));
     } else {
@@ -31,7 +34,7 @@ struct Sum {
 
 struct Product {
   template <typename T>
-  static T apply(T a, T b) {
+  NEZHA_HOST_DEVICE static T apply(T a, T b) {
     if constexpr (std::is_integral_v<T>) {
       // Promote through unsigned int so uint8/int8 products cannot overflow a signed int.
       using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, Unsigned<T>>;
@@ -47,21 +50,21 @@ struct Product {
 // The algorithms always call them with a canonical operand order so results agree across ranks.
 struct Min {
   template <typename T>
-  static T apply(T a, T b) { return b < a ? b : a; }
+  NEZHA_HOST_DEVICE static T apply(T a, T b) { return b < a ? b : a; }
 };
 
 struct Max {
   template <typename T>
-  static T apply(T a, T b) { return a < b ? b : a; }
+  NEZHA_HOST_DEVICE static T apply(T a, T b) { return a < b ? b : a; }
 };
 
 // bool is stored as one byte; any non-zero byte is true and results are normalised to 0/1.
 struct LogicalOr {
-  static uint8_t apply(uint8_t a, uint8_t b) { return static_cast<uint8_t>((a | b) != 0); }
+  NEZHA_HOST_DEVICE static uint8_t apply(uint8_t a, uint8_t b) { return static_cast<uint8_t>((a | b) != 0); }
 };
 
 struct LogicalAnd {
-  static uint8_t apply(uint8_t a, uint8_t b) { return static_cast<uint8_t>((a != 0) & (b != 0)); }
+  NEZHA_HOST_DEVICE static uint8_t apply(uint8_t a, uint8_t b) { return static_cast<uint8_t>((a != 0) & (b != 0)); }
 };
 
 template <typename Op, typename T>
