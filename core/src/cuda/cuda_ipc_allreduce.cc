@@ -53,6 +53,10 @@ void CudaIpcLane::check_cuda(const CudaDriver& cuda, CudaDriver::Result r, const
   try {
     cuda.check(r, what.c_str());
   } catch (const NezhaError& e) {
+    // A peer that died while this rank read its workspace is the cause: name it (cuda_ipc_lane.h).
+    if (const int gone = exited_peer(); gone >= 0)
+      fail<PeerError>(gone, who() + ": " + rank_name(gone) + " (pid " + std::to_string(peers_[gone].pid) +
+                                ") exited, and then " + e.what());
     fail<NezhaError>(-1, who() + ": " + e.what());
   }
 }

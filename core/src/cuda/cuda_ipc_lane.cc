@@ -225,6 +225,15 @@ template void CudaIpcLane::fail<TimeoutError>(int, const std::string&);
 template void CudaIpcLane::fail<ProtocolError>(int, const std::string&);
 template void CudaIpcLane::fail<NezhaError>(int, const std::string&);
 
+int CudaIpcLane::exited_peer() const {
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const Peer& p = peers_[r];
+    if (p.segment.header()->closed.load() == 0 && shm::process_exited(p.pidfd, p.pid, p.start_time)) return r;
+  }
+  return -1;
+}
+
 void CudaIpcLane::check_peers() {
   // As the shm collective rail: the root cause is a rank gone without closing, else the rank a closed
   // one blames, else the first rank that left.

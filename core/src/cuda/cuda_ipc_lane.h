@@ -30,7 +30,10 @@
 // rank that finds it writes the blame into its segment, as the shm rail does); the deadline gives a
 // TimeoutError naming the rank behind and the phase it has not finished. After a failure the lane
 // stays poisoned (every call throws, naming the first failure): its owner closes it and builds a new
-// one, as the engine re-admits a failed rail.
+// one, as the engine re-admits a failed rail. A rank that dies while a peer's kernel or copy reads
+// its workspace may take that peer's CUDA context down with it (CUDA leaves an exported allocation
+// freed before its importers close it undefined): the peer's error then names the dead rank beside
+// the driver's message, but its context is lost, as with NCCL.
 //
 // How it is meant to join the engine (not wired yet; this is the building block):
 //   * The engine's TensorEntry carries a device pointer and the framework's stream (torch's current
@@ -137,6 +140,7 @@ class CudaIpcLane {
   void publish(Counter counter, uint64_t steps);
   void check_descriptors(uint64_t step, const Operation& what);
   void check_peers();
+  int exited_peer() const;  // the first peer whose process is gone without closing; -1 if none
   void check_startable() const;
   template <class E>
   [[noreturn]] void fail(int blame, const std::string& what);

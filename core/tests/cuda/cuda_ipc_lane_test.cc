@@ -231,7 +231,15 @@ TEST(CudaIpcLane, KilledRankIsNamedByTheOthers) {
   const std::vector<Allreduce> ops = {{4 << 20}};  // 16 MB: 16 chunks of 1 MB
   const auto outcomes = run_ranks(4, [&](int r, const std::string& dir) {
     CudaIpcLaneConfig mine = config;
-    if (r == 2) mine.after_copy_in = [](uint64_t step) { if (step == 5) ::raise(SIGKILL); };
+    // Killed with the others blocked waiting for its slice of chunk 5 (their reads of its workspace
+    // done): on a GPU a rank dying under a peer's kernel may fault that peer's context instead.
+    if (r == 2)
+      mine.after_copy_in = [](uint64_t step) {
+        if (step == 5) {
+          ::usleep(200 * 1000);
+          ::raise(SIGKILL);
+        }
+      };
     return lane_job(r, dir, 4, mine, ops);
   }, kJobTimeoutS);
   EXPECT_EQ(outcomes[2].signal, SIGKILL);
