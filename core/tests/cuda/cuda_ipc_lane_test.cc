@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -277,6 +278,58 @@ TEST(CudaIpcLane, StalledRankIsNamedWhenTheDeadlinePasses) {
   }
   EXPECT_GE(timeouts, 1);
   EXPECT_EQ(outcomes[1].exit_code, 2) << "the stalled rank finds the others gone: " << outcomes[1].report;
+}
+
+TEST(CudaIpcLane, AbortWakesTheWaiterAndFailsThePeers) {
+  SKIP_WITHOUT_GPU();
+  const CudaIpcLaneConfig config = test_config();
+  const auto outcomes = run_ranks(2, [&](int rank, const std::string& dir) {
+    CudaRank cr = CudaRank::open();
+    CudaIpcLane lane(config, rank, 2);
+    const Deadline deadline = Deadline::after_seconds(30);
+    lane.connect(testing::exchange_addresses(dir, rank, 2, lane.local_address(), deadline), deadline);
+    const CudaDriver::DevicePtr buf = cr.alloc(4096);
+    if (rank == 1) {  // joins late: rank 0 waits for it until aborted
+      ::sleep(3);
+      try {
+        // The first may still complete (rank 0 placed its chunk before it aborted); the next cannot.
+        lane.allreduce(buf, buf, 1024, DataType::kFloat32, ReduceOp::kSum, cr.stream, 0, deadline);
+        lane.allreduce(buf, buf, 1024, DataType::kFloat32, ReduceOp::kSum, cr.stream, 1, deadline);
+      } catch (const PeerError& e) {
+        report(dir, rank, std::string("PeerError: ") + e.what());
+        return 0;
+      }
+      return 1;
+    }
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      lane.abort("test abort");
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string what = "no error";
+    try {
+      lane.allreduce(buf, buf, 1024, DataType::kFloat32, ReduceOp::kSum, cr.stream, 0, deadline);
+    } catch (const NezhaError& e) {
+      what = e.what();
+    }
+    aborter.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    report(dir, rank, what + (s < 2 ? "" : " (too late)"));
+    ::sleep(2);  // alive (its workspace too) while rank 1 runs into the aborted lane
+    return 0;
+  }, kJobTimeoutS);
+  EXPECT_EQ(outcomes[0].report, "CUDA IPC lane 'cudaipc', rank 0 aborted: test abort");
+  EXPECT_EQ(outcomes[1].exit_code, 0) << outcomes[1].report;
+  EXPECT_NE(outcomes[1].report.find("rank 0 left the lane"), std::string::npos) << outcomes[1].report;
+}
+
+TEST(CudaIpcLane, OneRankIsACopy) {
+  SKIP_WITHOUT_GPU();
+  const CudaIpcLaneConfig config = test_config();
+  const std::vector<Allreduce> ops = {{3}, {100003, DataType::kFloat16, ReduceOp::kAverage}};
+  const auto outcomes =
+      run_ranks(1, [&](int r, const std::string& dir) { return lane_job(r, dir, 1, config, ops); }, kJobTimeoutS);
+  EXPECT_EQ(outcomes[0].exit_code, 0) << outcomes[0].report;
 }
 
 TEST(CudaIpcLane, MismatchedOperationIsAProtocolErrorOnEveryRank) {
