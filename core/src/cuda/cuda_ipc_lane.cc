@@ -138,7 +138,27 @@ void CudaIpcLane::connect(const std::vector<std::string>& addresses_by_rank, con
   connected_ = true;
 }
 
+void CudaIpcLane::drain() {
+  // A peer may still copy the last chunk's reduced slices out of this rank's slots after this rank
+  // has finished: it is done once its `consumed` reaches this rank's step count (all ranks run the
+  // same steps), or once it has left or died.
+  if (!connected_ || !own_.valid()) return;
+  const Deadline deadline = Deadline::after_seconds(config_.close_drain_s);
+  for (;;) {
+    bool busy = false;
+    for (int r = 0; r < size_ && !busy; ++r) {
+      if (r == rank_) continue;
+      const Peer& p = peers_[r];
+      busy = p.control->counter(Counter::kConsumed).load() < step_ && p.segment.header()->closed.load() == 0 &&
+             !shm::process_exited(p.pidfd, p.pid, p.start_time);
+    }
+    if (!busy || deadline.expired()) return;
+    ::usleep(500);
+  }
+}
+
 void CudaIpcLane::release() {
+  drain();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (own_.valid()) {

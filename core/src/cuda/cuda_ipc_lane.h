@@ -78,6 +78,7 @@ struct CudaIpcLaneConfig {
   size_t small_bytes = 256 << 10;  // buffers up to this are reduced whole by every rank
   double spin_us = 20;             // busy-wait before sleeping on the futex
   double liveness_slice_ms = 50;   // futex sleep slice; peers' processes are checked after each
+  double close_drain_s = 5;        // close() waits this long at most for peers still reading this rank
   // Test hook: called after this rank has published a chunk's copy-in (step number since connect).
   std::function<void(uint64_t step)> after_copy_in;
 };
@@ -99,8 +100,10 @@ class CudaIpcLane {
   // workspaces. Throws InvalidArgument (a rank on another host), ProtocolError, PeerError,
   // NezhaError (CUDA, naming the call) or a timeout naming the ranks missing.
   void connect(const std::vector<std::string>& addresses_by_rank, const Deadline& deadline);
-  // Unmaps the peers' workspaces, frees this rank's, drops the segments and stops listening; peers
-  // waiting on this rank fail naming it. Idempotent; also run by the destructor. Final: a closed lane
+  // Waits (close_drain_s at most) until every peer has copied out of this rank's workspace all it
+  // needs, or has left or died (freeing memory a peer still reads is undefined in CUDA); then unmaps
+  // the peers' workspaces, frees this rank's, drops the segments and stops listening. Peers that wait
+  // on this rank later fail naming it. Idempotent; also run by the destructor. Final: a closed lane
   // does not connect again.
   void close();
   // Fails the operation in progress (and every later one) on this rank and its peers.
@@ -141,6 +144,7 @@ class CudaIpcLane {
   void check_descriptors(uint64_t step, const Operation& what);
   void check_peers();
   int exited_peer() const;  // the first peer whose process is gone without closing; -1 if none
+  void drain();             // close(): until the peers are done reading this rank's workspace
   void check_startable() const;
   template <class E>
   [[noreturn]] void fail(int blame, const std::string& what);
