@@ -22,6 +22,7 @@ struct alignas(64) LaneControl {
   transport::shm_coll::SlotDescriptor descriptors[kMaxLaneSlots];
   CudaDriver::IpcMemHandle workspace_handle;
   uint64_t chunk_bytes;
+  uint64_t small_bytes;  // the whole-buffer threshold: ranks must agree on which path an op takes
   uint64_t slot_stride;  // bytes between slots in the workspace
   uint32_t slots;
   char pci_bus_id[32];   // of the workspace's device (error messages)

@@ -89,6 +89,7 @@ void CudaIpcLane::connect(const std::vector<std::string>& addresses_by_rank, con
     me.control = new (own_.ring_data(0)) LaneControl();
     cuda.check(cuda.ipc_get_mem_handle(&me.control->workspace_handle, me.workspace), "cuIpcGetMemHandle of the workspace");
     me.control->chunk_bytes = config_.chunk_bytes;
+    me.control->small_bytes = config_.small_bytes;
     me.control->slot_stride = slot_stride_;
     me.control->slots = config_.slots;
     CudaDriver::Device dev = 0;
@@ -114,10 +115,13 @@ void CudaIpcLane::connect(const std::vector<std::string>& addresses_by_rank, con
       p.start_time = addrs[r].start_time;
       if (r == rank_) continue;
       p.control = reinterpret_cast<LaneControl*>(p.segment.ring_data(0));
-      if (p.control->chunk_bytes != config_.chunk_bytes || p.control->slots != config_.slots)
+      if (p.control->chunk_bytes != config_.chunk_bytes || p.control->slots != config_.slots ||
+          p.control->small_bytes != config_.small_bytes)
         throw ProtocolError(who() + ": " + rank_name(r) + "'s lane has " + std::to_string(p.control->slots) + " x " +
-                            std::to_string(p.control->chunk_bytes) + "-byte slots, this rank's " +
-                            std::to_string(config_.slots) + " x " + std::to_string(config_.chunk_bytes));
+                            std::to_string(p.control->chunk_bytes) + "-byte slots (whole up to " +
+                            std::to_string(p.control->small_bytes) + " bytes), this rank's " +
+                            std::to_string(config_.slots) + " x " + std::to_string(config_.chunk_bytes) + " (" +
+                            std::to_string(config_.small_bytes) + ")");
       if (p.pid != address_.pid) {
         p.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, p.pid, 0));
         if (shm::process_start_time(p.pid) != p.start_time)

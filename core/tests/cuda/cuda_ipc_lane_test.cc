@@ -332,6 +332,21 @@ TEST(CudaIpcLane, OneRankIsACopy) {
   EXPECT_EQ(outcomes[0].exit_code, 0) << outcomes[0].report;
 }
 
+TEST(CudaIpcLane, RanksWithOtherSlotsAreRefusedAtConnect) {
+  SKIP_WITHOUT_GPU();
+  const CudaIpcLaneConfig common = test_config();  // the same secret on every rank
+  const auto outcomes = run_ranks(2, [&](int r, const std::string& dir) {
+    CudaIpcLaneConfig config = common;
+    if (r == 1) config.small_bytes = 8 << 10;
+    return lane_job(r, dir, 2, config, {{100}});
+  }, kJobTimeoutS);
+  for (const auto& o : outcomes) {
+    EXPECT_EQ(o.exit_code, 2) << o.report;
+    EXPECT_NE(o.report.find("ProtocolError"), std::string::npos) << o.report;
+    EXPECT_NE(o.report.find("-byte slots"), std::string::npos) << o.report;
+  }
+}
+
 TEST(CudaIpcLane, MismatchedOperationIsAProtocolErrorOnEveryRank) {
   SKIP_WITHOUT_GPU();
   const CudaIpcLaneConfig config = test_config();
