@@ -134,3 +134,22 @@ def test_tcp_and_ofi_striped_survive_a_cut_of_the_ofi_rail(testbed_factory):
     # Target stall <= 200 ms; generous bounds for a loaded 2-core machine, as for the TCP drill.
     assert cycle["stall_s"] <= 1.0, cycle
     assert cycle["readmit_s"] <= 8.0, cycle
+
+
+@needs_ofi
+@pytest.mark.testbed
+def test_an_ofi_rail_shut_down_right_after_its_cable_comes_back_closes_cleanly(testbed_factory):
+    """The job ends 0.3 s after rail 1's link is restored, before the ofi rail is re-admitted, with its
+    operations from before the cut still posted: every rank closes the rail and exits cleanly, every
+    result exact. (Closing the rxm endpoint with them posted crashed libfabric 1.17 in fi_close in
+    about half of such runs.)"""
+    from nezha.bench.failover_drill import run_drill
+
+    tb = testbed_factory(hosts=4, rails=2, rates=["1gbit", "1gbit"])
+    rails = f"{tb.rail_subnets[0]},ofi:tcp;ofi_rxm@{tb.rail_subnets[1]}"
+    r = run_drill(tb, cycles=1, rail=1, fault="cut", down_s=3.0, up_s=0.3, rails=rails)
+    assert r["returncode"] == 0, r["output"][-4000:]
+    assert "signal 11" not in r["output"], r["output"][-4000:]
+    assert sorted(r["reports"]) == [0, 1, 2, 3], r["output"][-3000:]
+    for rank, rep in r["reports"].items():
+        assert [s for _, s in rep["transitions"]][:1] == ["down"], (rank, rep["transitions"])

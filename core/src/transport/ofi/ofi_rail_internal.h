@@ -24,6 +24,9 @@ constexpr int kEpochShift = 56;
 constexpr int kEpochBits = 6;
 constexpr uint64_t kEpochMask = (uint64_t{1} << kEpochBits) - 1;
 constexpr uint64_t kUserTagLimit = uint64_t{1} << kEpochShift;
+// close(): how long the cancelled receives and other completions are reaped before the endpoint
+// is closed (ofi_rail_lifecycle.cc says why).
+constexpr double kCloseDrainS = 0.5;
 // A handshake message: one FrameType byte, then the auth.h payload.
 constexpr size_t kHandshakeMessageBytes = 1 + kMaxHandshakePayloadBytes;
 

@@ -210,6 +210,19 @@ void OfiRail::close() {
   stop_progress();
   for (int peer = 0; peer < size_; ++peer) reachable_[peer].store(false, std::memory_order_release);
   Lock lk(fab_mu_);
+  if (endpoint_) {
+    // Closing an rxm endpoint while operations are still posted on a connection a cut broke
+    // crashed libfabric 1.17 in fi_close (a rail shut down right after a cable came back). So first
+    // cancel the receives and take what completes, as reset() does, for a bounded time; the sends
+    // a gone peer never takes are left for the close to discard.
+    for (Op& op : ops_)
+      if (op.busy && op.is_recv) endpoint_->cancel(&op.context);
+    uint64_t drained;
+    while (::read(abort_fd_, &drained, sizeof drained) > 0) {
+    }
+    const Deadline drain = Deadline::after_seconds(kCloseDrainS);
+    while (free_slots_.size() < ops_.size() && !drain.expired()) reap(lk, drain, /*block=*/true);
+  }
   endpoint_.reset();  // closing the endpoint discards whatever is still posted
 }
 
