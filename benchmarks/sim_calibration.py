@@ -94,22 +94,29 @@ def one_host(ranks: str, size: str, name: str) -> list:
     return out
 
 
-def unshaped(hosts: int) -> dict:
-    testbed = Testbed(hosts, 1, rates="off", prefix="nzcal")
+def bench_on_testbed(name: str, testbed: Testbed, sizes: str, bench_args: list) -> list:
+    """nezha-bench's allreduce records on `testbed` (brought up and torn down here), one rank per
+    host; its JSON and log are kept under OUT_DIR as `name`."""
+    hosts = len(testbed.hosts)
     testbed.up()
     try:
-        path = OUT_DIR / f"unshaped-h{hosts}.json"
+        path = OUT_DIR / f"{name}.json"
         argv = [sys.executable, "-m", "nezha.runner", "-np", str(hosts), *testbed.nezharun_args(), "--",
-                sys.executable, "-m", "nezha.bench", "--op", "allreduce", "--sizes", UNSHAPED_SIZES,
-                "--dtype", "float32", "--iters", "auto", "--warmup", "2", "--json", str(path),
-                "--impl-label", "nezha-rail0", "--baseline", "gloo", "--gloo-ifname", testbed.interface(0),
-                "--baseline-label", "gloo-rail0"]
-        error = run_job(argv, OUT_DIR / f"unshaped-h{hosts}.log", JOB_TIMEOUT_S)
+                sys.executable, "-m", "nezha.bench", "--op", "allreduce", "--sizes", sizes,
+                "--dtype", "float32", "--iters", "auto", "--warmup", "2", "--json", str(path), *bench_args]
+        error = run_job(argv, OUT_DIR / f"{name}.log", JOB_TIMEOUT_S)
         if error:
-            raise RuntimeError(f"unshaped {hosts}-host job failed: {error}")
+            raise RuntimeError(f"{name} job failed: {error}")
     finally:
         testbed.down()
-    rows = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def unshaped(hosts: int) -> dict:
+    testbed = Testbed(hosts, 1, rates="off", prefix="nzcal")
+    rows = bench_on_testbed(f"unshaped-h{hosts}", testbed, UNSHAPED_SIZES,
+                            ["--impl-label", "nezha-rail0", "--baseline", "gloo", "--gloo-ifname",
+                             testbed.interface(0), "--baseline-label", "gloo-rail0"])
     records = [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in rows if r.get("impl") != "gloo-rail0"]
     gloo = [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in rows if r.get("impl") == "gloo-rail0"]
     return {"hosts": hosts, "rails": 1, "records": records, "gloo": gloo}
@@ -118,19 +125,8 @@ def unshaped(hosts: int) -> dict:
 def shaped(hosts: int, rate: str) -> dict:
     """nezha-bench on two rails shaped to `rate` each (the validation's kind of link, faster)."""
     testbed = Testbed(hosts, 2, rates=[rate, rate], prefix="nzcal")
-    testbed.up()
-    try:
-        path = OUT_DIR / f"shaped-h{hosts}.json"
-        argv = [sys.executable, "-m", "nezha.runner", "-np", str(hosts), *testbed.nezharun_args(), "--",
-                sys.executable, "-m", "nezha.bench", "--op", "allreduce", "--sizes", SHAPED_SIZES,
-                "--dtype", "float32", "--iters", "auto", "--warmup", "2", "--json", str(path),
-                "--impl-label", "nezha-2rails"]
-        error = run_job(argv, OUT_DIR / f"shaped-h{hosts}.log", JOB_TIMEOUT_S)
-        if error:
-            raise RuntimeError(f"shaped {hosts}-host job failed: {error}")
-    finally:
-        testbed.down()
-    records = [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in json.loads(path.read_text())]
+    rows = bench_on_testbed(f"shaped-h{hosts}", testbed, SHAPED_SIZES, ["--impl-label", "nezha-2rails"])
+    records = [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in rows]
     return {"hosts": hosts, "rails": 2, "gbps": [float(rate[:-4])] * 2, "records": records}
 
 

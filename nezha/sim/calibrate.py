@@ -136,10 +136,13 @@ def _fit(residuals, x0, lower, upper):
     return [float(v) for v in least_squares(residuals, x0, bounds=(lower, upper), diff_step=1e-3).x]
 
 
-def _unshaped_residuals(cases: List[Dict], prof: Profile) -> List[float]:
+def _testbed_residuals(cases: List[Dict], prof: Profile) -> List[float]:
+    """Log errors of the testbed runs' allreduces (one rank per host): unshaped rails, or the rates
+    a shaped run gives (`gbps`, one per rail)."""
     out = []
     for case in cases:
-        rails = [RailModel(f"rail{i}:tcp", "tcp", UNSHAPED_GBPS) for i in range(case.get("rails", 1))]
+        rates = case.get("gbps") or [UNSHAPED_GBPS] * case.get("rails", 1)
+        rails = [RailModel(f"rail{i}:tcp", "tcp", g) for i, g in enumerate(rates)]
         sizes = [r["bytes"] for r in case["records"]]
         sim = allreduce_records(Cluster(case["hosts"], 1, rails), _theirs(prof, case), sizes, iters=3, warmup=1)
         out += [math.log(s["time_us"] / r["time_us"]) for s, r in zip(sim, case["records"])]
@@ -163,7 +166,7 @@ def fit_network(cases: List[Dict], lane: List[Dict], base: Profile) -> Dict[str,
                                    step_cpu_us={**base.step_cpu_us, "tcp": x[1], "mptcp": x[1]},
                                    machine_gbps=x[2], line_gbps=x[2])
 
-    net = _fit(lambda x: _unshaped_residuals(cases, network(x)), [20.0, 10.0, 30.0], [1.0, 0.0, 1.0],
+    net = _fit(lambda x: _testbed_residuals(cases, network(x)), [20.0, 10.0, 30.0], [1.0, 0.0, 1.0],
                [2000.0, 5000.0, 1000.0])
     prof = network(net)
     large = [p for p in lane if p["bytes"] >= 16 << 20]
@@ -187,18 +190,8 @@ def fit_shaped_budget(cases: List[Dict], base: Profile) -> Optional[float]:
     cases = [c for c in cases if c["records"]]
     if not cases:
         return None
-
-    def residuals(x):
-        prof = base.with_overrides(shaped_machine_gbps=float(x[0]))
-        out = []
-        for case in cases:
-            rails = [RailModel(f"rail{i}:tcp", "tcp", g) for i, g in enumerate(case["gbps"])]
-            sizes = [r["bytes"] for r in case["records"]]
-            sim = allreduce_records(Cluster(case["hosts"], 1, rails), _theirs(prof, case), sizes, iters=3, warmup=1)
-            out += [math.log(s["time_us"] / r["time_us"]) for s, r in zip(sim, case["records"])]
-        return out
-
-    return _fit(residuals, [base.machine_gbps or 30.0], [1.0], [1000.0])[0]
+    return _fit(lambda x: _testbed_residuals(cases, base.with_overrides(shaped_machine_gbps=float(x[0]))),
+                [base.machine_gbps or 30.0], [1.0], [1000.0])[0]
 
 
 def fit_gloo(cases: List[Dict], base: Profile) -> Dict[str, float]:
