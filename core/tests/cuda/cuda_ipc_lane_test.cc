@@ -18,6 +18,7 @@
 #include "cuda/cuda_ipc_lane.h"
 #include "cuda/kernel_image.h"
 #include "cuda/cuda_ranks.h"
+#include "transport/dev_shm_entries.h"
 
 namespace nezha::cuda {
 namespace {
@@ -28,14 +29,7 @@ using testing::run_ranks;
 
 constexpr double kJobTimeoutS = 120;
 
-std::set<std::string> dev_shm_entries() {
-  std::set<std::string> names;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) names.insert(e->d_name);
-    ::closedir(d);
-  }
-  return names;
-}
+using transport::testing::dev_shm_entries;
 
 #define SKIP_WITHOUT_GPU()                                                        \
   do {                                                                            \

@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "shm_process_job.h"
 #include "transport/shm_coll/shm_coll_rail.h"
+#include "transport/dev_shm_entries.h"
 
 namespace nezha::transport {
 namespace {
@@ -37,14 +38,7 @@ ShmCollRailConfig process_config() {
   return c;
 }
 
-std::set<std::string> dev_shm_entries() {
-  std::set<std::string> names;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) names.insert(e->d_name);
-    ::closedir(d);
-  }
-  return names;
-}
+using testing::dev_shm_entries;
 
 // Rank r's input element i: exact in float, different per rank.
 float input(int r, size_t i) { return static_cast<float>((i * 31 + static_cast<size_t>(r) * 7) % 101) * 0.5f; }

@@ -21,6 +21,7 @@
 #include "shm_mesh.h"
 #include "shm_process_job.h"
 #include "tcp_mesh.h"
+#include "transport/dev_shm_entries.h"
 
 namespace nezha::transport {
 namespace {
@@ -32,14 +33,7 @@ using testing::small_ring_config;
 
 ShmRailConfig process_config() { return small_ring_config("process-job"); }
 
-std::set<std::string> dev_shm_entries() {
-  std::set<std::string> names;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) names.insert(e->d_name);
-    ::closedir(d);
-  }
-  return names;
-}
+using testing::dev_shm_entries;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
