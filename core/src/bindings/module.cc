@@ -106,7 +106,7 @@ std::vector<std::shared_ptr<OpHandle>> submit_entries(Engine& e, std::vector<Ten
   static const double lead_s = static_cast<double>(knob_int("NEZHA_LEAD_US")) / 1e6;
   if (!lead || lead_s <= 0) return e.enqueue_all(std::move(entries));
   py::gil_scoped_release release;  // (entries dropped without it release their views later)
-  return e.enqueue_all(std::move(entries), lead_s);
+  return e.enqueue_all(std::move(entries), lead_s, /*waits_to_end=*/true);
 }
 
 // One tensor's entry with its buffers pinned: the operation, not the Python handle, keeps them

@@ -307,7 +307,8 @@ std::shared_ptr<OpHandle> Engine::enqueue(TensorEntry entry) {
   return enqueue_all(std::move(one)).at(0);
 }
 
-std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEntry> entries, double lead_s) {
+std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEntry> entries, double lead_s,
+                                                           bool waits_to_end) {
   if (!thread_.joinable()) throw InvalidArgument("nezha engine is not started; call nezha.init() first");
   // Every entry is checked before any is queued: a group must never be half in flight (its
   // members would wait for the missing ones on every rank).
@@ -340,7 +341,7 @@ std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEnt
         timeline_.negotiation_started(name);
       });
   if (lead_s > 0 && config_.size > 1)
-    lead(handles, names, lead_s);
+    lead(handles, names, lead_s, waits_to_end);
   else
     wake();
   return handles;
@@ -399,6 +400,7 @@ EngineStats Engine::stats() const {
   if (executor_) {  // set once, in connect_and_start()
     s.bytes_staged = executor_->bytes_staged();
     s.bytes_kept_for_redo = executor_->bytes_kept_for_redo();
+    s.shares_run_by_callers = executor_->shares_run_by_callers();
   }
   const OutputPool::Stats pool = OutputPool::get().stats();
   s.output_blocks_reused = pool.reused;

@@ -31,7 +31,11 @@
 //     done, then hands both back; the loop thread is woken only when a timer it sleeps past is due
 //     sooner. Work other threads submit meanwhile (or a failover report, a shutdown) wakes the loop
 //     thread and ends the lead, so the loop thread takes it at once. The loop's state is touched
-//     only under loop_mu_, by one thread at a time. Callers that lead: nezha.jax inside jit (NEZHA_JAX_WAIT_US) and every synchronous
+//     only under loop_mu_, by one thread at a time. An operation that leaves negotiation as one
+//     rail's task is then run by a leading caller that waits for it however long it takes (not
+//     jit's bounded wait), once it has handed the loop back (so the loop thread still reacts to
+//     that rail's failure): no wake-up of the rail's worker, and none of the caller when the worker
+//     is done (Executor::begin_caller_lead). Callers that lead: nezha.jax inside jit (NEZHA_JAX_WAIT_US) and every synchronous
 //     Python call, numpy's and nezha.torch's (NEZHA_LEAD_US; bindings/module.cc, nezha/ops.py).
 #pragma once
 
@@ -134,6 +138,7 @@ struct EngineStats {
   uint64_t rounds = 0;                   // cache rounds completed
   uint64_t operations_on_rails = 0;     // operations this rank ran on the rails (fused: one)
   uint64_t callers_led = 0;  // times a caller ran the loop itself (enqueue_all's lead_s)
+  uint64_t shares_run_by_callers = 0;  // tasks a leading caller ran itself (Executor::run_held_here)
   uint64_t bytes_staged = 0;  // allreduce inputs copied before their rails started (Executor::bytes_staged)
   uint64_t bytes_kept_for_redo = 0;  // inputs copied aside for failover (Executor::bytes_kept_for_redo)
   // Control messages this rank sent through shared memory (ranks of its host) and over the network.
@@ -170,8 +175,11 @@ class Engine {
   // Submits several tensors at once (a group's members): all are queued, or none is (the first bad
   // one throws as enqueue() would). lead_s > 0: when the loop thread is asleep, the calling thread
   // runs the loop until every returned handle is done or lead_s has passed (point 5 above) instead
-  // of waking the loop thread; for callers about to wait for small operations.
-  std::vector<std::shared_ptr<OpHandle>> enqueue_all(std::vector<TensorEntry> entries, double lead_s = 0);
+  // of waking the loop thread; for callers about to wait for small operations. `waits_to_end`: the
+  // caller waits for the handles whatever it takes (a synchronous Python call, not jit's bounded
+  // wait), so it also runs an operation that left for one rail itself (point 5).
+  std::vector<std::shared_ptr<OpHandle>> enqueue_all(std::vector<TensorEntry> entries, double lead_s = 0,
+                                                     bool waits_to_end = false);
 
   // Process sets (process_sets.h). Every rank registers the same sets in the same order, so ids
   // agree (the Python layer checks that they do). A set with tensors in flight on this rank cannot
@@ -203,7 +211,7 @@ class Engine {
   void loop_pass(const ControlChannel::Wait& wait, bool leader);
   Clock::time_point next_wakeup(Clock::time_point now) const;  // the loop's timers, not the channel's
   void lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const std::vector<std::string>& names,
-            double lead_s);
+            double lead_s, bool waits_to_end);
   // A leader about to sleep: polls the control channel for up to control_spin_us (a host path
   // only); true once something is there to read. Backs off after kSpinMissesBeforeBackoff misses
   // in a row: the next kSpinBackoffWaits waits sleep at once.

@@ -135,7 +135,7 @@ bool Engine::spin_for_control() {
 }
 
 void Engine::lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const std::vector<std::string>& names,
-                  double lead_s) {
+                  double lead_s, bool waits_to_end) {
   std::unique_lock<std::mutex> lock(loop_mu_, std::try_to_lock);
   if (!lock.owns_lock() || finished_) {  // the loop thread is running a pass (or gone): its job
     wake();
@@ -153,6 +153,7 @@ void Engine::lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const s
     ::epoll_ctl(loop_epoll_, EPOLL_CTL_MOD, watch, &ev);
   };
   listen_to_watch(0);
+  if (waits_to_end) executor_->begin_caller_lead();
   const Clock::time_point until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                      std::chrono::duration<double>(lead_s));
   // Led until the operations are done, or have left negotiation for the rails (their rail workers
@@ -182,12 +183,18 @@ void Engine::lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const s
       return woken;
     }, /*leader=*/true);
   }
+  const std::vector<int> held = executor_->end_caller_lead();
   listen_to_watch(EPOLLIN);  // readable already: the loop thread wakes
   // The loop thread's wait was planned before this lead: wake it if a timer is now due sooner.
   const Clock::time_point now = Clock::now();
   Clock::time_point due = next_wakeup(now);
   if (auto t = control_->next_timer(now)) due = std::min(due, *t);
   if (finished_ || due < loop_sleeps_until_) wake();
+  lock.unlock();
+  // What left negotiation as one rail's task waits for this thread (Executor::begin_caller_lead).
+  executor_->run_held_here(held, [&] {
+    return std::all_of(handles.begin(), handles.end(), [](const auto& h) { return h->poll(); });
+  });
 }
 
 }  // namespace nezha::engine

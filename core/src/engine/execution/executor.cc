@@ -6,6 +6,7 @@
 #include <cstring>
 #include <future>
 #include <mutex>
+#include <utility>
 
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
@@ -101,17 +102,39 @@ void Executor::skip(const Response& resp) {
   for (int rail : rails) post(std::make_shared<SkippedOp>(rail));
 }
 
-void Executor::post(std::shared_ptr<ShareTask> task, bool may_inline) {
+void Executor::post(std::shared_ptr<ShareTask> task, bool may_inline, bool lone) {
   const int r = task->rail();
   task->seq = seq_[r]++;
   if (opt_.failover) ctx_->ledger.enter(task);
-  post_entered(std::move(task), may_inline);
+  post_entered(std::move(task), may_inline, lone);
 }
 
-void Executor::post_entered(std::shared_ptr<ShareTask> task, bool may_inline) {
+void Executor::post_entered(std::shared_ptr<ShareTask> task, bool may_inline, bool lone) {
   const int r = task->rail();
   auto run = [this, task] { task->run(*ctx_); };
-  if (!(may_inline && workers_[r]->try_run_inline(run))) workers_[r]->post(std::move(run));
+  if (may_inline && workers_[r]->try_run_inline(run)) return;
+  if (lone && caller_leads_) {
+    workers_[r]->post_unannounced(std::move(run));
+    if (std::find(held_rails_.begin(), held_rails_.end(), r) == held_rails_.end()) held_rails_.push_back(r);
+    return;
+  }
+  workers_[r]->post(std::move(run));
+}
+
+void Executor::begin_caller_lead() { caller_leads_ = true; }
+
+std::vector<int> Executor::end_caller_lead() {
+  caller_leads_ = false;
+  return std::exchange(held_rails_, {});
+}
+
+void Executor::run_held_here(const std::vector<int>& rails, const std::function<bool()>& done) {
+  if (rails.empty()) return;
+  // One thread runs one rail's tasks: the others' workers take theirs meanwhile.
+  for (size_t i = 1; i < rails.size(); ++i) workers_[rails[i]]->announce();
+  RailWorker& here = *workers_[rails[0]];
+  while (!done() && here.run_front_here()) ++shares_run_by_callers_;
+  here.announce();
 }
 
 void Executor::timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double timeout_s,
@@ -206,7 +229,8 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
     // more than the whole log-step exchange.
     // With failover the engine thread must never wait on a rail: it is what reacts to the rail's
     // failure (and a rank blocked there would stall every other rail's redo).
-    post(std::move(task), !opt_.failover && plan.size() == 1 && share.count * esize <= opt_.inline_max_bytes);
+    post(std::move(task), !opt_.failover && plan.size() == 1 && share.count * esize <= opt_.inline_max_bytes,
+         plan.size() == 1);
   }
 }
 

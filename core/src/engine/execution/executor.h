@@ -95,6 +95,22 @@ class Executor {
   // reports it to the observer: how the cost model learns every rail before real traffic.
   void calibrate(int rail, size_t bytes, bool observe = true);  // observe: feed the rail's cost model
 
+  // A synchronous caller leading the loop (Engine::lead). Between begin_caller_lead() and
+  // end_caller_lead() an operation that runs as one task (one share, one rail) and is not run on
+  // the loop at once is queued without waking its rail's worker; end_caller_lead() returns the
+  // rails holding such tasks, and run_held_here() then runs them on the caller's thread, as their
+  // worker would have, while the caller waits for its operations anyway: the worker's wake-up and
+  // the caller's are saved. Unlike running a share on the loop (post's may_inline) this is safe
+  // with failover: the caller no longer holds the loop, so the loop thread reacts to the rail's
+  // failure meanwhile. Loop holder only, except run_held_here (the caller, after the lead).
+  void begin_caller_lead();
+  std::vector<int> end_caller_lead();
+  // Runs the held rails' queued tasks here, oldest first, until `done` (the caller's operations
+  // are complete) or the rail's worker is busy; wakes the workers for whatever is left.
+  void run_held_here(const std::vector<int>& rails, const std::function<bool()>& done);
+  // Tasks run_held_here ran (any thread; tests and EngineStats).
+  uint64_t shares_run_by_callers() const { return shares_run_by_callers_; }
+
   // Waits until every posted job has run (bounded); stops the workers.
   void stop();
 
@@ -156,16 +172,20 @@ class Executor {
   void timed_test_allreduce(int rail, size_t bytes, uint64_t seq, double timeout_s, const char* label,
                             bool observe = true);
   // Numbers `task` on its rail and, with failover, enters it in the rail's ledger; then hands it to
-  // the rail's worker, or runs it on this thread when `may_inline` and the worker is idle.
-  void post(std::shared_ptr<ShareTask> task, bool may_inline = false);
+  // the rail's worker, or runs it on this thread when `may_inline` and the worker is idle, or holds
+  // it for a leading caller (begin_caller_lead) when it is its operation's only task (`lone`).
+  void post(std::shared_ptr<ShareTask> task, bool may_inline = false, bool lone = false);
   // Hands a task already numbered and entered (a redo) to its rail's worker, as post() does.
-  void post_entered(std::shared_ptr<ShareTask> task, bool may_inline);
+  void post_entered(std::shared_ptr<ShareTask> task, bool may_inline, bool lone = false);
 
   const ExecutorOptions opt_;
   // The rails, watchdog, buffers, observers and ledger the tasks share (task_context.h).
   std::unique_ptr<TaskContext> ctx_;
   std::vector<uint64_t> seq_;  // next operation number per rail (engine thread only)
   std::atomic<uint64_t> staged_bytes_{0};  // bytes_staged()
+  std::atomic<uint64_t> shares_run_by_callers_{0};
+  bool caller_leads_ = false;       // between begin_caller_lead() and end_caller_lead()
+  std::vector<int> held_rails_;     // rails holding lone tasks queued for the leading caller
   std::vector<std::unique_ptr<RailWorker>> workers_;  // last: destroyed first
 };
 

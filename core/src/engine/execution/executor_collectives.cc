@@ -22,7 +22,7 @@ void Executor::run_on_one_rail(const Response& resp, std::vector<TensorEntry> en
   job->entry = std::move(entries.at(0));
   job->fused = std::move(fused);
   job->members = members_of(resp);
-  post(std::make_shared<SingleOp>(job, resp.plan.empty() ? 0 : resp.plan[0].rail));
+  post(std::make_shared<SingleOp>(job, resp.plan.empty() ? 0 : resp.plan[0].rail), false, /*lone=*/true);
 }
 
 void Executor::run_striped(const Response& resp, std::vector<TensorEntry> entries,

@@ -4,6 +4,21 @@
 
 namespace nezha::engine {
 
+// Clears busy_ even if the job threw, or the worker would never run another job.
+struct RailWorker::Borrowed {
+  RailWorker* w;
+  ~Borrowed() {
+    bool queued;
+    {
+      std::lock_guard<std::mutex> lock(w->mu_);
+      w->busy_ = false;
+      queued = !w->jobs_.empty() || w->stopping_;
+    }
+    // Only then: waking an idle worker with nothing to take costs a context switch per operation.
+    if (queued) w->cv_.notify_one();
+  }
+};
+
 RailWorker::RailWorker() : thread_([this] { run(); }) {}
 
 RailWorker::~RailWorker() { stop(); }
@@ -22,19 +37,33 @@ bool RailWorker::try_run_inline(const std::function<void()>& job) {
     if (busy_ || !jobs_.empty() || stopping_) return false;
     busy_ = true;
   }
-  // Clear busy_ even if the job throws, or the worker would never run another job.
-  struct Release {
-    RailWorker* w;
-    ~Release() {
-      {
-        std::lock_guard<std::mutex> lock(w->mu_);
-        w->busy_ = false;
-      }
-      w->cv_.notify_one();
-    }
-  } release{this};
+  Borrowed borrowed{this};
   job();
   return true;
+}
+
+void RailWorker::post_unannounced(std::function<void()> job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  jobs_.push_back(std::move(job));
+}
+
+bool RailWorker::run_front_here() {
+  std::function<void()> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (busy_ || jobs_.empty() || stopping_) return false;
+    job = std::move(jobs_.front());
+    jobs_.pop_front();
+    busy_ = true;
+  }
+  Borrowed borrowed{this};
+  job();  // jobs catch their own exceptions and complete their handles
+  return true;
+}
+
+void RailWorker::announce() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!busy_ && !jobs_.empty()) cv_.notify_one();
 }
 
 void RailWorker::stop() {

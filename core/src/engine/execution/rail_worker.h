@@ -22,6 +22,14 @@ class RailWorker {
   // Runs `job` on the calling thread if the worker is idle with nothing queued (saves a thread
   // handoff on the latency-critical small-message path); otherwise returns false and does nothing.
   bool try_run_inline(const std::function<void()>& job);
+  // Queues `job` without waking the worker: for a caller that is about to wait for it anyway and
+  // runs it itself (run_front_here), saving the worker's wake-up and its own. The caller must then
+  // run it or announce() it, or it waits for the worker's next wake-up.
+  void post_unannounced(std::function<void()> job);
+  // Runs the oldest queued job on the calling thread if the worker is idle; false if none ran.
+  bool run_front_here();
+  // Wakes the worker if it is idle with jobs queued (after post_unannounced).
+  void announce();
   // Runs the jobs already posted, then stops the thread.
   void stop();
   size_t queued() const;
@@ -35,6 +43,9 @@ class RailWorker {
   bool stopping_ = false;
   bool busy_ = false;  // a job is running, on the worker or inline
   std::thread thread_;
+
+  // Ends a job run on another thread (try_run_inline, run_front_here), even one that threw.
+  struct Borrowed;
 };
 
 }  // namespace nezha::engine
