@@ -161,10 +161,8 @@ void Engine::lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const s
   // loop thread (another caller's work, a failover report, shutdown): that is the loop thread's to
   // take, and it cannot while this caller holds the loop, so the lead ends at once rather than
   // making it wait out lead_s.
-  auto negotiating = [&] {
-    if (std::all_of(handles.begin(), handles.end(), [](const auto& h) { return h->poll(); })) return false;
-    return submissions_.any_in_flight(names);
-  };
+  auto all_done = [&] { return std::all_of(handles.begin(), handles.end(), [](const auto& h) { return h->poll(); }); };
+  auto negotiating = [&] { return !all_done() && submissions_.any_in_flight(names); };
   bool woken = false;
   while (!finished_ && !woken && negotiating()) {
     const Clock::time_point now = Clock::now();
@@ -192,9 +190,7 @@ void Engine::lead(const std::vector<std::shared_ptr<OpHandle>>& handles, const s
   if (finished_ || due < loop_sleeps_until_) wake();
   lock.unlock();
   // What left negotiation as one rail's task waits for this thread (Executor::begin_caller_lead).
-  executor_->run_held_here(held, [&] {
-    return std::all_of(handles.begin(), handles.end(), [](const auto& h) { return h->poll(); });
-  });
+  executor_->run_held_here(held, all_done);
 }
 
 }  // namespace nezha::engine
