@@ -242,6 +242,7 @@ def cross_size() -> int:
 
 def rail_stats() -> List[Dict[str, Any]]:
     """Per rail: name, local_addr, kind, state
-    ('up'/'down'/'probing'), bytes_sent, bytes_received, the cost model's alpha_us and
-    beta_gbps, and share (of bytes scheduled)."""
+    ('up'/'down'/'probing'), bytes_sent, bytes_received, the cost model's alpha_us,
+    beta_gbps, bulk_alpha_us, mid_alpha_us and mid_beta_gbps (0 until measured), and share (of
+    bytes scheduled)."""
     return _engine().rail_stats()

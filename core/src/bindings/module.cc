@@ -427,6 +427,8 @@ PYBIND11_MODULE(_core, m) {
           d["state"] = s.state; d["bytes_sent"] = s.bytes_sent; d["bytes_received"] = s.bytes_received;
           d["lane_bytes_sent"] = s.lane_bytes_sent;
           d["alpha_us"] = s.alpha_us; d["beta_gbps"] = s.beta_gbps; d["share"] = s.share;
+          d["bulk_alpha_us"] = s.bulk_alpha_us; d["mid_alpha_us"] = s.mid_alpha_us;
+          d["mid_beta_gbps"] = s.mid_beta_gbps;
           out.append(d);
         }
         return out;

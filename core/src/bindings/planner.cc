@@ -58,18 +58,24 @@ void bind_planner(py::module_& parent) {
       "planner", "The engine's rail table, share balancer and rail health, driven by a caller's clock (nezha.sim).");
 
   py::class_<RailEstimate>(m, "RailEstimate")
-      .def(py::init([](double alpha_us, double beta_gbps, uint64_t samples, double bulk_alpha_us) {
-             return RailEstimate{alpha_us, beta_gbps, samples, bulk_alpha_us};
+      .def(py::init([](double alpha_us, double beta_gbps, uint64_t samples, double bulk_alpha_us,
+                       double mid_alpha_us, double mid_beta_gbps) {
+             return RailEstimate{alpha_us, beta_gbps, samples, bulk_alpha_us, mid_alpha_us, mid_beta_gbps};
            }), py::arg("alpha_us") = 0.0, py::arg("beta_gbps") = 0.0, py::arg("samples") = 0,
-           py::arg("bulk_alpha_us") = 0.0)
+           py::arg("bulk_alpha_us") = 0.0, py::arg("mid_alpha_us") = 0.0, py::arg("mid_beta_gbps") = 0.0)
       .def_readwrite("alpha_us", &RailEstimate::alpha_us)
       .def_readwrite("beta_gbps", &RailEstimate::beta_gbps)
       .def_readwrite("samples", &RailEstimate::samples)
       .def_readwrite("bulk_alpha_us", &RailEstimate::bulk_alpha_us)
+      .def_readwrite("mid_alpha_us", &RailEstimate::mid_alpha_us)
+      .def_readwrite("mid_beta_gbps", &RailEstimate::mid_beta_gbps)
       .def_property_readonly("known", &RailEstimate::known)
+      .def_property_readonly("mid_known", &RailEstimate::mid_known)
       .def("__repr__", [](const RailEstimate& e) {
         return "<RailEstimate alpha_us=" + std::to_string(e.alpha_us) + " beta_gbps=" + std::to_string(e.beta_gbps) +
-               " samples=" + std::to_string(e.samples) + " bulk_alpha_us=" + std::to_string(e.bulk_alpha_us) + ">";
+               " samples=" + std::to_string(e.samples) + " bulk_alpha_us=" + std::to_string(e.bulk_alpha_us) +
+               " mid_alpha_us=" + std::to_string(e.mid_alpha_us) + " mid_beta_gbps=" + std::to_string(e.mid_beta_gbps) +
+               ">";
       });
 
   py::class_<RailShare>(m, "RailShare")
@@ -90,6 +96,8 @@ void bind_planner(py::module_& parent) {
         py::arg("ranks"), "The bandwidth a rail's cost model expects before it is measured (rail_table.h).");
   m.def("striping_threshold_bytes", &multirail::striping_threshold_bytes, py::arg("estimates"), py::arg("usable"),
         "Smallest payload striping is predicted to pay for (planner.h); 2**64-1 if never.");
+  m.def("predicted_seconds", &multirail::predicted_seconds, py::arg("estimate"), py::arg("bytes"),
+        "A known rail's predicted time for a whole payload, by the planner's prices (planner.h).");
   m.def("amortized_range_bytes", &multirail::amortized_range_bytes, py::arg("estimate"),
         "Smallest balanced range whose bulk start-up stays a small part of its time (planner.h).");
   m.def("scaled_unfused_bytes", &engine::scaled_unfused_bytes, py::arg("unfused_bytes"), py::arg("estimates"),

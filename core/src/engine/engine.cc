@@ -426,6 +426,9 @@ std::vector<RailStat> Engine::rail_stats() const {
     // Every rank reports the coordinator's model (the one that decides the splits).
     s.alpha_us = status[i].estimate.alpha_us;
     s.beta_gbps = status[i].estimate.beta_gbps;
+    s.bulk_alpha_us = status[i].estimate.bulk_alpha_us;
+    s.mid_alpha_us = status[i].estimate.mid_alpha_us;
+    s.mid_beta_gbps = status[i].estimate.mid_beta_gbps;
     s.share = status[i].share;
     out.push_back(s);
   }

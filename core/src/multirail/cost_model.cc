@@ -50,6 +50,7 @@ void RailCostModel::reset() {
   samples_ = 0;
   alpha_ = 0;
   slope_ = 0;
+  anchored_alpha_ = -1;
   rel_noise_var_ = kInitialRelNoise * kInitialRelNoise;
   run_.clear();
   run_sign_ = 0;
@@ -134,6 +135,17 @@ void RailCostModel::refit() {
   const Sums& s = sums_;
   if (!(s.w > 0)) return;
 
+  if (anchored_alpha_ >= 0) {
+    alpha_ = anchored_alpha_;
+    double slope = (s.xy - alpha_ * s.x) / s.xx;
+    if (!(slope > 0)) {  // the anchor alone exceeds these timings: through the origin instead
+      alpha_ = 0;
+      slope = s.xy / s.xx;
+    }
+    slope_ = slope;
+    return;
+  }
+
   // Full fit, if the samples span enough sizes to separate alpha from beta.
   const double det = s.w * s.xx - s.x * s.x;
   if (s.xx > 0 && det > 1e-9 * s.w * s.xx) {
@@ -168,6 +180,12 @@ void RailCostModel::refit() {
     slope = s.xy / s.xx;
   }
   slope_ = slope;
+}
+
+void RailCostModel::anchor_alpha(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0)
+    throw InvalidArgument("RailCostModel::anchor_alpha: " + std::to_string(seconds) + " s");
+  anchored_alpha_ = seconds;
 }
 
 RailEstimate RailCostModel::estimate() const {

@@ -41,8 +41,15 @@ struct RailEstimate {
   // payloads only. A ring pays 2(n-1) steps where a latency-bound log-step pays log2(n), so at scale
   // this is far above alpha_us; 0 while the large payloads seen cannot separate it from bandwidth.
   double bulk_alpha_us = 0;
+  // The mid band's own fit (payloads above kLatencyBoundBytes up to kMidBandMaxBytes, planner.h): what
+  // halving/doubling costs there is neither the small payloads' latency nor the ring's start-up and
+  // bandwidth (SplitRegimeModel). 0 while that band has not been measured (the planner then prices
+  // it as bulk).
+  double mid_alpha_us = 0;
+  double mid_beta_gbps = 0;
   // Known once the model has enough samples to give a usable alpha and beta.
   bool known() const;
+  bool mid_known() const { return mid_beta_gbps > 0; }
 };
 
 struct RailCostModelOptions {
@@ -68,6 +75,10 @@ class RailCostModel {
   double predict_seconds(size_t bytes) const;
   // Forget everything, e.g. after the rail went down (it may come back with different speed).
   void reset();
+  // From now on alpha is `seconds` (>= 0) and only beta is fitted: for samples that come in one
+  // size, which cannot tell a start-up from a rate, when a start-up is known from elsewhere (the
+  // rail's small payloads). reset() frees it again.
+  void anchor_alpha(double seconds);
 
  private:
   struct Sample {
@@ -95,6 +106,7 @@ class RailCostModel {
   // Current estimate, in seconds and seconds per byte (slope_ = 1 / beta in bytes/s; 0 = unknown).
   double alpha_ = 0;
   double slope_ = 0;
+  double anchored_alpha_ = -1;  // seconds; < 0: alpha is fitted
   double rel_noise_var_;        // running mean of squared log-error of ordinary samples
   std::vector<Sample> run_;     // consecutive surprising samples, all in one direction
   int run_sign_ = 0;

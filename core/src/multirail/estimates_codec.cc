@@ -48,6 +48,8 @@ std::vector<uint8_t> encode_estimates(const std::vector<RailEstimate>& rails) {
     put_le(out, double_bits(e.beta_gbps), 8);
     put_le(out, e.samples, 8);
     put_le(out, double_bits(e.bulk_alpha_us), 8);
+    put_le(out, double_bits(e.mid_alpha_us), 8);
+    put_le(out, double_bits(e.mid_beta_gbps), 8);
   }
   return out;
 }
@@ -77,12 +79,17 @@ std::vector<RailEstimate> decode_estimates(const uint8_t* data, size_t size) {
     e.beta_gbps = bits_double(get_le(p + 8, 8));
     e.samples = get_le(p + 16, 8);
     e.bulk_alpha_us = bits_double(get_le(p + 24, 8));
-    if (!std::isfinite(e.alpha_us) || e.alpha_us < 0 || !std::isfinite(e.beta_gbps) ||
-        e.beta_gbps < 0 || !std::isfinite(e.bulk_alpha_us) || e.bulk_alpha_us < 0)
+    e.mid_alpha_us = bits_double(get_le(p + 32, 8));
+    e.mid_beta_gbps = bits_double(get_le(p + 40, 8));
+    const auto valid = [](double v) { return std::isfinite(v) && v >= 0; };
+    if (!valid(e.alpha_us) || !valid(e.beta_gbps) || !valid(e.bulk_alpha_us) ||
+        !valid(e.mid_alpha_us) || !valid(e.mid_beta_gbps))
       throw ProtocolError("rail estimates: rail " + std::to_string(i) +
                           " has invalid alpha_us=" + std::to_string(e.alpha_us) +
                           ", beta_gbps=" + std::to_string(e.beta_gbps) +
-                          " or bulk_alpha_us=" + std::to_string(e.bulk_alpha_us));
+                          ", bulk_alpha_us=" + std::to_string(e.bulk_alpha_us) +
+                          ", mid_alpha_us=" + std::to_string(e.mid_alpha_us) +
+                          " or mid_beta_gbps=" + std::to_string(e.mid_beta_gbps));
   }
   return rails;
 }

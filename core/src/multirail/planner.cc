@@ -82,7 +82,43 @@ size_t ceil_to_size(double bytes) {
   return static_cast<size_t>(std::max(c, 0.0));
 }
 
+// A usable, known rail priced by its mid-band fit.
+Lane to_mid_lane(int rail, const RailEstimate& e) {
+  return Lane{rail, e.mid_alpha_us * 1e-6, e.mid_alpha_us * 1e-6, e.mid_beta_gbps * 1e9 / 8};
+}
+
+// Every usable, known rail's two prices for a share of a mid-band payload: `mid` for a share above
+// kLatencyBoundBytes (its mid-band fit, or its bulk price while it has none: it gets one once it
+// carries a share there), `small` for a share that would run the log-step (its latency price).
+// Empty when no rail has a mid-band fit (the bulk prices then plan the payload whole).
+struct MidBandLanes {
+  std::vector<Lane> mid, small;
+};
+
+MidBandLanes mid_band_lanes(const std::vector<RailEstimate>& rails, const std::vector<bool>& usable) {
+  MidBandLanes out;
+  bool any_fit = false;
+  for (size_t i = 0; i < rails.size() && i < usable.size(); ++i) {
+    if (!usable[i] || !rails[i].known()) continue;
+    any_fit |= rails[i].mid_known();
+    const Lane bulk = to_lane(static_cast<int>(i), rails[i]);
+    out.mid.push_back(rails[i].mid_known() ? to_mid_lane(static_cast<int>(i), rails[i]) : bulk);
+    out.small.push_back(Lane{bulk.rail, bulk.latency_s, bulk.latency_s, bulk.beta_Bps});
+  }
+  if (!any_fit) return {};
+  return out;
+}
+
 }  // namespace
+
+bool in_mid_band(size_t bytes) { return bytes > kLatencyBoundBytes && bytes <= kMidBandMaxBytes; }
+
+double predicted_seconds(const RailEstimate& rail, size_t bytes) {
+  if (!rail.known()) throw InvalidArgument("predicted_seconds: the rail has no estimate yet");
+  const double b = static_cast<double>(bytes);
+  if (in_mid_band(bytes) && rail.mid_known()) return single_time(to_mid_lane(0, rail), b, false);
+  return single_time(to_lane(0, rail), b, latency_bound(b));
+}
 
 size_t amortized_range_bytes(const RailEstimate& rail) {
   if (!rail.known()) return 0;
@@ -192,6 +228,59 @@ Plan water_fill(const std::vector<Lane>& lanes, size_t active, double level, siz
   return plan;
 }
 
+// A mid-band payload (planner.h: Mid band). Water filling starts from every rail's mid price and
+// re-prices a rail by the band its share falls in until every share is priced by its own band; a
+// rail whose share crosses the boundary again takes none (so this ends within 2n + 1 rounds).
+Plan plan_mid_band(const MidBandLanes& prices, const PlanRequest& req, size_t bytes) {
+  const double b = static_cast<double>(bytes);
+  size_t best = 0;
+  for (size_t i = 1; i < prices.mid.size(); ++i)
+    if (single_time(prices.mid[i], b, false) < single_time(prices.mid[best], b, false)) best = i;
+  const int best_rail = prices.mid[best].rail;
+  const double best_s = single_time(prices.mid[best], b, false);
+  enum class Band { kMid, kSmall, kOut };
+  std::vector<Band> band(prices.mid.size(), Band::kMid);
+  std::vector<bool> moved(prices.mid.size(), false);
+  std::ostringstream why;
+  for (size_t round = 0; round <= 2 * prices.mid.size(); ++round) {
+    std::vector<Lane> lanes;
+    std::vector<size_t> from;  // lanes[k] is rail prices.mid[from[k]]
+    for (size_t i = 0; i < band.size(); ++i)
+      if (band[i] != Band::kOut) lanes.push_back(band[i] == Band::kMid ? prices.mid[i] : prices.small[i]);
+    std::stable_sort(lanes.begin(), lanes.end(),
+                     [](const Lane& x, const Lane& y) { return x.alpha_s < y.alpha_s; });
+    for (const Lane& l : lanes)
+      for (size_t i = 0; i < prices.mid.size(); ++i)
+        if (prices.mid[i].rail == l.rail) from.push_back(i);
+    if (lanes.size() < 2) break;
+    size_t active = 0;
+    const double level = water_level(lanes, b, &active);
+    if (active < 2) break;
+    bool agreed = true;
+    for (size_t k = 0; k < active; ++k) {
+      const double share = (level - lanes[k].alpha_s) * lanes[k].beta_Bps;
+      const Band want = share > static_cast<double>(kLatencyBoundBytes) ? Band::kMid : Band::kSmall;
+      const size_t i = from[k];
+      if (band[i] == want) continue;
+      band[i] = moved[i] ? Band::kOut : want;
+      moved[i] = true;
+      agreed = false;
+    }
+    if (!agreed) continue;
+    if (level > (1 - kMinStripingGain) * best_s) break;
+    const size_t unit_bytes = std::lcm(req.elem_size, req.align_bytes);
+    Plan plan = water_fill(lanes, active, level, req.count, req.elem_size, unit_bytes / req.elem_size,
+                           req.rails.size());
+    why << "hot: " << bytes << " B (mid band) over " << plan.shares.size() << " rails, predicted "
+        << level * 1e6 << " us against " << best_s * 1e6 << " us on rail " << best_rail << " alone";
+    plan.why = why.str();
+    return plan;
+  }
+  why << "cold: " << bytes << " B (mid band) not worth striping; all on rail " << best_rail
+      << ", predicted " << best_s * 1e6 << " us";
+  return whole_on(best_rail, req.count, why.str());
+}
+
 }  // namespace
 
 Plan plan_split(const PlanRequest& req) {
@@ -230,6 +319,10 @@ Plan plan_split(const PlanRequest& req) {
   if (any_unknown) {
     why << "cold: a usable rail has no estimate yet; all " << bytes << " B on rail " << cold_rail;
     return whole_on(cold_rail, req.count, why.str());
+  }
+  if (in_mid_band(bytes)) {
+    const MidBandLanes prices = mid_band_lanes(req.rails, req.usable);
+    if (!prices.mid.empty()) return plan_mid_band(prices, req, bytes);
   }
   const size_t threshold = striping_threshold_bytes(req.rails, req.usable);
   if (bytes < threshold) {

@@ -10,6 +10,10 @@
 //  * Prices: a latency-bound payload (below kLatencyBoundBytes) pays a rail's alpha_us; a share that
 //    moves bandwidth pays max(alpha_us, bulk_alpha_us), since a ring's step count (and so its
 //    start-up) grows with the ranks where the log-step's does not.
+//  * Mid band (above kLatencyBoundBytes, up to kMidBandMaxBytes): once a usable rail has a fit of
+//    that band (RailEstimate::mid_known), a payload there is priced by it (by the bulk price on a
+//    rail without one), and so is each share, except one no larger than kLatencyBoundBytes: that
+//    runs the log-step and pays the latency price. While no rail has a fit, the prices above.
 //  * hot: water filling. Rails take shares so that they all finish at the same time T:
 //    share_i = max(0, (T - alpha_i) * beta_i), summing to the payload; a rail whose alpha exceeds T
 //    gets nothing. Shares are rounded down to whole elements and to align_bytes; the whole aligned
@@ -51,7 +55,8 @@ struct Plan {
 Plan plan_split(const PlanRequest& request);
 
 // Smallest payload (bytes) from which striping over the usable, known rails is predicted to be at
-// least kMinStripingGain faster than the best single rail; SIZE_MAX if it never is (fewer than two
+// least kMinStripingGain faster than the best single rail, by the latency and bulk prices (a
+// mid-band payload whose rails all have a mid-band fit is decided by that fit instead); SIZE_MAX if it never is (fewer than two
 // usable known rails, or the other rails add too little bandwidth). Derived from the estimates.
 size_t striping_threshold_bytes(const std::vector<RailEstimate>& rails,
                                 const std::vector<bool>& usable);
@@ -60,6 +65,15 @@ size_t striping_threshold_bytes(const std::vector<RailEstimate>& rails,
 // logstep_max_bytes) and are priced with RailEstimate::alpha_us; larger ones, and every striped
 // share, with the bulk start-up max(alpha_us, bulk_alpha_us).
 constexpr size_t kLatencyBoundBytes = size_t{64} << 10;
+
+// Payloads above kLatencyBoundBytes up to this run halving/doubling (the executor's defaults:
+// logstep_max_bytes, halving_max_bytes); the rails' cost models fit this band on its own
+// (RailEstimate::mid_alpha_us) and the planner prices it by that fit.
+constexpr size_t kMidBandMaxBytes = size_t{256} << 10;
+bool in_mid_band(size_t bytes);
+
+// The predicted time (seconds) of `bytes` whole on one known rail, by the prices above.
+double predicted_seconds(const RailEstimate& rail, size_t bytes);
 
 // A re-balanced operation (engine/execution/share_balancer.h) runs its shares as several ranges, each
 // paying the rail's bulk start-up again (a ring's 2(n-1) steps). Ranges no smaller than this keep

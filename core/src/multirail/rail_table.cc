@@ -179,9 +179,7 @@ void RailTable::keep_one_host_memory_kind(const std::vector<RailEstimate>& est, 
     const int kind = rails_[i].point_to_point ? 1 : 0;
     present[kind] = true;
     if (!est[i].known()) continue;
-    const double start_us =
-        bytes < kLatencyBoundBytes ? est[i].alpha_us : std::max(est[i].alpha_us, est[i].bulk_alpha_us);
-    best[kind] = std::min(best[kind], start_us + static_cast<double>(bytes) * 8 / (est[i].beta_gbps * 1e3));
+    best[kind] = std::min(best[kind], predicted_seconds(est[i], bytes) * 1e6);
   }
   if (!present[0] || !present[1]) return;
   // Large: the collective kind, whatever the estimates say (kCollectiveHostMemoryBytes). Smaller:

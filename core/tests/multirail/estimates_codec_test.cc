@@ -17,7 +17,7 @@ TEST(EstimatesCodec, RoundTripIsBitExact) {
   std::uniform_real_distribution<double> d(0, 1e4);
   for (size_t n : {0, 1, 2, 7, 300}) {
     std::vector<RailEstimate> rails;
-    for (size_t i = 0; i < n; ++i) rails.push_back(RailEstimate{d(rng), d(rng), rng(), d(rng)});
+    for (size_t i = 0; i < n; ++i) rails.push_back(RailEstimate{d(rng), d(rng), rng(), d(rng), d(rng), d(rng)});
     const std::vector<uint8_t> bytes = encode_estimates(rails);
     EXPECT_EQ(bytes.size(), kEstimatesHeaderBytes + kEstimateRecordBytes * n);
     const std::vector<RailEstimate> back = decode_estimates(bytes);
@@ -27,20 +27,25 @@ TEST(EstimatesCodec, RoundTripIsBitExact) {
       EXPECT_EQ(std::memcmp(&back[i].beta_gbps, &rails[i].beta_gbps, 8), 0);
       EXPECT_EQ(back[i].samples, rails[i].samples);
       EXPECT_EQ(std::memcmp(&back[i].bulk_alpha_us, &rails[i].bulk_alpha_us, 8), 0);
+      EXPECT_EQ(std::memcmp(&back[i].mid_alpha_us, &rails[i].mid_alpha_us, 8), 0);
+      EXPECT_EQ(std::memcmp(&back[i].mid_beta_gbps, &rails[i].mid_beta_gbps, 8), 0);
     }
   }
 }
 
 TEST(EstimatesCodec, LayoutIsLittleEndianAsDocumented) {
   // alpha 1.0 = 0x3FF0000000000000, beta 2.0 = 0x4000000000000000, samples 0x0102030405060708,
-  // bulk alpha 4.0 = 0x4010000000000000.
+  // bulk alpha 4.0 = 0x4010000000000000, mid alpha 8.0 = 0x4020000000000000, mid beta 0.5 =
+  // 0x3FE0000000000000.
   const std::vector<uint8_t> expected = {
-      'N', 'Z', 'R', 'E', 2, 0, 1, 0,                         // magic, version 2, one rail
+      'N', 'Z', 'R', 'E', 3, 0, 1, 0,                         // magic, version 3, one rail
       0, 0, 0, 0, 0, 0, 0xF0, 0x3F,                           // alpha_us
       0, 0, 0, 0, 0, 0, 0x00, 0x40,                           // beta_gbps
       0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,         // samples
-      0, 0, 0, 0, 0, 0, 0x10, 0x40};                          // bulk_alpha_us
-  EXPECT_EQ(encode_estimates({RailEstimate{1.0, 2.0, 0x0102030405060708ull, 4.0}}), expected);
+      0, 0, 0, 0, 0, 0, 0x10, 0x40,                           // bulk_alpha_us
+      0, 0, 0, 0, 0, 0, 0x20, 0x40,                           // mid_alpha_us
+      0, 0, 0, 0, 0, 0, 0xE0, 0x3F};                          // mid_beta_gbps
+  EXPECT_EQ(encode_estimates({RailEstimate{1.0, 2.0, 0x0102030405060708ull, 4.0, 8.0, 0.5}}), expected);
 }
 
 TEST(EstimatesCodec, RejectsMalformedBuffers) {
@@ -55,7 +60,7 @@ TEST(EstimatesCodec, RejectsMalformedBuffers) {
   bad[0] ^= 0xFF;
   EXPECT_THROW(decode_estimates(bad), ProtocolError);                          // magic
   bad = good;
-  bad[4] = 1;
+  bad[4] = 2;
   EXPECT_THROW(decode_estimates(bad), ProtocolError);                          // version
   bad = good;
   bad[6] = 3;
@@ -67,7 +72,9 @@ TEST(EstimatesCodec, RejectsValuesNoModelProduces) {
   const double inf = std::numeric_limits<double>::infinity();
   for (RailEstimate e : {RailEstimate{nan, 1, 1}, RailEstimate{1, nan, 1}, RailEstimate{inf, 1, 1},
                          RailEstimate{1, inf, 1}, RailEstimate{-1, 1, 1}, RailEstimate{1, -1, 1},
-                         RailEstimate{1, 1, 1, nan}, RailEstimate{1, 1, 1, -1}}) {
+                         RailEstimate{1, 1, 1, nan}, RailEstimate{1, 1, 1, -1},
+                         RailEstimate{1, 1, 1, 0, inf}, RailEstimate{1, 1, 1, 0, -1},
+                         RailEstimate{1, 1, 1, 0, 0, nan}, RailEstimate{1, 1, 1, 0, 0, -1}}) {
     EXPECT_THROW(decode_estimates(encode_estimates({RailEstimate{50, 1, 2}, e})), ProtocolError);
   }
 }

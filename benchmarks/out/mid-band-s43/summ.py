@@ -1,0 +1,12 @@
+# Per (rate, rails, size, build): each round's time (us) and rail 0's share, then the median.
+import collections, glob, json, os, re, statistics
+d = collections.defaultdict(list)
+for f in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "*.json"))):
+    m = re.match(r"(.*-)?(base|mid)-(2rails|rail0)-(\d+)\.json", os.path.basename(f))
+    if not m:
+        continue
+    for r in json.load(open(f)):
+        d[(m.group(1) or "", m.group(3), r["bytes"], m.group(2))].append((r["time_us"], r["rails"][0]["share"]))
+for key in sorted(d):
+    runs = " / ".join(f"{t:.0f} ({s * 100:.0f}%)" for t, s in d[key])
+    print(*key, runs, "median", round(statistics.median(t for t, _ in d[key])))
