@@ -17,7 +17,17 @@ SplitRegimeModel::SplitRegimeModel(RailCostModelOptions opt, size_t small_max_by
 
 void SplitRegimeModel::observe(size_t bytes, double seconds) {
   if (bytes < small_max_bytes_) {
-    alpha_s_ = alpha_s_ < 0 ? seconds : (1 - kAlphaWeight) * alpha_s_ + kAlphaWeight * seconds;
+    if (small_samples_ < kSeedSamples) {
+      // Median of the seeds so far (of two, the smaller: a stall is the one to leave out).
+      seed_s_[small_samples_] = seconds;
+      double sorted[kSeedSamples];
+      const int n = static_cast<int>(small_samples_) + 1;
+      std::copy(seed_s_, seed_s_ + n, sorted);
+      std::sort(sorted, sorted + n);
+      alpha_s_ = sorted[(n - 1) / 2];
+    } else {
+      alpha_s_ = (1 - kAlphaWeight) * alpha_s_ + kAlphaWeight * seconds;
+    }
     ++small_samples_;
   } else if (bytes > small_max_bytes_ && bytes <= mid_max_bytes_) {
     // This band's traffic comes in few sizes per rail (a model's buckets, a share of them), which

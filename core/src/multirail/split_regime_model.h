@@ -36,6 +36,13 @@ class SplitRegimeModel {
   RailCostModel mid_;
   double alpha_s_ = -1;   // EWMA of small-payload times (seconds); < 0 until observed
   uint64_t small_samples_ = 0;
+  // The first small samples are calibration's three (RailTable::calibration_bytes). The EWMA starts
+  // from their median, not the first: one of them stalled by a busy host would price the rail's
+  // start-up at the stall, and that keeps the rail out of every striped plan (its bulk start-up is
+  // at least this), while nothing re-measures its small payloads: they go to the rail with the
+  // lower start-up.
+  static constexpr int kSeedSamples = 3;
+  double seed_s_[kSeedSamples] = {};
   size_t small_max_bytes_;
   size_t mid_max_bytes_;
   size_t large_min_bytes_;

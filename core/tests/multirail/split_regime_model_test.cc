@@ -55,6 +55,24 @@ TEST(SplitRegimeModel, BulkStartUpStaysZeroWhileTheLargePayloadsCannotSeparateIt
   EXPECT_NEAR(e.beta_gbps, 1 / 1.5, 0.02);
 }
 
+TEST(SplitRegimeModel, OneStalledCalibrationSampleDoesNotSetTheStartUp) {
+  // Calibration's three 4 KB exchanges on a loaded host: one waited 30 ms for a descheduled peer.
+  // As the EWMA's start (the first one stalled) it priced the rail's start-up at 19 ms, more than a
+  // 6 MB share takes on loopback: the rail would carry nothing in any striped plan.
+  for (int stalled = 0; stalled < 3; ++stalled) {
+    SplitRegimeModel m;
+    for (int i = 0; i < 3; ++i) m.observe(4096, i == stalled ? 30e-3 : 80e-6 + i * 5e-6);
+    for (size_t b : {size_t{512} << 10, size_t{1} << 20, size_t{2} << 20}) m.observe(b, 100e-6 + b * 8 / 10e9);
+    EXPECT_NEAR(m.estimate().alpha_us, stalled == 2 ? 85 : 90, 1e-6) << "stalled " << stalled;
+  }
+  // After the seeds the EWMA follows every sample as before.
+  SplitRegimeModel m;
+  for (int i = 0; i < 3; ++i) m.observe(4096, 80e-6);
+  m.observe(4096, 180e-6);
+  for (size_t b : {size_t{512} << 10, size_t{1} << 20, size_t{2} << 20}) m.observe(b, 100e-6 + b * 8 / 10e9);
+  EXPECT_NEAR(m.estimate().alpha_us, 100, 1e-6);
+}
+
 TEST(SplitRegimeModel, UnknownUntilLargePayloadsWereSeen) {
   SplitRegimeModel m;
   for (int i = 0; i < 10; ++i) m.observe(4096, 100e-6);
