@@ -242,16 +242,17 @@ Plan plan_mid_band(const MidBandLanes& prices, const PlanRequest& req, size_t by
   std::vector<Band> band(prices.mid.size(), Band::kMid);
   std::vector<bool> moved(prices.mid.size(), false);
   std::ostringstream why;
+  const auto priced = [&](size_t i) -> const Lane& {
+    return band[i] == Band::kMid ? prices.mid[i] : prices.small[i];
+  };
   for (size_t round = 0; round <= 2 * prices.mid.size(); ++round) {
-    std::vector<Lane> lanes;
-    std::vector<size_t> from;  // lanes[k] is rail prices.mid[from[k]]
+    std::vector<size_t> from;  // the rails taking part, by alpha as water_level() needs them
     for (size_t i = 0; i < band.size(); ++i)
-      if (band[i] != Band::kOut) lanes.push_back(band[i] == Band::kMid ? prices.mid[i] : prices.small[i]);
-    std::stable_sort(lanes.begin(), lanes.end(),
-                     [](const Lane& x, const Lane& y) { return x.alpha_s < y.alpha_s; });
-    for (const Lane& l : lanes)
-      for (size_t i = 0; i < prices.mid.size(); ++i)
-        if (prices.mid[i].rail == l.rail) from.push_back(i);
+      if (band[i] != Band::kOut) from.push_back(i);
+    std::stable_sort(from.begin(), from.end(),
+                     [&](size_t x, size_t y) { return priced(x).alpha_s < priced(y).alpha_s; });
+    std::vector<Lane> lanes;
+    for (size_t i : from) lanes.push_back(priced(i));
     if (lanes.size() < 2) break;
     size_t active = 0;
     const double level = water_level(lanes, b, &active);

@@ -55,9 +55,9 @@ struct Plan {
 Plan plan_split(const PlanRequest& request);
 
 // Smallest payload (bytes) from which striping over the usable, known rails is predicted to be at
-// least kMinStripingGain faster than the best single rail, by the latency and bulk prices (a
-// mid-band payload whose rails all have a mid-band fit is decided by that fit instead); SIZE_MAX if it never is (fewer than two
-// usable known rails, or the other rails add too little bandwidth). Derived from the estimates.
+// least kMinStripingGain faster than the best single rail, by the latency and bulk prices (plan_split
+// decides a mid-band payload by the mid-band prices once a rail has them); SIZE_MAX if it never is
+// (fewer than two usable known rails, or the other rails add too little bandwidth).
 size_t striping_threshold_bytes(const std::vector<RailEstimate>& rails,
                                 const std::vector<bool>& usable);
 
