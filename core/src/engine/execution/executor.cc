@@ -102,18 +102,25 @@ void Executor::skip(const Response& resp) {
   for (int rail : rails) post(std::make_shared<SkippedOp>(rail));
 }
 
-void Executor::post(std::shared_ptr<ShareTask> task, bool may_inline, bool lone) {
+size_t largest_share(const std::vector<multirail::RailShare>& plan) {
+  size_t best = 0;
+  for (size_t i = 1; i < plan.size(); ++i)
+    if (plan[i].count > plan[best].count) best = i;
+  return best;
+}
+
+void Executor::post(std::shared_ptr<ShareTask> task, bool may_inline, bool for_caller) {
   const int r = task->rail();
   task->seq = seq_[r]++;
   if (opt_.failover) ctx_->ledger.enter(task);
-  post_entered(std::move(task), may_inline, lone);
+  post_entered(std::move(task), may_inline, for_caller);
 }
 
-void Executor::post_entered(std::shared_ptr<ShareTask> task, bool may_inline, bool lone) {
+void Executor::post_entered(std::shared_ptr<ShareTask> task, bool may_inline, bool for_caller) {
   const int r = task->rail();
   auto run = [this, task] { task->run(*ctx_); };
   if (may_inline && workers_[r]->try_run_inline(run)) return;
-  if (lone && caller_leads_) {
+  if (for_caller && caller_leads_) {
     workers_[r]->post_unannounced(std::move(run));
     if (std::find(held_rails_.begin(), held_rails_.end(), r) == held_rails_.end()) held_rails_.push_back(r);
     return;
@@ -220,6 +227,7 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
     if (opt_.failover) job->original = ctx_->originals.acquire(total * esize);
   }
   job->parts_left = static_cast<int>(plan.size());
+  const size_t callers = largest_share(plan);
   for (size_t part = 0; part < plan.size(); ++part) {
     const multirail::RailShare& share = plan[part];
     std::shared_ptr<ShareTask> task;
@@ -230,7 +238,7 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
     // With failover the engine thread must never wait on a rail: it is what reacts to the rail's
     // failure (and a rank blocked there would stall every other rail's redo).
     post(std::move(task), !opt_.failover && plan.size() == 1 && share.count * esize <= opt_.inline_max_bytes,
-         plan.size() == 1);
+         part == callers);
   }
 }
 

@@ -73,6 +73,12 @@ class ShareTask;     // share_task.h: what the rail workers run
 class TaskContext;   // task_context.h: what those tasks share
 struct FusedTensors;  // executor_jobs.h
 
+// The part of `plan` with the most elements (the first of equals): the one a leading caller runs
+// itself. On a host with fewer cores than rail workers, each worker woken and each caller woken
+// after them is a scheduling delay: 16 ranks on 2 cores spent ~0.5 ms more per striped 64 KB
+// allreduce in hand-offs than the same payload whole on one rail (benchmarks/SCALE.md).
+size_t largest_share(const std::vector<multirail::RailShare>& plan);
+
 class Executor {
  public:
   // `table` (may be null: nothing is measured) hears every allreduce share's time, from the
@@ -96,8 +102,9 @@ class Executor {
   void calibrate(int rail, size_t bytes, bool observe = true);  // observe: feed the rail's cost model
 
   // A synchronous caller leading the loop (Engine::lead). Between begin_caller_lead() and
-  // end_caller_lead() an operation that runs as one task (one share, one rail) and is not run on
-  // the loop at once is queued without waking its rail's worker; end_caller_lead() returns the
+  // end_caller_lead() an operation's only task (one share, one rail) not run on the loop at once,
+  // or a striped operation's largest share, is queued without waking its rail's worker; the
+  // other shares' workers start at once. end_caller_lead() returns the
   // rails holding such tasks, and run_held_here() then runs them on the caller's thread, as their
   // worker would have, while the caller waits for its operations anyway: the worker's wake-up and
   // the caller's are saved. Unlike running a share on the loop (post's may_inline) this is safe
@@ -173,10 +180,12 @@ class Executor {
                             bool observe = true);
   // Numbers `task` on its rail and, with failover, enters it in the rail's ledger; then hands it to
   // the rail's worker, or runs it on this thread when `may_inline` and the worker is idle, or holds
-  // it for a leading caller (begin_caller_lead) when it is its operation's only task (`lone`).
-  void post(std::shared_ptr<ShareTask> task, bool may_inline = false, bool lone = false);
+  // it for a leading caller (begin_caller_lead) when `for_caller`: its operation's only task, or
+  // the largest share of a striped one (largest_share), whose worker would be the last to finish
+  // and so the one the caller waits for; the other shares' workers start at once.
+  void post(std::shared_ptr<ShareTask> task, bool may_inline = false, bool for_caller = false);
   // Hands a task already numbered and entered (a redo) to its rail's worker, as post() does.
-  void post_entered(std::shared_ptr<ShareTask> task, bool may_inline, bool lone = false);
+  void post_entered(std::shared_ptr<ShareTask> task, bool may_inline, bool for_caller = false);
 
   const ExecutorOptions opt_;
   // The rails, watchdog, buffers, observers and ledger the tasks share (task_context.h).
@@ -185,7 +194,7 @@ class Executor {
   std::atomic<uint64_t> staged_bytes_{0};  // bytes_staged()
   std::atomic<uint64_t> shares_run_by_callers_{0};
   bool caller_leads_ = false;       // between begin_caller_lead() and end_caller_lead()
-  std::vector<int> held_rails_;     // rails holding lone tasks queued for the leading caller
+  std::vector<int> held_rails_;     // rails holding tasks queued for the leading caller
   std::vector<std::unique_ptr<RailWorker>> workers_;  // last: destroyed first
 };
 

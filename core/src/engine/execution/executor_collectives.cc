@@ -70,7 +70,9 @@ void Executor::run_striped(const Response& resp, std::vector<TensorEntry> entrie
     const bool has_input = resp.type != OpType::kBroadcast || opt_.rank == resp.root;
     if (opt_.failover && has_input) job->original = ctx_->originals.acquire(job->input_bytes());
   }
-  for (size_t part = 0; part < resp.plan.size(); ++part) post(std::make_shared<StripedPart>(job, resp.plan[part], part));
+  const size_t callers = largest_share(resp.plan);
+  for (size_t part = 0; part < resp.plan.size(); ++part)
+    post(std::make_shared<StripedPart>(job, resp.plan[part], part), false, part == callers);
 }
 
 }  // namespace nezha::engine
