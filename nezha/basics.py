@@ -243,6 +243,7 @@ def cross_size() -> int:
 def rail_stats() -> List[Dict[str, Any]]:
     """Per rail: name, local_addr, kind, state
     ('up'/'down'/'probing'), bytes_sent, bytes_received, the cost model's alpha_us,
-    beta_gbps, bulk_alpha_us, mid_alpha_us and mid_beta_gbps (0 until measured), and share (of
-    bytes scheduled)."""
+    beta_gbps, bulk_alpha_us, mid_alpha_us and mid_beta_gbps (0 until measured),
+    min_striped_bytes (allreduces below it run whole on one rail: striping them was measured
+    slower; 0: none), and share (of bytes scheduled)."""
     return _engine().rail_stats()

@@ -202,6 +202,8 @@ class SimJob:
             end = self._run_shares(shares, t, carried, failed)
         if plan.shares:
             self.table.record_plan(plan.shares)
+        # What the executor tells the table's striping check: from the shares being posted to the result.
+        self.table.observe_operation(nbytes, len(plan.shares) > 1, end - t)
         self.now = end
         return OpResult(nbytes, end - start, plan.why, carried, tuple(failed))
 

@@ -2,7 +2,9 @@
 # A/B on the testbed ($NP hosts, already up with the rates named by $OUTP), both rails, $ROUNDS
 # rounds, the order of the builds alternating: $A and $B name /work/core-$A.so and /work/core-$B.so
 # (seed: 89377d0's engine; caller: the leading caller runs a striped operation's largest share;
-# check: that and the striping check).
+# check: that and the striping check, one in 16 explored; check2: one in 4 of the first 64;
+# check3: striping stops only 10 % slower; check4: explored in runs of 4, an operation after the
+# other kind not counted).
 # Usage: NP=16 OUTP=r025-h16- A=seed B=caller bash run.sh
 cd /work/main
 SO=.venv/lib/python3.11/site-packages/nezha/_core.cpython-311-x86_64-linux-gnu.so

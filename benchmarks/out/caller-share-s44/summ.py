@@ -2,7 +2,7 @@
 import collections, glob, json, os, re, statistics, sys
 d = collections.defaultdict(list)
 for f in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), sys.argv[1] if len(sys.argv) > 1 else "", "*.json"))):
-    m = re.match(r"(.*-)?(seed|caller|check)-(\d+)\.json", os.path.basename(f))
+    m = re.match(r"(.*-)?(seed|caller|check|check2|check3|check4)-(\d+)\.json", os.path.basename(f))
     if not m:
         continue
     for r in json.load(open(f)):

@@ -428,7 +428,7 @@ PYBIND11_MODULE(_core, m) {
           d["lane_bytes_sent"] = s.lane_bytes_sent;
           d["alpha_us"] = s.alpha_us; d["beta_gbps"] = s.beta_gbps; d["share"] = s.share;
           d["bulk_alpha_us"] = s.bulk_alpha_us; d["mid_alpha_us"] = s.mid_alpha_us;
-          d["mid_beta_gbps"] = s.mid_beta_gbps;
+          d["mid_beta_gbps"] = s.mid_beta_gbps; d["min_striped_bytes"] = s.min_striped_bytes;
           out.append(d);
         }
         return out;

@@ -59,23 +59,26 @@ void bind_planner(py::module_& parent) {
 
   py::class_<RailEstimate>(m, "RailEstimate")
       .def(py::init([](double alpha_us, double beta_gbps, uint64_t samples, double bulk_alpha_us,
-                       double mid_alpha_us, double mid_beta_gbps) {
-             return RailEstimate{alpha_us, beta_gbps, samples, bulk_alpha_us, mid_alpha_us, mid_beta_gbps};
+                       double mid_alpha_us, double mid_beta_gbps, uint64_t min_striped_bytes) {
+             return RailEstimate{alpha_us, beta_gbps, samples, bulk_alpha_us, mid_alpha_us, mid_beta_gbps,
+                                 min_striped_bytes};
            }), py::arg("alpha_us") = 0.0, py::arg("beta_gbps") = 0.0, py::arg("samples") = 0,
-           py::arg("bulk_alpha_us") = 0.0, py::arg("mid_alpha_us") = 0.0, py::arg("mid_beta_gbps") = 0.0)
+           py::arg("bulk_alpha_us") = 0.0, py::arg("mid_alpha_us") = 0.0, py::arg("mid_beta_gbps") = 0.0,
+           py::arg("min_striped_bytes") = 0)
       .def_readwrite("alpha_us", &RailEstimate::alpha_us)
       .def_readwrite("beta_gbps", &RailEstimate::beta_gbps)
       .def_readwrite("samples", &RailEstimate::samples)
       .def_readwrite("bulk_alpha_us", &RailEstimate::bulk_alpha_us)
       .def_readwrite("mid_alpha_us", &RailEstimate::mid_alpha_us)
       .def_readwrite("mid_beta_gbps", &RailEstimate::mid_beta_gbps)
+      .def_readwrite("min_striped_bytes", &RailEstimate::min_striped_bytes)
       .def_property_readonly("known", &RailEstimate::known)
       .def_property_readonly("mid_known", &RailEstimate::mid_known)
       .def("__repr__", [](const RailEstimate& e) {
         return "<RailEstimate alpha_us=" + std::to_string(e.alpha_us) + " beta_gbps=" + std::to_string(e.beta_gbps) +
                " samples=" + std::to_string(e.samples) + " bulk_alpha_us=" + std::to_string(e.bulk_alpha_us) +
                " mid_alpha_us=" + std::to_string(e.mid_alpha_us) + " mid_beta_gbps=" + std::to_string(e.mid_beta_gbps) +
-               ">";
+               " min_striped_bytes=" + std::to_string(e.min_striped_bytes) + ">";
       });
 
   py::class_<RailShare>(m, "RailShare")
@@ -129,6 +132,8 @@ void bind_planner(py::module_& parent) {
            "point_to_point (False: reduces allreduces itself, like nezha-aggd).")
       .def("__len__", &multirail::RailTable::size)
       .def("observe", &multirail::RailTable::observe, py::arg("rail"), py::arg("bytes"), py::arg("seconds"))
+      .def("observe_operation", &multirail::RailTable::observe_operation, py::arg("bytes"), py::arg("striped"),
+           py::arg("seconds"), "An allreduce's time from its shares being posted to its result (StripingCheck).")
       .def("estimates", &multirail::RailTable::estimates)
       .def("set_shared_estimates", &multirail::RailTable::set_shared_estimates, py::arg("estimates"))
       .def("set_state", [](multirail::RailTable& t, int rail, const std::string& s) { t.set_state(rail, parse_state(s)); },

@@ -429,6 +429,7 @@ std::vector<RailStat> Engine::rail_stats() const {
     s.bulk_alpha_us = status[i].estimate.bulk_alpha_us;
     s.mid_alpha_us = status[i].estimate.mid_alpha_us;
     s.mid_beta_gbps = status[i].estimate.mid_beta_gbps;
+    s.min_striped_bytes = status[i].estimate.min_striped_bytes;
     s.share = status[i].share;
     out.push_back(s);
   }

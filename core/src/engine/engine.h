@@ -154,6 +154,7 @@ struct RailStat {
   uint64_t lane_bytes_sent = 0;  // of bytes_sent: through the rail's host lane (shared memory)
   double alpha_us = 0, beta_gbps = 0, share = 0;
   double bulk_alpha_us = 0, mid_alpha_us = 0, mid_beta_gbps = 0;  // multirail::RailEstimate
+  uint64_t min_striped_bytes = 0;                                  // multirail::RailEstimate
 };
 
 class Engine {

@@ -47,6 +47,10 @@ struct RailEstimate {
   // it as bulk).
   double mid_alpha_us = 0;
   double mid_beta_gbps = 0;
+  // Payloads below this run whole on one rail: striping them was measured slower on whole
+  // operations (StripingCheck, striping_check.h; the rail table plans by the largest among the
+  // usable rails). 0: no such floor. Not the cost model's: the rail table fills it in.
+  uint64_t min_striped_bytes = 0;
   // Known once the model has enough samples to give a usable alpha and beta.
   bool known() const;
   bool mid_known() const { return mid_beta_gbps > 0; }

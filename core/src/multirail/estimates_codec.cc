@@ -50,6 +50,7 @@ std::vector<uint8_t> encode_estimates(const std::vector<RailEstimate>& rails) {
     put_le(out, double_bits(e.bulk_alpha_us), 8);
     put_le(out, double_bits(e.mid_alpha_us), 8);
     put_le(out, double_bits(e.mid_beta_gbps), 8);
+    put_le(out, e.min_striped_bytes, 8);
   }
   return out;
 }
@@ -81,6 +82,7 @@ std::vector<RailEstimate> decode_estimates(const uint8_t* data, size_t size) {
     e.bulk_alpha_us = bits_double(get_le(p + 24, 8));
     e.mid_alpha_us = bits_double(get_le(p + 32, 8));
     e.mid_beta_gbps = bits_double(get_le(p + 40, 8));
+    e.min_striped_bytes = get_le(p + 48, 8);
     const auto valid = [](double v) { return std::isfinite(v) && v >= 0; };
     if (!valid(e.alpha_us) || !valid(e.beta_gbps) || !valid(e.bulk_alpha_us) ||
         !valid(e.mid_alpha_us) || !valid(e.mid_beta_gbps))

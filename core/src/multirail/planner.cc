@@ -284,15 +284,44 @@ Plan plan_mid_band(const MidBandLanes& prices, const PlanRequest& req, size_t by
 
 }  // namespace
 
-Plan plan_split(const PlanRequest& req) {
-  if (req.elem_size == 0) throw InvalidArgument("plan_split: elem_size is 0");
-  if (req.align_bytes == 0) throw InvalidArgument("plan_split: align_bytes is 0");
+namespace {
+
+void check_request(const PlanRequest& req, const std::string& who) {
+  if (req.elem_size == 0) throw InvalidArgument(who + ": elem_size is 0");
+  if (req.align_bytes == 0) throw InvalidArgument(who + ": align_bytes is 0");
   if (req.rails.size() != req.usable.size())
-    throw InvalidArgument("plan_split: " + std::to_string(req.rails.size()) + " rail estimates but " +
+    throw InvalidArgument(who + ": " + std::to_string(req.rails.size()) + " rail estimates but " +
                           std::to_string(req.usable.size()) + " usable flags");
   if (req.count > SIZE_MAX / req.elem_size)
-    throw InvalidArgument("plan_split: " + std::to_string(req.count) + " elements of " +
+    throw InvalidArgument(who + ": " + std::to_string(req.count) + " elements of " +
                           std::to_string(req.elem_size) + " bytes overflow size_t");
+}
+
+}  // namespace
+
+Plan plan_whole(const PlanRequest& req, const std::string& why) {
+  check_request(req, "plan_whole");
+  if (req.count == 0) return Plan{{}, false, "empty payload"};
+  const size_t bytes = req.count * req.elem_size;
+  int best = -1;
+  double best_s = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < req.rails.size(); ++i) {
+    if (!req.usable[i] || !req.rails[i].known()) continue;
+    const double t = predicted_seconds(req.rails[i], bytes);
+    if (t < best_s) {
+      best_s = t;
+      best = static_cast<int>(i);
+    }
+  }
+  if (best < 0) throw NezhaError("plan_whole: none of the " + std::to_string(req.rails.size()) +
+                                 " rails is usable and measured");
+  std::ostringstream out;
+  out << why << "; all " << bytes << " B on rail " << best << ", predicted " << best_s * 1e6 << " us";
+  return whole_on(best, req.count, out.str());
+}
+
+Plan plan_split(const PlanRequest& req) {
+  check_request(req, "plan_split");
   if (req.count == 0) return Plan{{}, false, "empty payload"};
 
   int first_usable = -1;

@@ -54,6 +54,11 @@ struct Plan {
 // payload whose size overflows size_t; NezhaError when no rail is usable. count == 0 -> empty plan.
 Plan plan_split(const PlanRequest& request);
 
+// The whole payload on the usable, known rail predicted to finish it first (predicted_seconds; ties:
+// the lower index); `why` leads the plan's reason. Throws as plan_split does, and NezhaError when no
+// usable rail is known.
+Plan plan_whole(const PlanRequest& request, const std::string& why);
+
 // Smallest payload (bytes) from which striping over the usable, known rails is predicted to be at
 // least kMinStripingGain faster than the best single rail, by the latency and bulk prices (plan_split
 // decides a mid-band payload by the mid-band prices once a rail has them); SIZE_MAX if it never is

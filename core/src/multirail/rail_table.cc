@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "common/error.h"
 
@@ -33,8 +34,50 @@ void RailTable::observe(int rail, size_t bytes, double seconds) {
   models_.at(static_cast<size_t>(rail)).observe(bytes, seconds);
 }
 
+void RailTable::observe_operation(size_t bytes, bool striped, double seconds) {
+  if (rails_.size() < 2 || check_class(bytes) < 0) return;  // one rail: nothing to decide
+  std::lock_guard<std::mutex> lock(mu_);
+  // An operation after one of the other kind is not what a run of its kind costs (check_explores).
+  int& last = last_checked_[check_class(bytes)];
+  const bool after_switch = last != (striped ? 1 : 0);
+  last = striped ? 1 : 0;
+  if (after_switch) return;
+  if (reports_operations_) {
+    if (outbox_.size() == kMaxReportedOperations) outbox_.erase(outbox_.begin());
+    outbox_.push_back(OperationTime{static_cast<uint32_t>(bytes), striped, static_cast<float>(seconds)});
+    return;
+  }
+  if (rank_checks_.empty()) rank_checks_.resize(1);
+  rank_checks_[0].observe(bytes, striped, seconds);
+  min_striped_stale_ = true;
+}
+
+void RailTable::report_operations_to_coordinator() {
+  std::lock_guard<std::mutex> lock(mu_);
+  reports_operations_ = true;
+}
+
+std::vector<OperationTime> RailTable::take_operation_times() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(outbox_, {});
+}
+
+void RailTable::observe_rank_operations(int rank, const std::vector<OperationTime>& times) {
+  if (rank <= 0) throw InvalidArgument("observe_rank_operations: rank " + std::to_string(rank) + " is not a peer");
+  if (times.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank_checks_.size() <= static_cast<size_t>(rank)) rank_checks_.resize(static_cast<size_t>(rank) + 1);
+  for (const OperationTime& t : times) rank_checks_[static_cast<size_t>(rank)].observe(t.bytes, t.striped, t.seconds);
+  min_striped_stale_ = true;
+}
+
 RailEstimate RailTable::estimate_locked(size_t rail) const {
   RailEstimate e = models_[rail].estimate();
+  if (min_striped_stale_) {  // O(ranks) per new sample would be O(ranks^2) per operation on rank 0
+    min_striped_bytes_ = min_striped_bytes(rank_checks_);
+    min_striped_stale_ = false;
+  }
+  e.min_striped_bytes = min_striped_bytes_;
   if (!e.known() && rails_[rail].gbps_prior > 0) {
     // The transport's prior until the rail has been measured; it stands for one sample.
     e.alpha_us = rails_[rail].latency_us_prior;
@@ -155,6 +198,7 @@ Plan RailTable::plan(const OpToPlan& op, PlanSource source,
   pr.rails = est;
   pr.usable = split_ok;
   Plan plan = plan_split(pr);
+  if (op.allreduce) check_striping(plan, pr, source);
   std::vector<int> counters;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -167,6 +211,29 @@ Plan RailTable::plan(const OpToPlan& op, PlanSource source,
   }
   cap_shares(plan, split_ok, op.count, op.elem_size);
   return plan;
+}
+
+void RailTable::check_striping(Plan& plan, const PlanRequest& request, PlanSource source) {
+  const size_t bytes = request.count * request.elem_size;
+  const int cls = check_class(bytes);
+  if (!plan.striped || cls < 0) return;
+  uint64_t floor = 0;
+  for (size_t i = 0; i < request.rails.size(); ++i)
+    if (request.usable[i]) floor = std::max(floor, request.rails[i].min_striped_bytes);
+  uint64_t contested;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    contested = ++contested_plans_[source_index(source)][cls];
+  }
+  const bool explore = check_explores(contested);
+  const bool below_floor = bytes < floor;
+  if (below_floor == explore) {
+    if (explore) plan.why += " (striping checked: striped for the measure)";
+    return;
+  }
+  std::string why = below_floor ? "striping measured slower below " + std::to_string(floor) + " B"
+                                : "striping checked: whole for the measure";
+  plan = plan_whole(request, why);
 }
 
 void RailTable::keep_one_host_memory_kind(const std::vector<RailEstimate>& est, std::vector<bool>& usable,

@@ -8,6 +8,10 @@
 // decides the splits). It also seeds each model from the transport's priors (RailProperties
 // latency_us_prior / gbps_prior) until the rail has been measured, and honours max_share_bytes.
 //
+// Striping is checked on whole operations where it may not pay (StripingCheck): an allreduce the
+// models would stripe runs whole below the coordinator's min_striped_bytes, and a few of each size
+// class's such plans go the other way (check_explores), so both stay measured.
+//
 // Planning: plan() is the only entry point, used by negotiation (rank 0 plans from its own models)
 // and by cache rounds (every rank plans from rank 0's estimates carried in the round), so both
 // agree with each other's rules. Operations that are not split (everything but allreduce) get an
@@ -29,6 +33,7 @@
 #include "multirail/planner.h"
 #include "multirail/rail_health.h"
 #include "multirail/split_regime_model.h"
+#include "multirail/striping_check.h"
 
 namespace nezha::multirail {
 
@@ -105,6 +110,18 @@ class RailTable {
 
   // Rail workers: one share of `bytes` took `seconds` on `rail`.
   void observe(int rail, size_t bytes, double seconds);
+  // The executor: an allreduce of `bytes` of every rank took `seconds` on this rank from its shares
+  // being posted to its result, `striped` over several rails or whole on one (StripingCheck; rank
+  // 0's verdict over every rank's times goes out as every estimate's min_striped_bytes). On rank 0
+  // it is checked at once; on the others (report_operations_to_coordinator) it waits in an outbox
+  // for take_operation_times().
+  void observe_operation(size_t bytes, bool striped, double seconds);
+  void report_operations_to_coordinator();
+  // The times observed since the last call (at most kMaxReportedOperations, the latest), for the
+  // next message to rank 0.
+  std::vector<OperationTime> take_operation_times();
+  // Rank 0: a peer's times, from its message. Throws InvalidArgument for rank 0 or a negative rank.
+  void observe_rank_operations(int rank, const std::vector<OperationTime>& times);
 
   // This rank's estimates, with priors standing in for rails not measured yet.
   std::vector<RailEstimate> estimates() const;
@@ -148,6 +165,10 @@ class RailTable {
 
  private:
   RailEstimate estimate_locked(size_t rail) const;
+  // An allreduce plan the models stripe, of a size StripingCheck checks: whole instead below the
+  // usable rails' min_striped_bytes (from `request.rails`: the coordinator's), and such a plan the
+  // other way where check_explores says so.
+  void check_striping(Plan& plan, const PlanRequest& request, PlanSource source);
   // Whether collective rail `rail` runs `op` (an allreduce it reduces, or an `other` it runs).
   bool collective_runs(size_t rail, const OpToPlan& op) const;
   // The collective rail an `other` operation runs on whole, or -1: from kCollectiveHostMemoryBytes on
@@ -165,6 +186,15 @@ class RailTable {
   std::vector<RailState> states_;
   std::vector<double> current_share_;
   std::vector<int> idle_large_ops_[2];  // probe counters per PlanSource
+  std::vector<StripingCheck> rank_checks_;  // by rank; [0]: this rank's own (on rank 0: the coordinator's)
+  mutable uint64_t min_striped_bytes_ = 0;  // min_striped_bytes(rank_checks_) ...
+  mutable bool min_striped_stale_ = false;  // ... unless new times came since
+  bool reports_operations_ = false;
+  // Per check class, this rank's last allreduce: 1 striped, 0 whole, -1 none yet.
+  int last_checked_[kCheckClasses] = {-1, -1, -1, -1, -1, -1, -1};
+  std::vector<OperationTime> outbox_;
+  // Per PlanSource and check class: plans the models would stripe (the exploration's count).
+  uint64_t contested_plans_[2][kCheckClasses] = {};
 };
 
 // Large payloads lend a small probe share to a rail that is unknown or idle for a while, so a

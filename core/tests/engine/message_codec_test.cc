@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 #include <string>
 
@@ -111,6 +112,7 @@ RequestList sample_request_list() {
   join.type = OpType::kJoin;
   join.name = kJoinTensorName;
   list.requests.push_back(join);
+  list.operation_times = {{65536, true, 2.5e-3f}, {4097, false, 1e-4f}};
   return list;
 }
 
@@ -139,6 +141,32 @@ TEST(MessageCodecTest, RequestListRoundTripsEveryField) {
   EXPECT_EQ(out.requests[1].cache_id, 12);
   EXPECT_EQ(out.requests[1].inline_input, "12345678");
   expect_same(out.requests[2], in.requests[2]);
+  ASSERT_EQ(out.operation_times.size(), 2u);
+  EXPECT_EQ(out.operation_times[0].bytes, 65536u);
+  EXPECT_TRUE(out.operation_times[0].striped);
+  EXPECT_EQ(out.operation_times[0].seconds, 2.5e-3f);
+  EXPECT_EQ(out.operation_times[1].bytes, 4097u);
+  EXPECT_FALSE(out.operation_times[1].striped);
+}
+
+TEST(MessageCodecTest, OperationTimesNoRankMeasuresAreProtocolError) {
+  // A size the striping check does not check, a negative or non-finite time, a striped flag of 2.
+  for (multirail::OperationTime bad : {multirail::OperationTime{8, true, 1e-3f},
+                                       multirail::OperationTime{262145, false, 1e-3f},
+                                       multirail::OperationTime{65536, true, -1.0f},
+                                       multirail::OperationTime{65536, true, std::numeric_limits<float>::infinity()}}) {
+    RequestList l;
+    l.operation_times = {bad};
+    EXPECT_THROW(decode_request_list(encode(l)), ProtocolError) << bad.bytes << " B, " << bad.seconds << " s";
+  }
+  RequestList l;
+  l.operation_times = {{65536, true, 1e-3f}};
+  std::string bytes = encode(l);
+  bytes[bytes.size() - 5] = 2;  // the striped flag
+  EXPECT_THROW(decode_request_list(bytes), ProtocolError);
+  RequestList many;
+  many.operation_times.assign(multirail::kMaxReportedOperations + 1, {65536, true, 1e-3f});
+  EXPECT_THROW(decode_request_list(encode(many)), ProtocolError);
 }
 
 TEST(MessageCodecTest, CachedRequestCarriesOnlyNameAndId) {

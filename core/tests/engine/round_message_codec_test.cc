@@ -20,6 +20,7 @@ RoundMessage sample_round() {
   m.invalidate = {2, 9};
   m.invalidate_versions = {1, 7};
   m.estimates = {{12.5, 9.75, 40}, {30, 0, 0}};
+  m.operation_times = {{32768, false, 7.5e-4f}};
   return m;
 }
 
@@ -36,6 +37,10 @@ TEST(RoundMessageCodecTest, RoundTripsEveryField) {
   ASSERT_EQ(out.estimates.size(), 2u);
   EXPECT_EQ(out.estimates[0].alpha_us, 12.5);
   EXPECT_EQ(out.estimates[1].samples, 0u);
+  ASSERT_EQ(out.operation_times.size(), 1u);
+  EXPECT_EQ(out.operation_times[0].bytes, 32768u);
+  EXPECT_FALSE(out.operation_times[0].striped);
+  EXPECT_EQ(out.operation_times[0].seconds, 7.5e-4f);
   RoundMessage empty = decode_round_message(encode(RoundMessage{}));
   EXPECT_TRUE(empty.pending.empty() && empty.estimates.empty());
 }

@@ -17,7 +17,7 @@ TEST(EstimatesCodec, RoundTripIsBitExact) {
   std::uniform_real_distribution<double> d(0, 1e4);
   for (size_t n : {0, 1, 2, 7, 300}) {
     std::vector<RailEstimate> rails;
-    for (size_t i = 0; i < n; ++i) rails.push_back(RailEstimate{d(rng), d(rng), rng(), d(rng), d(rng), d(rng)});
+    for (size_t i = 0; i < n; ++i) rails.push_back(RailEstimate{d(rng), d(rng), rng(), d(rng), d(rng), d(rng), rng()});
     const std::vector<uint8_t> bytes = encode_estimates(rails);
     EXPECT_EQ(bytes.size(), kEstimatesHeaderBytes + kEstimateRecordBytes * n);
     const std::vector<RailEstimate> back = decode_estimates(bytes);
@@ -29,6 +29,7 @@ TEST(EstimatesCodec, RoundTripIsBitExact) {
       EXPECT_EQ(std::memcmp(&back[i].bulk_alpha_us, &rails[i].bulk_alpha_us, 8), 0);
       EXPECT_EQ(std::memcmp(&back[i].mid_alpha_us, &rails[i].mid_alpha_us, 8), 0);
       EXPECT_EQ(std::memcmp(&back[i].mid_beta_gbps, &rails[i].mid_beta_gbps, 8), 0);
+      EXPECT_EQ(back[i].min_striped_bytes, rails[i].min_striped_bytes);
     }
   }
 }
@@ -36,16 +37,17 @@ TEST(EstimatesCodec, RoundTripIsBitExact) {
 TEST(EstimatesCodec, LayoutIsLittleEndianAsDocumented) {
   // alpha 1.0 = 0x3FF0000000000000, beta 2.0 = 0x4000000000000000, samples 0x0102030405060708,
   // bulk alpha 4.0 = 0x4010000000000000, mid alpha 8.0 = 0x4020000000000000, mid beta 0.5 =
-  // 0x3FE0000000000000.
+  // 0x3FE0000000000000, min striped bytes 0x10001.
   const std::vector<uint8_t> expected = {
-      'N', 'Z', 'R', 'E', 3, 0, 1, 0,                         // magic, version 3, one rail
+      'N', 'Z', 'R', 'E', 4, 0, 1, 0,                         // magic, version 4, one rail
       0, 0, 0, 0, 0, 0, 0xF0, 0x3F,                           // alpha_us
       0, 0, 0, 0, 0, 0, 0x00, 0x40,                           // beta_gbps
       0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,         // samples
       0, 0, 0, 0, 0, 0, 0x10, 0x40,                           // bulk_alpha_us
       0, 0, 0, 0, 0, 0, 0x20, 0x40,                           // mid_alpha_us
-      0, 0, 0, 0, 0, 0, 0xE0, 0x3F};                          // mid_beta_gbps
-  EXPECT_EQ(encode_estimates({RailEstimate{1.0, 2.0, 0x0102030405060708ull, 4.0, 8.0, 0.5}}), expected);
+      0, 0, 0, 0, 0, 0, 0xE0, 0x3F,                           // mid_beta_gbps
+      0x01, 0, 0x01, 0, 0, 0, 0, 0};                          // min_striped_bytes
+  EXPECT_EQ(encode_estimates({RailEstimate{1.0, 2.0, 0x0102030405060708ull, 4.0, 8.0, 0.5, 0x10001}}), expected);
 }
 
 TEST(EstimatesCodec, RejectsMalformedBuffers) {

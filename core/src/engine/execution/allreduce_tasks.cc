@@ -69,6 +69,12 @@ void AllreduceJob::finish() {
       if (e.handle) e.handle->complete(error);
     return;
   }
+  if (timed_by) {
+    size_t total = 0;
+    for (int64_t c : resp.counts) total += static_cast<size_t>(c);
+    timed_by->observe_operation(total * dtype_size(resp.dtype), striped,
+                                std::chrono::duration<double>(Clock::now() - posted).count());
+  }
   const size_t esize = dtype_size(resp.dtype);
   size_t off = 0;  // the shares' collectives applied the postscale already
   for (size_t i = 0; i < entries.size(); ++i) {

@@ -181,6 +181,7 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
   auto job = std::make_shared<AllreduceJob>();
   job->resp = resp;
   job->entries = std::move(entries);
+  job->posted = Clock::now();
   job->members = members_of(resp);
   job->size = job->members ? static_cast<int>(job->members->size()) : opt_.size;
   const size_t esize = dtype_size(resp.dtype);
@@ -227,6 +228,10 @@ void Executor::run_allreduce(const Response& resp, std::vector<TensorEntry> entr
     if (opt_.failover) job->original = ctx_->originals.acquire(total * esize);
   }
   job->parts_left = static_cast<int>(plan.size());
+  if (ctx_->table && !job->members) {  // a process set's time is not the job's (StripingCheck)
+    job->timed_by = ctx_->table;
+    job->striped = plan.size() > 1;
+  }
   const size_t callers = largest_share(plan);
   for (size_t part = 0; part < plan.size(); ++part) {
     const multirail::RailShare& share = plan[part];

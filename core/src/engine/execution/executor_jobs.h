@@ -10,10 +10,12 @@
 #include <utility>
 #include <vector>
 
+#include "common/deadline.h"
 #include "engine/execution/buffer_pool.h"
 #include "engine/execution/share_balancer.h"
 #include "engine/request.h"
 #include "engine/tensor_entry.h"
+#include "multirail/rail_table.h"
 
 namespace nezha::engine {
 
@@ -86,6 +88,11 @@ struct AllreduceJob {
   // buffer's own byte offsets (ranges never overlap, so the rails share it); each part's task says
   // which bytes it saved.
   BufferPool::Buffer original;
+  // Told how long the job took from its shares being posted (`posted`) to its result, and whether
+  // it was striped (RailTable::observe_operation); null: not measured.
+  multirail::RailTable* timed_by = nullptr;
+  Clock::time_point posted{};
+  bool striped = false;
 
   // One share is done; the last one completes the handles.
   void part_done();

@@ -1,5 +1,6 @@
 #include "engine/negotiation/message_codec.h"
 
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -204,6 +205,29 @@ void put_rail_events(Writer& w, const std::vector<RailEvent>& events) {
   }
 }
 
+void put_operation_times(Writer& w, const std::vector<multirail::OperationTime>& times) {
+  w.put<uint32_t>(static_cast<uint32_t>(times.size()));
+  for (const auto& t : times) {
+    w.put<uint32_t>(t.bytes);
+    w.put<uint8_t>(t.striped ? 1 : 0);
+    w.put<float>(t.seconds);
+  }
+}
+
+std::vector<multirail::OperationTime> get_operation_times(Reader& rd) {
+  std::vector<multirail::OperationTime> out(rd.get_count(multirail::kMaxReportedOperations, "operation times"));
+  for (auto& t : out) {
+    t.bytes = rd.get<uint32_t>();
+    const uint8_t striped = rd.get<uint8_t>();
+    t.seconds = rd.get<float>();
+    if (striped > 1 || !(t.seconds >= 0) || !std::isfinite(t.seconds) || multirail::check_class(t.bytes) < 0)
+      throw ProtocolError("control message: an operation time of " + std::to_string(t.bytes) + " B, striped " +
+                          std::to_string(striped) + ", " + std::to_string(t.seconds) + " s is not one a rank measures");
+    t.striped = striped == 1;
+  }
+  return out;
+}
+
 std::vector<RailEvent> get_rail_events(Reader& rd) {
   std::vector<RailEvent> out(rd.get_count(kMaxItems, "rail events"));
   for (auto& e : out) {
@@ -226,6 +250,7 @@ std::string encode(const RequestList& list) {
   for (const auto& r : list.requests) put_request(w, r);
   put_rail_events(w, list.rail_events);
   w.put_vector<uint64_t>(list.completed);
+  put_operation_times(w, list.operation_times);
   return w.take();
 }
 
@@ -258,6 +283,7 @@ std::string encode(const RoundMessage& msg) {
   std::vector<uint8_t> est = msg.estimates.empty() ? std::vector<uint8_t>{}
                                                    : multirail::encode_estimates(msg.estimates);
   w.put_string(std::string(est.begin(), est.end()));
+  put_operation_times(w, msg.operation_times);
   return w.take();
 }
 
@@ -285,6 +311,7 @@ RoundMessage decode_round_message(const std::string& bytes) {
   std::string est = rd.get_string();
   if (!est.empty())
     msg.estimates = multirail::decode_estimates(reinterpret_cast<const uint8_t*>(est.data()), est.size());
+  msg.operation_times = get_operation_times(rd);
   rd.expect_end();
   return msg;
 }
@@ -298,6 +325,7 @@ RequestList decode_request_list(const std::string& bytes) {
   for (uint32_t i = 0; i < n; ++i) list.requests.push_back(get_request(rd));
   list.rail_events = get_rail_events(rd);
   list.completed = rd.get_vector<uint64_t>();
+  list.operation_times = get_operation_times(rd);
   rd.expect_end();
   return list;
 }

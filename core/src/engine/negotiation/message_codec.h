@@ -9,6 +9,7 @@
 #include "engine/rail_event.h"
 #include "engine/request.h"
 #include "multirail/cost_model.h"
+#include "multirail/striping_check.h"
 
 namespace nezha::engine {
 
@@ -21,6 +22,8 @@ struct RequestList {
   std::vector<RailEvent> rail_events;
   // Per rail: shares this rank has completed (lets every rank drop the copies it keeps for redo).
   std::vector<uint64_t> completed;
+  // This rank's allreduce times since its last message, for rank 0's striping check.
+  std::vector<multirail::OperationTime> operation_times;
 };
 
 struct ResponseList {
@@ -55,6 +58,9 @@ struct RoundMessage {
   std::vector<int32_t> invalidate;  // cache ids this rank re-submitted with other metadata
   std::vector<uint32_t> invalidate_versions;  // per id: the cache entry's version it saw
   std::vector<multirail::RailEstimate> estimates;  // rank 0 only: plans of this round use these
+  // Not rank 0: this rank's allreduce times since its last message (rank 0's striping check; the
+  // other ranks ignore them).
+  std::vector<multirail::OperationTime> operation_times;
 };
 
 std::string encode(const RequestList& list);

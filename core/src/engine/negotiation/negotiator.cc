@@ -23,6 +23,7 @@ Negotiator::Negotiator(NegotiatorOptions opt, ControlChannel& control, multirail
       timeline_(timeline),
       links_(std::move(links)) {
   if (opt_.rank == 0) coordinator_ = std::make_unique<Coordinator>(opt_.coordinator);
+  else table_.report_operations_to_coordinator();  // with each message to rank 0 (StripingCheck)
   rounds_ = std::make_unique<CacheRounds>(opt_.rounds);
   peer_shutdown_.assign(opt_.size, false);
   last_heard_.assign(opt_.size, Clock::now());
@@ -86,6 +87,7 @@ void Negotiator::send_requests(RequestList list, bool send_shutdown) {
   } else {
     list.shutdown = send_shutdown;
     list.completed = links_.completed();
+    list.operation_times = table_.take_operation_times();
     control_.send(0, encode(list));
     last_sent_ = Clock::now();
   }
@@ -95,6 +97,7 @@ void Negotiator::send_rail_events(std::vector<RailEvent> events) {
   RequestList list;
   list.rail_events = std::move(events);
   list.completed = links_.completed();
+  list.operation_times = table_.take_operation_times();
   control_.send(0, encode(list));
   last_sent_ = Clock::now();
 }
@@ -218,13 +221,16 @@ void Negotiator::send_in_order(ResponseList list) {
 bool Negotiator::on_control_message(int peer, const std::string& payload) {
   last_heard_[peer] = Clock::now();
   if (is_round_message(payload)) {
-    rounds_->receive(peer, decode_round_message(payload));
+    RoundMessage msg = decode_round_message(payload);
+    if (opt_.rank == 0) table_.observe_rank_operations(peer, msg.operation_times);
+    rounds_->receive(peer, std::move(msg));
     pump_rounds();
     return false;
   }
   if (opt_.rank == 0) {
     RequestList list = decode_request_list(payload);
     links_.completed_from(peer, list.completed);
+    table_.observe_rank_operations(peer, list.operation_times);
     coordinator_->submit(peer, std::move(list.requests), Clock::now());
     if (!list.rail_events.empty()) links_.rail_events_from(peer, list.rail_events);
     if (list.shutdown) peer_shutdown_[peer] = true;

@@ -25,7 +25,9 @@ void Negotiator::pump_rounds() {
       std::vector<multirail::RailEstimate> est;
       // With one rail too: they scale the unfused threshold (scaled_unfused_bytes).
       if (opt_.rank == 0) est = table_.estimates();
-      send_round(rounds_->start_round(Clock::now(), std::move(est)));
+      RoundMessage msg = rounds_->start_round(Clock::now(), std::move(est));
+      if (opt_.rank != 0) msg.operation_times = table_.take_operation_times();
+      send_round(msg);
       continue;
     }
     std::optional<RoundStep> step = rounds_->next();
