@@ -28,14 +28,16 @@ WORKER = Path(__file__).resolve().parent / "failover_worker.py"
 def run_drill(tb, cycles: int = 1, rail: int = 1, host: int = 1, down_s: float = 3.0,
               up_s: float = 6.0, elements: int = 1 << 20, timeout_s: float = 300,
               env: Optional[dict] = None, fault: str = "cut", rate: str = "1gbit",
-              rails: Optional[str] = None, op: str = "allreduce") -> dict:
+              rails: Optional[str] = None, op: str = "allreduce", end_while_down: bool = False) -> dict:
     """Runs the drill on an up Testbed `tb`; returns per-cycle figures and every rank's output.
 
     fault "cut" pulls the cable; "throttle" shapes the host's egress on the rail to 8 kbit/s and
     back to `rate`; "reset" kills the host's TCP connections on the rail (`ss -K`: the peers get a
     reset) and re-admission is timed from the reset itself. `rails` replaces the testbed's rail spec
     (e.g. "10.50.0.0/24,ofi:tcp;ofi_rxm@10.51.0.0/24"), one item per testbed rail in rail order.
-    `op`: the collective run back to back (failover_worker.py), `elements` float32 per rank."""
+    `op`: the collective run back to back (failover_worker.py), `elements` float32 per rank.
+    `end_while_down`: the job ends `down_s` after the last fault, before it is undone (a job shut
+    down with the rail failed); that cycle has no restore."""
     stop_file = Path(tempfile.mkdtemp(prefix="nezha-drill-")) / "stop"
     launch_args = tb.nezharun_args()
     if rails is not None:
@@ -70,6 +72,8 @@ def run_drill(tb, cycles: int = 1, rail: int = 1, host: int = 1, down_s: float =
                 tb.exec(host, ["ss", "-K", "dst", tb.rail_subnets[rail]], check=True, capture_output=True)
                 restores.append(cuts[-1])  # nothing to restore: the rail may come back at once
             time.sleep(down_s)
+            if end_while_down and len(cuts) == cycles:
+                break
             if fault == "cut":
                 tb.set_link(rail, True, host=host)
             elif fault == "throttle":
@@ -82,6 +86,8 @@ def run_drill(tb, cycles: int = 1, rail: int = 1, host: int = 1, down_s: float =
     finally:
         if tb.link_is_up(rail, host) is False:
             tb.set_link(rail, True, host=host)
+        if fault == "throttle" and len(restores) < len(cuts):
+            tb.set_rate(rail, rate, host=host)
         if proc.poll() is None:
             proc.kill()
             proc.wait()

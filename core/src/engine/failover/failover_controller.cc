@@ -185,7 +185,12 @@ void FailoverController::apply(const RailEvent& e) {
     }
     case RailEventKind::kProbeFailed:
       set_state(multirail::RailState::kDown);
-      NZ_LOG(Debug) << rank_prefix(opt_.rank) << "rail '" << rail_name(r) << "' is still down: " << e.text;
+      // Rank 0 alone tells the user: the reason (which rank, which peer, what timed out) is the same
+      // text on every rank.
+      if (opt_.rank == 0)
+        NZ_LOG(Info) << rank_prefix(opt_.rank) << "rail '" << rail_name(r) << "' is still down: " << e.text;
+      else
+        NZ_LOG(Debug) << rank_prefix(opt_.rank) << "rail '" << rail_name(r) << "' is still down: " << e.text;
       rails_[r]->abort("re-admission failed: " + e.text);
       break;
     case RailEventKind::kUp:

@@ -3,6 +3,8 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
+
 #include "common/error.h"
 
 namespace nezha::transport::ofi {
@@ -25,6 +27,18 @@ void* symbol(void* handle, const char* name, const char* version) {
   return f ? f : dlsym(handle, name);
 }
 
+// libfabric before 1.18: the tcp provider frees an RMA read's entry twice when its connection closes
+// while the read's response is arriving (upstream a74ea0f), and the corrupted pool then crashes
+// fi_close -- a rail shut down, or a connection dropped, while a cut cable stalled a rendezvous.
+// ofi_rxm's read rendezvous makes every receive of a chunk such a read; its write rendezvous never
+// has the receiver read. The providers read the setting once, when libfabric first initialises
+// them (the first fi_getinfo), so it is set before that; a user's own value wins.
+void avoid_read_rendezvous_before_1_18(void* handle) {
+  using Version = uint32_t (*)();
+  const auto version = reinterpret_cast<Version>(symbol(handle, "fi_version", "FABRIC_1.0"));
+  if (version && version() < FI_VERSION(1, 18)) setenv("FI_OFI_RXM_USE_RNDV_WRITE", "1", /*overwrite=*/0);
+}
+
 Loaded load() {
   Loaded l;
   // RTLD_LOCAL: libfabric's providers are dlopen'ed by libfabric itself and find it on their own.
@@ -44,6 +58,7 @@ Loaded load() {
     dlclose(handle);
     return l;
   }
+  avoid_read_rendezvous_before_1_18(handle);
   l.ok = true;  // the handle stays open for the life of the process
   return l;
 }
