@@ -358,22 +358,12 @@ Plan plan_split(const PlanRequest& req) {
   if (bytes < threshold) {
     // Whole on the rail predicted to finish first at this size: the lowest latency for tiny
     // payloads, the highest beta for large ones that striping would not speed up.
-    int best_rail = cold_rail;
-    double best_s = std::numeric_limits<double>::infinity();
-    for (const Lane& l : lanes) {
-      const double t = single_time(l, static_cast<double>(bytes), latency_bound(static_cast<double>(bytes)));
-      if (t < best_s) {
-        best_s = t;
-        best_rail = l.rail;
-      }
-    }
     why << "cold: " << bytes << " B below striping threshold ";
     if (threshold == SIZE_MAX)
       why << "(never)";
     else
       why << threshold << " B";
-    why << "; all on rail " << best_rail;
-    return whole_on(best_rail, req.count, why.str());
+    return plan_whole(req, why.str());
   }
 
   const size_t unit_bytes = std::lcm(req.elem_size, req.align_bytes);

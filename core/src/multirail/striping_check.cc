@@ -41,8 +41,6 @@ double StripingCheck::median_seconds(int cls, bool striped) const {
   return (striped ? striped_ : whole_)[cls].median;
 }
 
-uint64_t StripingCheck::min_striped_bytes() const { return multirail::min_striped_bytes({*this}); }
-
 uint64_t min_striped_bytes(const std::vector<StripingCheck>& ranks) {
   // From the largest class down: the first one where striping lost sets the floor. The
   // smaller classes are not asked: what striping costs beyond its shares is per operation, while

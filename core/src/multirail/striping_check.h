@@ -85,8 +85,6 @@ class StripingCheck {
   // The median of the class's last kCheckWindow operations one way, or 0 while it has fewer than
   // kCheckMinSamples.
   double median_seconds(int cls, bool striped) const;
-  // This rank's verdict alone: min_striped_bytes({*this}).
-  uint64_t min_striped_bytes() const;
 
  private:
   struct Recent {

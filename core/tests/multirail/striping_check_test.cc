@@ -37,12 +37,12 @@ TEST(StripingCheck, ClassesArePowersOfTwoFromTwoKibibytesToTheMidBandsEnd) {
 TEST(StripingCheck, NoVerdictUntilBothWaysAreMeasured) {
   StripingCheck c;
   feed(c, 65536, true, 2.5 * kMs, 20);  // striped and slow, but nothing to compare with
-  EXPECT_EQ(c.min_striped_bytes(), 0u);
+  EXPECT_EQ(min_striped_bytes({c}), 0u);
   feed(c, 65536, false, 2.0 * kMs, kCheckMinSamples - 1);
-  EXPECT_EQ(c.min_striped_bytes(), 0u);
+  EXPECT_EQ(min_striped_bytes({c}), 0u);
   EXPECT_EQ(c.median_seconds(4, false), 0);
   c.observe(60000, false, 2.0 * kMs);  // same class
-  EXPECT_EQ(c.min_striped_bytes(), 65537u);
+  EXPECT_EQ(min_striped_bytes({c}), 65537u);
   EXPECT_DOUBLE_EQ(c.median_seconds(4, true), 2.5 * kMs);
   EXPECT_DOUBLE_EQ(c.median_seconds(4, false), 2.0 * kMs);
 }
@@ -51,13 +51,13 @@ TEST(StripingCheck, StripingStopsOnlyWhenMoreThanTheMarginSlower) {
   StripingCheck pays, marginal, loses;
   feed(pays, 32768, true, 1.0 * kMs, 5);
   feed(pays, 32768, false, 1.2 * kMs, 5);
-  EXPECT_EQ(pays.min_striped_bytes(), 0u);
+  EXPECT_EQ(min_striped_bytes({pays}), 0u);
   feed(marginal, 32768, true, 1.05 * kMs, 5);  // 5 % slower: within kCheckLossMargin
   feed(marginal, 32768, false, 1.0 * kMs, 5);
-  EXPECT_EQ(marginal.min_striped_bytes(), 0u);
+  EXPECT_EQ(min_striped_bytes({marginal}), 0u);
   feed(loses, 32768, true, 1.15 * kMs, 5);
   feed(loses, 32768, false, 1.0 * kMs, 5);
-  EXPECT_EQ(loses.min_striped_bytes(), 32769u);
+  EXPECT_EQ(min_striped_bytes({loses}), 32769u);
 }
 
 TEST(StripingCheck, TheLargestClassWhereStripingLostSetsTheFloor) {
@@ -66,10 +66,10 @@ TEST(StripingCheck, TheLargestClassWhereStripingLostSetsTheFloor) {
   feed(c, 16384, false, 0.8 * kMs, 5);
   feed(c, 131072, true, 2.0 * kMs, 5);  // class 5: won
   feed(c, 131072, false, 3.0 * kMs, 5);
-  EXPECT_EQ(c.min_striped_bytes(), 16385u);
+  EXPECT_EQ(min_striped_bytes({c}), 16385u);
   feed(c, 262144, true, 5.0 * kMs, 5);  // class 6: lost, so everything up to 256 KiB runs whole
   feed(c, 262144, false, 4.0 * kMs, 5);
-  EXPECT_EQ(c.min_striped_bytes(), 262145u);
+  EXPECT_EQ(min_striped_bytes({c}), 262145u);
 }
 
 TEST(StripingCheck, OneStallEachWayDoesNotDecide) {
@@ -78,19 +78,19 @@ TEST(StripingCheck, OneStallEachWayDoesNotDecide) {
   c.observe(65536, true, 50 * kMs);  // a stalled operation
   feed(c, 65536, false, 1.2 * kMs, 6);
   c.observe(65536, false, 0.1 * kMs);  // and one that looked implausibly fast
-  EXPECT_EQ(c.min_striped_bytes(), 0u);
+  EXPECT_EQ(min_striped_bytes({c}), 0u);
 }
 
 TEST(StripingCheck, FollowsAChangeWithinOneWindow) {
   StripingCheck c;
   feed(c, 65536, true, 1.5 * kMs, kCheckWindow);
   feed(c, 65536, false, 1.0 * kMs, kCheckWindow);
-  EXPECT_EQ(c.min_striped_bytes(), 65537u);
+  EXPECT_EQ(min_striped_bytes({c}), 65537u);
   // The host got cores to spare: striping now halves the time. The window's majority decides.
   feed(c, 65536, true, 0.5 * kMs, kCheckWindow / 2);
-  EXPECT_EQ(c.min_striped_bytes(), 65537u);
+  EXPECT_EQ(min_striped_bytes({c}), 65537u);
   c.observe(65536, true, 0.5 * kMs);
-  EXPECT_EQ(c.min_striped_bytes(), 0u);
+  EXPECT_EQ(min_striped_bytes({c}), 0u);
 }
 
 TEST(StripingCheck, IgnoresWhatItDoesNotCheck) {
@@ -102,7 +102,7 @@ TEST(StripingCheck, IgnoresWhatItDoesNotCheck) {
   feed(c, 65536, true, std::nan(""), 10);
   feed(c, 65536, true, -1, 10);
   feed(c, 65536, false, 1 * kMs, 10);
-  EXPECT_EQ(c.min_striped_bytes(), 0u);
+  EXPECT_EQ(min_striped_bytes({c}), 0u);
   EXPECT_EQ(c.median_seconds(-1, true), 0);
   EXPECT_EQ(c.median_seconds(kCheckClasses, true), 0);
 }
@@ -114,7 +114,7 @@ TEST(StripingCheck, TheSlowestRanksMedianEachWayDecides) {
   std::vector<StripingCheck> ranks(3);
   feed(ranks[0], 32768, false, 0.08 * kMs, 5);
   feed(ranks[0], 32768, true, 0.20 * kMs, 5);
-  EXPECT_EQ(ranks[0].min_striped_bytes(), 32769u);
+  EXPECT_EQ(min_striped_bytes({ranks[0]}), 32769u);
   feed(ranks[1], 32768, false, 0.90 * kMs, 5);
   feed(ranks[1], 32768, true, 0.50 * kMs, 5);
   EXPECT_EQ(min_striped_bytes(ranks), 0u);

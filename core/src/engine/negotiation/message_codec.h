@@ -58,8 +58,8 @@ struct RoundMessage {
   std::vector<int32_t> invalidate;  // cache ids this rank re-submitted with other metadata
   std::vector<uint32_t> invalidate_versions;  // per id: the cache entry's version it saw
   std::vector<multirail::RailEstimate> estimates;  // rank 0 only: plans of this round use these
-  // Not rank 0: this rank's allreduce times since its last message (rank 0's striping check; the
-  // other ranks ignore them).
+  // Not rank 0: this rank's allreduce times since its last message, for rank 0's striping check
+  // (the copies to the other ranks leave them out).
   std::vector<multirail::OperationTime> operation_times;
 };
 

@@ -123,7 +123,7 @@ class Negotiator {
   void complete_inline(const Response& resp, std::vector<TensorEntry>& entries);
   void pump_rounds();
   void execute_round(RoundOutcome& outcome);
-  void send_round(const RoundMessage& msg);
+  void send_round(RoundMessage msg);
   void send_notices(std::vector<std::string> notices);
   std::string me() const { return "rank " + std::to_string(opt_.rank) + ": "; }
 

@@ -1,6 +1,7 @@
 // Negotiator: the cache rounds (cache_rounds.h has the protocol and the ordering argument) and the
 // execution of what the total order releases.
 #include <optional>
+#include <utility>
 
 #include "common/error.h"
 #include "common/logging.h"
@@ -27,7 +28,7 @@ void Negotiator::pump_rounds() {
       if (opt_.rank == 0) est = table_.estimates();
       RoundMessage msg = rounds_->start_round(Clock::now(), std::move(est));
       if (opt_.rank != 0) msg.operation_times = table_.take_operation_times();
-      send_round(msg);
+      send_round(std::move(msg));
       continue;
     }
     std::optional<RoundStep> step = rounds_->next();
@@ -67,12 +68,16 @@ void Negotiator::execute_round(RoundOutcome& outcome) {
   if (coordinator_ && !held_dispatch_.empty()) dispatch({});  // a join may go out now
 }
 
-void Negotiator::send_round(const RoundMessage& msg) {
-  std::string bytes = encode(msg);
+void Negotiator::send_round(RoundMessage msg) {
+  // Only rank 0 reads the operation times (the striping check); the others get the round alone.
+  const std::string with_times = encode(msg);
+  const bool has_times = !msg.operation_times.empty();
+  msg.operation_times.clear();
+  const std::string without_times = has_times ? encode(msg) : std::string();
   for (int peer = 0; peer < opt_.size; ++peer) {
     if (peer == opt_.rank) continue;
     try {
-      control_.send(peer, bytes);
+      control_.send(peer, peer == 0 || !has_times ? with_times : without_times);
     } catch (const PeerError& e) {
       if (!control_loss_expected(e.peer())) throw;
     }
