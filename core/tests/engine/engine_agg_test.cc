@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "aggd/agg_daemon.h"
+#include "common/error.h"
 #include "engine_cluster.h"
 
 namespace nezha::engine {
@@ -28,6 +29,24 @@ std::unique_ptr<aggd::AggDaemon> start_daemon(const std::string& listen = "127.0
   auto d = std::make_unique<aggd::AggDaemon>(o);
   d->start();
   return d;
+}
+
+// A daemon back at the address of one that died. Its port may be held for a moment by another
+// socket: the rail's probes connect to it from ports of the same ephemeral range, and a connect to a
+// closed local port can be given that very port (a TCP self-connect) until the rail drops it; any
+// other process's connection can draw it too. So the bind is retried for a bounded time.
+std::unique_ptr<aggd::AggDaemon> restart_daemon(const std::string& address) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    try {
+      return start_daemon(address);
+    } catch (const NezhaError& e) {
+      if (std::string(e.what()).find("Address already in use") == std::string::npos ||
+          std::chrono::steady_clock::now() > until)
+        throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
 }
 
 std::vector<RailConfig> tcp_and_agg(const aggd::AggDaemon& d) {
@@ -97,7 +116,7 @@ TEST(EngineAgg, DaemonKilledMidRunFailsOverToTcpAndIsReadmittedAfterRestart) {
   }
   killer.join();
   EXPECT_NE(stat_of(c[0].rail_stats(), "agg").state, "up");
-  daemon = start_daemon(address);  // the same address: the rail's probes find it again
+  daemon = restart_daemon(address);  // the same address: the rail's probes find it again
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
   int i = 0;
   while (stat_of(c[0].rail_stats(), "agg").state != "up" && std::chrono::steady_clock::now() < until)
