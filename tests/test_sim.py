@@ -116,6 +116,28 @@ def test_logstep_steps_for_odd_sizes():
     assert schedules.logstep_allreduce(1024, 6, link, 0.0) == pytest.approx(4 * (10e-6 + 1024 / 1e9), rel=1e-3)
 
 
+def test_the_fold_in_is_sent_by_the_idle_extra_hosts_so_a_stream_costs_the_busiest_links_bytes():
+    # A shaped link (token bucket): the fold in goes out of the extra ranks' full buckets at line
+    # speed and leaves this link's to refill, so a stream of 6-rank log-steps sends 3 x 64 KB per op
+    # through the busiest host's link (2 doublings and the copy back), as 8 ranks' 3 doublings do.
+    rate, line = 125e6, 20 * 125e6
+
+    def stream(n):
+        link = schedules.Link(rate, 0.0, 1e12, burst=512 * 1024, line=line)
+        t = 0.0
+        for _ in range(400):
+            t += schedules.logstep_allreduce(64 * 1024, n, link, t)
+        return t / 400
+
+    assert stream(6) == pytest.approx(3 * 64 * 1024 / rate, rel=0.05)
+    assert stream(6) == pytest.approx(stream(8), rel=0.05)
+    # Its fold-in step alone: the extra host's burst at line speed, this link's tokens untouched.
+    link = schedules.Link(rate, 10e-6, 1e12, burst=512 * 1024, line=line)
+    before = link.tokens
+    assert link.step_from_idle_host(64 * 1024) == pytest.approx(10e-6 + 64 * 1024 / line)
+    assert link.tokens == before
+
+
 def test_halving_moves_the_rings_bytes_in_log_steps():
     link = schedules.Link(1e9, 10e-6, 1e12)
     n_bytes = 8192

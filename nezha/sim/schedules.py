@@ -53,6 +53,13 @@ class Link:
         step needs of the shared cores, whichever is longer."""
         return max(self.step_s + self.send(nbytes, at + self.step_s), self.cpu_s)
 
+    def step_from_idle_host(self, nbytes: float) -> float:
+        """A step only the hosts otherwise idle in this operation send (a non-power-of-two job's
+        extra ranks folding in): their buckets are full, and this link's is left to refill."""
+        rate, line = min(self.rate, self.cap), min(self.line, self.cap)
+        from_bucket = min(self.burst, nbytes)
+        return max(self.step_s + from_bucket / line + (nbytes - from_bucket) / rate, self.cpu_s)
+
     def reduce(self, nbytes: float) -> float:
         return nbytes / self.reduce_rate
 
@@ -83,29 +90,32 @@ def ring_allreduce(nbytes: float, n: int, link: Link, at: float, flows_per_link:
 
 def logstep_allreduce(nbytes: float, n: int, link: Link, at: float, flows_per_link: int = 1) -> float:
     """Recursive doubling (allreduce_logstep.cc): log2(p) exchanges of the whole buffer, plus a fold
-    in and a copy back when n is not a power of two."""
+    in (sent by the n - p extra ranks alone) and a copy back when n is not a power of two."""
     if n < 2 or nbytes <= 0:
         return 0.0
     p = largest_power_of_two_at_most(n)
-    steps = int(math.log2(p)) + (2 if n > p else 0)
     t = at
-    for _ in range(steps):
+    if n > p:
+        t += link.step_from_idle_host(nbytes * flows_per_link) + link.reduce(nbytes)
+    for _ in range(int(math.log2(p))):
         t += link.step(nbytes * flows_per_link, t) + link.reduce(nbytes)
+    if n > p:
+        t += link.step(nbytes * flows_per_link, t)
     return t - at
 
 
 def halving_allreduce(nbytes: float, n: int, link: Link, at: float, flows_per_link: int = 1) -> float:
     """Halving/doubling (allreduce_halving.cc): log2(p) reduce-scatter steps moving N/2, N/4, ..,
     N/p, each reduced before the next (no pipeline across steps), then log2(p) allgather steps
-    moving N/p, .., N/2; plus a fold in and a copy back of the whole buffer when n is not a power of
-    two."""
+    moving N/p, .., N/2; plus a fold in (sent by the n - p extra ranks alone) and a copy back of the
+    whole buffer when n is not a power of two."""
     if n < 2 or nbytes <= 0:
         return 0.0
     p = largest_power_of_two_at_most(n)
     halves = [nbytes / 2 ** k for k in range(1, int(math.log2(p)) + 1)]
     t = at
     if n > p:
-        t += link.step(nbytes * flows_per_link, t) + link.reduce(nbytes)
+        t += link.step_from_idle_host(nbytes * flows_per_link) + link.reduce(nbytes)
     for part in halves:
         t += link.step(part * flows_per_link, t) + link.reduce(part)
     for part in reversed(halves):
