@@ -7,7 +7,10 @@ the machine's cores), the 64 MB allreduce of 4 ranks on one host (the host lane:
 nezha-bench on rail 0 of an unshaped 2- to 16-host testbed with Gloo beside it on the same
 interface (the per-step cost and CPU, the machine's byte budget, Gloo's per-step cost), and
 nezha-bench on two shaped rails faster than the validation's, 8 hosts x 2 x 2 Gbit/s, 4-64 MB (the
-machine's byte budget when every packet also passes a token bucket: 32 Gbit/s asked of it).
+machine's byte budget when every packet also passes a token bucket: 32 Gbit/s asked of it), and
+nezha-bench's 32-256 KB allreduces on 6 and 12 hosts x 2 x 1 Gbit/s, then on the first rail alone
+(what a striped operation costs the shared cores beyond its shares: its hand-offs to the rails'
+workers).
 
 The machine is shared with other work (builds, other measurements), which slows whatever runs
 beside it: each part records the cores that other work took meanwhile (other_cores; the
@@ -38,6 +41,7 @@ REPO_ROOT = BENCH_DIR.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.append(str(REPO_ROOT))
 
+from nezha.sim.cluster import parse_rate_gbps  # noqa: E402
 from nezha.testbed import Testbed  # noqa: E402
 from run_matrix import run_job  # noqa: E402
 
@@ -46,6 +50,9 @@ SUMMARY = BENCH_DIR / "out" / "sim_calibration.json"
 UNSHAPED_SIZES = "8,1K,64K,256K,1M,4M,64M"
 SHAPED_SIZES = "4M,16M,64M"
 SHAPED_HOSTS, SHAPED_RATE = 8, "2gbit"  # two rails at this rate: no validation case's rates
+# Striped small and mid-size allreduces against one rail alone, at job sizes no validation case has:
+# what a striped operation costs the hosts' shared cores beyond its shares (the hand-offs).
+STRIPED_HOSTS, STRIPED_RATE, STRIPED_SIZES = "6,12", "1gbit", "32K,64K,128K,256K"
 JOB_TIMEOUT_S = 300.0
 class OtherLoad:
     """What else ran on the machine while a part ran (other jobs build and measure on it): the
@@ -97,18 +104,22 @@ def one_host(ranks: str, size: str, name: str) -> list:
 def bench_on_testbed(name: str, testbed: Testbed, sizes: str, bench_args: list) -> list:
     """nezha-bench's allreduce records on `testbed` (brought up and torn down here), one rank per
     host; its JSON and log are kept under OUT_DIR as `name`."""
-    hosts = len(testbed.hosts)
     testbed.up()
     try:
-        path = OUT_DIR / f"{name}.json"
-        argv = [sys.executable, "-m", "nezha.runner", "-np", str(hosts), *testbed.nezharun_args(), "--",
-                sys.executable, "-m", "nezha.bench", "--op", "allreduce", "--sizes", sizes,
-                "--dtype", "float32", "--iters", "auto", "--warmup", "2", "--json", str(path), *bench_args]
-        error = run_job(argv, OUT_DIR / f"{name}.log", JOB_TIMEOUT_S)
-        if error:
-            raise RuntimeError(f"{name} job failed: {error}")
+        return bench_job(name, testbed, testbed.nezharun_args(), sizes, bench_args)
     finally:
         testbed.down()
+
+
+def bench_job(name: str, testbed: Testbed, nezharun_args: list, sizes: str, bench_args: list) -> list:
+    """One nezha-bench job on `testbed`, which is up."""
+    path = OUT_DIR / f"{name}.json"
+    argv = [sys.executable, "-m", "nezha.runner", "-np", str(len(testbed.hosts)), *nezharun_args, "--",
+            sys.executable, "-m", "nezha.bench", "--op", "allreduce", "--sizes", sizes,
+            "--dtype", "float32", "--iters", "auto", "--warmup", "2", "--json", str(path), *bench_args]
+    error = run_job(argv, OUT_DIR / f"{name}.log", JOB_TIMEOUT_S)
+    if error:
+        raise RuntimeError(f"{name} job failed: {error}")
     return json.loads(path.read_text())
 
 
@@ -130,8 +141,26 @@ def shaped(hosts: int, rate: str) -> dict:
     return {"hosts": hosts, "rails": 2, "gbps": [float(rate[:-4])] * 2, "records": records}
 
 
+def striped(hosts: int, rate: str) -> dict:
+    """nezha-bench on two rails of `rate`, then on the first alone, on one testbed."""
+    testbed = Testbed(hosts, 2, rates=[rate, rate], prefix="nzcal")
+    testbed.up()
+    try:
+        both = bench_job(f"striped-h{hosts}", testbed, testbed.nezharun_args(), STRIPED_SIZES,
+                         ["--impl-label", "nezha-2rails"])
+        args = testbed.nezharun_args()
+        args[args.index("--rails") + 1] = testbed.rail_subnets[0]
+        alone = bench_job(f"striped-h{hosts}-rail0", testbed, args, STRIPED_SIZES, ["--impl-label", "nezha-rail0"])
+    finally:
+        testbed.down()
+    records = [{"bytes": r["bytes"], "time_us": r["time_us"],
+                "shares": [round(x["share"], 3) for x in r.get("rails", ())]} for r in both]
+    return {"hosts": hosts, "rails": 2, "gbps": [parse_rate_gbps(rate)] * 2, "records": records,
+            "rail0": [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in alone]}
+
+
 def part_data(summary: dict, name: str):
-    for kind in ("unshaped", "shaped"):
+    for kind in ("unshaped", "shaped", "striped"):
         if name.startswith(f"{kind}-h"):
             hosts = int(name[len(kind) + 2:])
             return next(c for c in summary[kind] if c["hosts"] == hosts)
@@ -141,7 +170,8 @@ def part_data(summary: dict, name: str):
 def quietest(runs: list) -> dict:
     """Each part from the run in which other work took the fewest cores (the machine is shared):
     the summary of several runs of this script, each part saying which run it is from."""
-    out = {"commit": runs[0]["commit"], "other_cores": {}, "part_generated": {}, "unshaped": [], "shaped": []}
+    out = {"commit": runs[0]["commit"], "other_cores": {}, "part_generated": {}, "unshaped": [], "shaped": [],
+           "striped": []}
     names = list(dict.fromkeys(name for r in runs for name in r.get("other_cores", {})))
     for name in names:
         best = min((r for r in runs if name in r.get("other_cores", {})), key=lambda r: r["other_cores"][name])
@@ -158,6 +188,8 @@ def quietest(runs: list) -> dict:
             out["unshaped"].append(data)
         elif name.startswith("shaped-h"):
             out["shaped"].append(part_data(best, name))
+        elif name.startswith("striped-h"):
+            out["striped"].append(part_data(best, name))
         else:
             out[name] = part_data(best, name)
     out["generated"] = max(out["part_generated"].values())
@@ -169,8 +201,9 @@ def main() -> int:
     parser.add_argument("--ranks", default="2,4,8,16,32")
     parser.add_argument("--mid-ranks", default="8,16,32")
     parser.add_argument("--hosts", default="2,4,8,16")
-    parser.add_argument("--parts", default="one_host,unshaped,shaped",
-                        help="which parts to measure (default all): one_host, unshaped, shaped")
+    parser.add_argument("--striped-hosts", default=STRIPED_HOSTS)
+    parser.add_argument("--parts", default="one_host,unshaped,shaped,striped",
+                        help="which parts to measure (default all): one_host, unshaped, shaped, striped")
     parser.add_argument("--quietest", nargs="+", metavar="SUMMARY",
                         help="measure nothing: write the summary of these runs' quietest parts")
     args = parser.parse_args()
@@ -200,12 +233,15 @@ def main() -> int:
         summary["unshaped"] = [part(f"unshaped-h{h}", lambda h=h: unshaped(int(h))) for h in args.hosts.split(",")]
     if "shaped" in parts:
         summary["shaped"] = [part(f"shaped-h{SHAPED_HOSTS}", lambda: shaped(SHAPED_HOSTS, SHAPED_RATE))]
+    if "striped" in parts:
+        summary["striped"] = [part(f"striped-h{h}", lambda h=h: striped(int(h), STRIPED_RATE))
+                              for h in args.striped_hosts.split(",")]
     text = json.dumps(summary, indent=2) + "\n"
     runs = OUT_DIR / "runs"
     runs.mkdir(exist_ok=True)
     run_path = runs / f"run-{datetime.datetime.now(datetime.timezone.utc):%H%M}.json"
     run_path.write_text(text)
-    if parts >= {"one_host", "unshaped", "shaped"}:
+    if parts >= {"one_host", "unshaped", "shaped", "striped"}:
         SUMMARY.write_text(text)
     else:  # a partial run: the summary comes from merging it with whole runs
         print(f"{run_path}: some parts only; merge with --quietest {run_path} <other runs>", file=sys.stderr)

@@ -141,3 +141,45 @@ def test_two_rails_shares_run_their_host_lanes_on_the_same_memory_and_cores():
     assert one.rate == pytest.approx(80e9 / 8 / 16) and two.rate == pytest.approx(one.rate / 2)
     # by hand: 16 ranks' lane steps, twice as many with two shares, on 2 - 16 x 1 % cores
     assert one.cpu_s == pytest.approx(16 * 10e-6 / 1.84) and two.cpu_s == pytest.approx(2 * one.cpu_s)
+
+
+def test_a_striped_operations_handed_off_share_starts_and_ends_late_on_shared_cores():
+    profile = _shared(handoff_cpu_us=12.0)
+    job = SimJob(Cluster(8, 1, parse_rails("1gbit,250mbit")), profile, calibrate=False)
+    # by hand: one share handed off, 8 ranks x 12 us on 2 cores less 8 % of a core
+    handoff = 8 * 12e-6 / (2.0 - 8 * 0.01)
+    assert profile.handoff_seconds(8, 1) == pytest.approx(handoff)
+    assert profile.handoff_seconds(8, 0) == 0.0
+    big, small = 48 * KB // 4, 16 * KB // 4  # elements; the caller runs the larger (rail 0's)
+    t = 1.0
+    ends = {}
+    for rail, count, late in ((0, big, 0.0), (1, small, handoff)):
+        ends[rail] = t + late + SimJob(job.cluster, profile, calibrate=False).share_seconds(
+            rail, count * 4, (0, 1), t + late) + late
+    got = job._run_shares([(0, 0, big), (1, big, small)], t, {}, [])
+    assert got == pytest.approx(max(ends.values()), rel=1e-9)
+    # Whole on one rail: nothing handed off.
+    whole = SimJob(job.cluster, profile, calibrate=False)
+    alone = t + whole.share_seconds(0, 64 * KB, (0,), t)
+    assert SimJob(job.cluster, profile, calibrate=False)._run_shares([(0, 0, 16 * KB)], t, {}, []) == \
+        pytest.approx(alone, rel=1e-9)
+    # Own cores (the cluster profile): no hand-off cost.
+    assert load_profile("cluster").with_overrides(handoff_cpu_us=12.0).handoff_seconds(512, 2) == 0.0
+
+
+def test_the_handoff_fit_recovers_the_cost_that_made_the_striped_runs():
+    pytest.importorskip("scipy")
+    from nezha.sim.calibrate import calibrate_handoff
+    from nezha.sim.cli import allreduce_records
+
+    base = load_profile("testbed")
+    truth = base.with_overrides(handoff_cpu_us=9.0)
+    sizes = [32 * KB, 64 * KB, 128 * KB, 256 * KB]
+    striped = []
+    for hosts in (6, 12):
+        recs = allreduce_records(Cluster(hosts, 1, parse_rails("1gbit,1gbit")), truth, sizes)
+        striped.append({"hosts": hosts, "rails": 2, "gbps": [1.0, 1.0], "records": recs})
+    fitted = calibrate_handoff({"striped": striped, "commit": "abc"}, base, "synthetic", upper_us=30.0)
+    assert fitted.handoff_cpu_us == pytest.approx(9.0, rel=0.1)
+    assert fitted.step_us == base.step_us and fitted.op_us == base.op_us  # nothing else refitted
+    assert "handoff" in fitted.source and "synthetic" in fitted.source

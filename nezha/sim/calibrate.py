@@ -65,8 +65,11 @@ def _with_other_load(measured: Dict) -> Dict:
     out = dict(measured)
     for part in ("one_host_small", "one_host_mid", "one_host_large"):
         out[part] = [dict(p, other_cores=other.get(part, 0.0)) for p in measured.get(part, [])]
-    out["unshaped"] = [dict(c, other_cores=other.get(f"unshaped-h{c['hosts']}", 0.0)) for c in measured["unshaped"]]
+    out["unshaped"] = [dict(c, other_cores=other.get(f"unshaped-h{c['hosts']}", 0.0))
+                       for c in measured.get("unshaped", [])]
     out["shaped"] = [dict(c, other_cores=other.get(f"shaped-h{c['hosts']}", 0.0)) for c in measured.get("shaped", [])]
+    out["striped"] = [dict(c, other_cores=other.get(f"striped-h{c['hosts']}", c.get("other_cores", 0.0)))
+                      for c in measured.get("striped", [])]
     return out
 
 
@@ -136,15 +139,17 @@ def _fit(residuals, x0, lower, upper):
     return [float(v) for v in least_squares(residuals, x0, bounds=(lower, upper), diff_step=1e-3).x]
 
 
-def _testbed_residuals(cases: List[Dict], prof: Profile) -> List[float]:
+def _testbed_residuals(cases: List[Dict], prof: Profile, iters: Optional[int] = 3) -> List[float]:
     """Log errors of the testbed runs' allreduces (one rank per host): unshaped rails, or the rates
-    a shaped run gives (`gbps`, one per rail)."""
+    a shaped run gives (`gbps`, one per rail). iters None: nezha-bench's auto count, as measured
+    (what the engine's striping check needs to reach its verdicts)."""
     out = []
     for case in cases:
         rates = case.get("gbps") or [UNSHAPED_GBPS] * case.get("rails", 1)
         rails = [RailModel(f"rail{i}:tcp", "tcp", g) for i, g in enumerate(rates)]
         sizes = [r["bytes"] for r in case["records"]]
-        sim = allreduce_records(Cluster(case["hosts"], 1, rails), _theirs(prof, case), sizes, iters=3, warmup=1)
+        sim = allreduce_records(Cluster(case["hosts"], 1, rails), _theirs(prof, case), sizes, iters=iters,
+                                warmup=1 if iters else 2)
         out += [math.log(s["time_us"] / r["time_us"]) for s, r in zip(sim, case["records"])]
     return out
 
@@ -194,6 +199,26 @@ def fit_shaped_budget(cases: List[Dict], base: Profile) -> Optional[float]:
                 [base.machine_gbps or 30.0], [1.0], [1000.0])[0]
 
 
+def fit_handoff(cases: List[Dict], base: Profile, upper_us: float = 100.0, step_us: float = 1.0) -> Optional[float]:
+    """A striped operation's hand-off CPU per rank, from the striped runs' 32-256 KB allreduces on
+    two rails (job sizes no validation case has), everything else as fitted before. Their
+    single-rail runs are not fitted: they have no hand-off (they show the rest of the model's error
+    at those job sizes). None without such runs.
+
+    A grid, not a gradient: the cost decides, through the engine's striping check, whether a size
+    runs striped or whole, so the error jumps where a verdict flips. The sum of absolute log errors
+    (not squared): one size whose verdict flips does not outweigh the others."""
+    if not cases:
+        return None
+
+    def error(x: float) -> float:
+        return sum(abs(e) for e in _testbed_residuals(cases, base.with_overrides(handoff_cpu_us=x), iters=None))
+
+    coarse = min((error(i * step_us), i * step_us) for i in range(int(upper_us / step_us) + 1))[1]
+    fine = [max(0.0, coarse + (i - 10) * step_us / 10) for i in range(21)]
+    return min((error(x), x) for x in fine)[1]
+
+
 def fit_gloo(cases: List[Dict], base: Profile) -> Dict[str, float]:
     from scipy.optimize import least_squares
 
@@ -235,6 +260,9 @@ def calibrate(measured: Dict, base: Profile, measured_name: str) -> Profile:
                      "shm": net["step_cpu_us_shm"]},
         machine_gbps=net["machine_gbps"], line_gbps=net["machine_gbps"], shm_gbps=net["shm_gbps"])
     prof = prof.with_overrides(shaped_machine_gbps=fit_shaped_budget(measured["shaped"], prof))
+    handoff = fit_handoff(measured.get("striped", []), prof)
+    if handoff is not None:
+        prof = prof.with_overrides(handoff_cpu_us=handoff)
     gloo = fit_gloo(measured["unshaped"], prof)
     if gloo:
         prof = prof.with_overrides(step_us={**prof.step_us, "gloo": gloo["step_us_gloo"]},
@@ -257,9 +285,33 @@ def calibrate(measured: Dict, base: Profile, measured_name: str) -> Profile:
     return prof.with_overrides(source=source)
 
 
+def calibrate_handoff(measured: Dict, base: Profile, measured_name: str, upper_us: float = 100.0) -> Profile:
+    """The striped hand-off alone, fitted on `base` (every other field kept)."""
+    cases = _with_other_load(measured)["striped"]
+    if not cases:
+        raise ValueError(f"{measured_name} has no striped runs (sim_calibration.py --parts striped)")
+    handoff = fit_handoff(cases, base, upper_us)
+    jobs = ", ".join(dict.fromkeys(f"{c['hosts']} hosts x {' + '.join(f'{g:g}' for g in c['gbps'])} Gbit/s"
+                                   for c in cases))
+    return base.with_overrides(handoff_cpu_us=handoff, source=(
+        f"{base.source}; the striped hand-off (handoff_cpu_us) alone fitted by `python -m nezha.sim calibrate "
+        f"--only handoff` to {measured_name} (engine at commit {measured.get('commit', '?')}): the 32-256 KB "
+        f"allreduces striped on {jobs}, none a validation case"))
+
+
 def run_calibration(args) -> int:
-    measured = json.loads(Path(args.measured).read_text())
-    profile = calibrate(measured, load_profile(args.base), args.measured)
+    paths = [args.measured] if isinstance(args.measured, str) else list(args.measured)
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    if getattr(args, "only", None) == "handoff":
+        # Every run's striped cases together: each is one more sample of the same job sizes.
+        commits = sorted({r.get("commit", "?") for r in runs})
+        measured = {"commit": ", ".join(commits),
+                    "striped": [c for r in runs for c in _with_other_load(r)["striped"]]}
+        profile = calibrate_handoff(measured, load_profile(args.base), " ".join(paths))
+    elif len(runs) != 1:
+        raise ValueError("a whole calibration fits one summary (sim_calibration.py --quietest merges runs)")
+    else:
+        profile = calibrate(runs[0], load_profile(args.base), paths[0])
     text = profile.to_json()
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -100,10 +100,14 @@ def _parser() -> argparse.ArgumentParser:
     va.add_argument("--json", default=None)
 
     ca = sub.add_parser("calibrate", help="fit a profile's software costs to measurements (scipy)")
-    ca.add_argument("--measured", required=True,
-                    help="JSON with one_host_small [{ranks, time_us}] and unshaped [{hosts, rails, records}]")
+    ca.add_argument("--measured", required=True, nargs="+",
+                    help="JSON with one_host_small [{ranks, time_us}] and unshaped [{hosts, rails, records}] "
+                         "(with --only handoff: one or more runs with striped [{hosts, gbps, records}])")
     ca.add_argument("--base", default="testbed", help="profile whose other fields are kept")
     ca.add_argument("--out", default=None, help="write the fitted profile here")
+    ca.add_argument("--only", choices=["handoff"], default=None,
+                    help="fit only this to the measurements (handoff: the striped runs' hand-off CPU), "
+                         "every other field kept from --base")
 
     pr = sub.add_parser("predict", help="8 to 1024 nodes of a multi-rail cluster: nezha, Gloo, MPTCP")
     pr.add_argument("--nodes", default="8,16,32,64,128,256,512,1024")

@@ -100,6 +100,10 @@ class Profile:
     background_cpu: float = 0.0
     step_cpu_us: Dict[str, float] = field(default_factory=dict)
     negotiation_cpu_us: float = 0.0
+    # A striped operation's hand-offs: the caller runs its largest share itself and wakes one worker
+    # per other rail, which wakes it again at the end (executor.cc). Each costs every rank this much
+    # CPU, so on shared cores a handed-off share starts, and its end reaches the caller, that late.
+    handoff_cpu_us: float = 0.0
     # Rank 0's work per byte of an inline operation (its inputs in, its results out, each through
     # the control messages' encoding): 2 (n - 1) x bytes on the coordinator's path.
     inline_ns_per_byte: float = 0.0
@@ -143,6 +147,12 @@ class Profile:
         (0: own cores)."""
         cpu = self.step_cpu_us.get(kind, self.step_cpu_us.get("tcp", 0.0))
         return workers * cpu * 1e-6 / self.cpu_left(processes)
+
+    def handoff_seconds(self, ranks: int, handed_off: int) -> float:
+        """How late `handed_off` shares (all ranks' at once) start on the shared cores (0: own cores)."""
+        if not self.cpu_cores or handed_off < 1:
+            return 0.0
+        return handed_off * ranks * self.handoff_cpu_us * 1e-6 / self.cpu_left(ranks)
 
     def machine_budget_gbps(self, link_gbps: Sequence[float]) -> Optional[float]:
         """The machine's byte budget while links of these rates carry traffic (None: no budget)."""

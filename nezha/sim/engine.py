@@ -214,18 +214,29 @@ class SimJob:
                 and nbytes >= planner.BALANCE_MIN_RANGES * p.balance_bytes
                 and all(self.rails[s[0]].point_to_point for s in shares))
 
+    def _handoff(self, parts: int) -> float:
+        return self.profile.handoff_seconds(self.cluster.ranks, parts - 1)
+
+    @staticmethod
+    def _caller_part(counts: Sequence[int]) -> int:
+        """The share the caller runs itself: the largest (Executor: its worker would end last)."""
+        return max(range(len(counts)), key=lambda i: counts[i])
+
     def _run_shares(self, shares, t: float, carried: Dict[int, int], failed: List[int]) -> float:
         active = [s[0] for s in shares]
         end = t
         redo = 0
-        for rail, _, count in shares:
+        handoff = self._handoff(len(shares))
+        caller = self._caller_part([s[2] for s in shares])
+        for part, (rail, _, count) in enumerate(shares):
             nbytes = count * ELEM
-            secs = self.share_seconds(rail, nbytes, active, t)
-            cut = self._cut_during(rail, t, t + secs)
+            late = 0.0 if part == caller else handoff
+            secs = self.share_seconds(rail, nbytes, active, t + late)
+            cut = self._cut_during(rail, t + late, t + late + secs)
             if cut is None:
                 self.table.observe(rail, nbytes, secs)
                 carried[rail] = carried.get(rail, 0) + nbytes
-                end = max(end, t + secs)
+                end = max(end, t + secs + 2 * late)
             else:
                 redo += nbytes
                 end = max(end, self._lost(rail, cut, failed))
@@ -257,7 +268,10 @@ class SimJob:
         balancer = planner.ShareBalancer(plan_shares, min_claim, max(1, 4096 // ELEM),
                                          min_claim // planner.MIN_CLAIM_SPREAD, tail_claim)
         rails = [s.rail for s in plan_shares]
-        queue = [(t, part) for part in range(len(rails))]
+        handoff = self._handoff(len(rails))
+        caller = self._caller_part([s.count for s in plan_shares])
+        late = [0.0 if part == caller else handoff for part in range(len(rails))]
+        queue = [(t + late[part], part) for part in range(len(rails))]
         heapq.heapify(queue)
         end, lost = t, 0
         while queue:
@@ -265,7 +279,7 @@ class SimJob:
             rail = rails[part]
             _, count = balancer.claim(part, now)
             if count == 0:
-                end = max(end, now)
+                end = max(end, now + late[part])
                 continue
             nbytes = count * ELEM
             secs = p.range_us * 1e-6
