@@ -132,6 +132,13 @@ def test_calibration_recovers_the_costs_that_made_the_measurements():
     assert fitted.shaped_machine_gbps == pytest.approx(24.0, rel=0.05)
     assert fitted.step_cpu_us["gloo"] == pytest.approx(90.0, rel=0.05)
     assert "synthetic" in fitted.source and "abc" in fitted.source
+    # Keeping the base's step costs (true here) fits the byte budget alone, and says so.
+    kept = calibrate({"one_host_small": small, "one_host_mid": mid, "one_host_large": large, "unshaped": unshaped,
+                      "shaped": shaped, "commit": "abc"}, truth.with_overrides(machine_gbps=50.0, line_gbps=50.0),
+                     "synthetic", keep_step_costs=True)
+    assert kept.step("tcp") == 20.0 and kept.step_cpu_us["tcp"] == 15.0
+    assert kept.machine_gbps == pytest.approx(30.0, rel=0.05)
+    assert "kept from the base" in kept.source
 
 
 def test_two_rails_shares_run_their_host_lanes_on_the_same_memory_and_cores():

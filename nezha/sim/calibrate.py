@@ -162,18 +162,29 @@ def _lane_residuals(points: List[Dict], prof: Profile) -> List[float]:
     return out
 
 
-def fit_network(cases: List[Dict], lane: List[Dict], base: Profile) -> Dict[str, float]:
+def fit_network(cases: List[Dict], lane: List[Dict], base: Profile, keep_step_costs: bool = False) -> Dict[str, float]:
     """Each cost from what isolates it, in turn: the network's step cost, step CPU and the machine's
     byte budget from the unshaped runs; the host lane's memory budget from its bandwidth-bound
-    allreduces (16 MB and more); its step CPU from the rest of the one-host allreduces."""
+    allreduces (16 MB and more); its step CPU from the rest of the one-host allreduces.
+    keep_step_costs: the base's TCP step cost and step CPU are kept and the byte budget alone is
+    fitted. The unshaped runs hardly tell them apart from it (their bytes outweigh a step's few
+    microseconds: with the budget refitted, any step cost of 1-10 us or step CPU of 0-10 us fits
+    2026-11-30's runs within a tenth of the same squared error), so a refit can move them anywhere."""
     def network(x) -> Profile:
+        if keep_step_costs:
+            return base.with_overrides(machine_gbps=x[0], line_gbps=x[0])
         return base.with_overrides(step_us={**base.step_us, "tcp": x[0], "mptcp": x[0]},
                                    step_cpu_us={**base.step_cpu_us, "tcp": x[1], "mptcp": x[1]},
                                    machine_gbps=x[2], line_gbps=x[2])
 
-    net = _fit(lambda x: _testbed_residuals(cases, network(x)), [20.0, 10.0, 30.0], [1.0, 0.0, 1.0],
-               [2000.0, 5000.0, 1000.0])
-    prof = network(net)
+    if keep_step_costs:
+        net = [base.step("tcp"), base.step_cpu_us.get("tcp", 0.0)] + \
+            _fit(lambda x: _testbed_residuals(cases, network(x)), [30.0], [1.0], [1000.0])
+        prof = network(net[2:])
+    else:
+        net = _fit(lambda x: _testbed_residuals(cases, network(x)), [20.0, 10.0, 30.0], [1.0, 0.0, 1.0],
+                   [2000.0, 5000.0, 1000.0])
+        prof = network(net)
     large = [p for p in lane if p["bytes"] >= 16 << 20]
     small = [p for p in lane if p["bytes"] < 16 << 20]
     shm = _fit(lambda x: _lane_residuals(large, prof.with_overrides(shm_gbps=x[0])), [50.0], [1.0], [1e4])[0] \
@@ -247,13 +258,13 @@ def fit_gloo(cases: List[Dict], base: Profile) -> Dict[str, float]:
     return {"step_us_gloo": float(fit.x[0]), "step_cpu_us_gloo": float(fit.x[1]), "gloo_op_us": float(fit.x[2])}
 
 
-def calibrate(measured: Dict, base: Profile, measured_name: str) -> Profile:
+def calibrate(measured: Dict, base: Profile, measured_name: str, keep_step_costs: bool = False) -> Profile:
     measured = _with_other_load(measured)
     small = measured["one_host_small"]
     prof = base.with_overrides(background_cpu=fit_background([p for p in small if _inline(p, base)]))
     negotiation = _negotiation_points(measured)
     prof = prof.with_overrides(**fit_negotiation(negotiation, prof))
-    net = fit_network(measured["unshaped"], _lane_points(measured, prof), prof)
+    net = fit_network(measured["unshaped"], _lane_points(measured, prof), prof, keep_step_costs)
     prof = prof.with_overrides(
         step_us={**prof.step_us, "tcp": net["step_us_tcp"], "mptcp": net["step_us_tcp"]},
         step_cpu_us={**prof.step_cpu_us, "tcp": net["step_cpu_us_tcp"], "mptcp": net["step_cpu_us_tcp"],
@@ -277,7 +288,8 @@ def calibrate(measured: Dict, base: Profile, measured_name: str) -> Profile:
     source = (f"fitted by `python -m nezha.sim calibrate` to {measured_name} (engine at commit "
               f"{measured.get('commit', '?')}), none of it a validation case: the CPU each rank burns per "
               f"second to the one-host 8 B series ({', '.join(sorted({str(p['ranks']) for p in small}, key=int))} "
-              f"ranks), the negotiation to the unshaped testbed runs' {small_sizes} allreduces, the per-step cost and CPU, "
+              f"ranks), the negotiation to the unshaped testbed runs' {small_sizes} allreduces, "
+              f"{'(the per-step cost and CPU kept from the base profile) ' if keep_step_costs else 'the per-step cost and CPU, '}"
               f"the machine's byte budget and the host lane's memory budget to unshaped testbed runs "
               f"({hosts} hosts) and one-host 64 KB - 64 MB allreduces, the machine's byte budget under "
               f"shaped links to {shaped or 'no'} shaped testbed runs, Gloo's costs to Gloo beside them; "
@@ -311,7 +323,7 @@ def run_calibration(args) -> int:
     elif len(runs) != 1:
         raise ValueError("a whole calibration fits one summary (sim_calibration.py --quietest merges runs)")
     else:
-        profile = calibrate(runs[0], load_profile(args.base), paths[0])
+        profile = calibrate(runs[0], load_profile(args.base), paths[0], getattr(args, "keep_step_costs", False))
     text = profile.to_json()
     if args.out:
         Path(args.out).write_text(text + "\n")

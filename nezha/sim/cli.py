@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
                          "(with --only handoff: one or more runs with striped [{hosts, gbps, records}])")
     ca.add_argument("--base", default="testbed", help="profile whose other fields are kept")
     ca.add_argument("--out", default=None, help="write the fitted profile here")
+    ca.add_argument("--keep-step-costs", action="store_true",
+                    help="keep --base's TCP step cost and step CPU (the unshaped runs hardly separate them from "
+                         "the machine's byte budget) and fit the rest")
     ca.add_argument("--only", choices=["handoff"], default=None,
                     help="fit only this to the measurements (handoff: the striped runs' hand-off CPU), "
                          "every other field kept from --base")
