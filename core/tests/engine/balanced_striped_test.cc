@@ -125,14 +125,18 @@ TEST_P(BalancedStripedTest, ARailSlowedAfterPlanningCarriesLessAndResultsStayExa
   // sends in the others. Balanced, the slowed rail keeps its first range (half its planned share)
   // and little more; planned, it keeps ~0.5 (WithBalancingOffTheSlowedRailKeepsItsPlannedShare).
   // Under ThreadSanitizer the instrumented copies and reductions, not the paced sends, set both
-  // rails' speed: there only exactness (checked above) is asserted.
+  // rails' speed, and the caller's rail can claim every range before the slowed rail's worker is
+  // first scheduled (seen in CI: 0 % on every rank): there only exactness (checked above) is
+  // asserted.
+#ifndef __SANITIZE_THREAD__
   for (int r = 0; r < kRanks; ++r) {
     if (GetParam() == OpType::kBroadcast && frac[r] == 0) continue;  // the chain's last rank sends nothing
-#ifndef __SANITIZE_THREAD__
     EXPECT_LT(frac[r], 0.4) << "rank " << r << ": the slowed rail kept too much of its share";
-#endif
     EXPECT_GT(frac[r], 0.05) << "rank " << r << ": the slowed rail carried nothing";
   }
+#else
+  (void)frac;
+#endif
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, BalancedStripedTest,
