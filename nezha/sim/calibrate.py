@@ -171,20 +171,17 @@ def fit_network(cases: List[Dict], lane: List[Dict], base: Profile, keep_step_co
     microseconds: with the budget refitted, any step cost of 1-10 us or step CPU of 0-10 us fits
     2026-11-30's runs within a tenth of the same squared error), so a refit can move them anywhere."""
     def network(x) -> Profile:
-        if keep_step_costs:
-            return base.with_overrides(machine_gbps=x[0], line_gbps=x[0])
         return base.with_overrides(step_us={**base.step_us, "tcp": x[0], "mptcp": x[0]},
                                    step_cpu_us={**base.step_cpu_us, "tcp": x[1], "mptcp": x[1]},
                                    machine_gbps=x[2], line_gbps=x[2])
 
     if keep_step_costs:
-        net = [base.step("tcp"), base.step_cpu_us.get("tcp", 0.0)] + \
-            _fit(lambda x: _testbed_residuals(cases, network(x)), [30.0], [1.0], [1000.0])
-        prof = network(net[2:])
+        kept = [base.step("tcp"), base.step_cpu_us.get("tcp", 0.0)]
+        net = kept + _fit(lambda x: _testbed_residuals(cases, network(kept + list(x))), [30.0], [1.0], [1000.0])
     else:
         net = _fit(lambda x: _testbed_residuals(cases, network(x)), [20.0, 10.0, 30.0], [1.0, 0.0, 1.0],
                    [2000.0, 5000.0, 1000.0])
-        prof = network(net)
+    prof = network(net)
     large = [p for p in lane if p["bytes"] >= 16 << 20]
     small = [p for p in lane if p["bytes"] < 16 << 20]
     shm = _fit(lambda x: _lane_residuals(large, prof.with_overrides(shm_gbps=x[0])), [50.0], [1.0], [1e4])[0] \
@@ -210,7 +207,7 @@ def fit_shaped_budget(cases: List[Dict], base: Profile) -> Optional[float]:
                 [base.machine_gbps or 30.0], [1.0], [1000.0])[0]
 
 
-def fit_handoff(cases: List[Dict], base: Profile, upper_us: float = 100.0, step_us: float = 1.0) -> Optional[float]:
+def fit_handoff(cases: List[Dict], base: Profile, upper_us: float = 100.0, grid_us: float = 1.0) -> Optional[float]:
     """A striped operation's hand-off CPU per rank, from the striped runs' 32-256 KB allreduces on
     two rails (job sizes no validation case has), everything else as fitted before. Their
     single-rail runs are not fitted: they have no hand-off (they show the rest of the model's error
@@ -225,8 +222,8 @@ def fit_handoff(cases: List[Dict], base: Profile, upper_us: float = 100.0, step_
     def error(x: float) -> float:
         return sum(abs(e) for e in _testbed_residuals(cases, base.with_overrides(handoff_cpu_us=x), iters=None))
 
-    coarse = min((error(i * step_us), i * step_us) for i in range(int(upper_us / step_us) + 1))[1]
-    fine = [max(0.0, coarse + (i - 10) * step_us / 10) for i in range(21)]
+    coarse = min((error(i * grid_us), i * grid_us) for i in range(int(upper_us / grid_us) + 1))[1]
+    fine = [max(0.0, coarse + (i - 10) * grid_us / 10) for i in range(21)]
     return min((error(x), x) for x in fine)[1]
 
 
