@@ -12,14 +12,16 @@
 namespace nezha::testing {
 namespace {
 
-const Deadline kSoon = Deadline::after_seconds(5);
+// Five seconds from the call: a deadline made once at start-up has passed by the time a long suite
+// reaches these tests.
+Deadline soon() { return Deadline::after_seconds(5); }
 
 TEST(MemoryRail, DeliversInOrderPerPair) {
   MemoryWorld world(2);
-  for (int i = 0; i < 3; ++i) world.rail(0).send(1, 10 + i, &i, sizeof i, kSoon);
+  for (int i = 0; i < 3; ++i) world.rail(0).send(1, 10 + i, &i, sizeof i, soon());
   for (int i = 0; i < 3; ++i) {
     int got = -1;
-    world.rail(1).recv(0, 10 + i, &got, sizeof got, kSoon);
+    world.rail(1).recv(0, 10 + i, &got, sizeof got, soon());
     EXPECT_EQ(got, i);
   }
   EXPECT_EQ(world.rail(0).counters().bytes_sent, 3 * sizeof(int));
@@ -30,13 +32,13 @@ TEST(MemoryRail, DeliversInOrderPerPair) {
 TEST(MemoryRail, WrongTagOrSizeIsAProtocolErrorThenTheConnectionIsClosed) {
   MemoryWorld world(3);
   int x = 1;
-  world.rail(0).send(1, 5, &x, sizeof x, kSoon);
-  EXPECT_THROW(world.rail(1).recv(0, 6, &x, sizeof x, kSoon), ProtocolError);
-  EXPECT_THROW(world.rail(1).recv(0, 5, &x, sizeof x, kSoon), PeerError);
-  EXPECT_THROW(world.rail(0).send(1, 5, &x, sizeof x, kSoon), PeerError);
+  world.rail(0).send(1, 5, &x, sizeof x, soon());
+  EXPECT_THROW(world.rail(1).recv(0, 6, &x, sizeof x, soon()), ProtocolError);
+  EXPECT_THROW(world.rail(1).recv(0, 5, &x, sizeof x, soon()), PeerError);
+  EXPECT_THROW(world.rail(0).send(1, 5, &x, sizeof x, soon()), PeerError);
 
-  world.rail(0).send(2, 5, &x, sizeof x, kSoon);
-  EXPECT_THROW(world.rail(2).recv(0, 5, &x, 2 * sizeof x, kSoon), ProtocolError);
+  world.rail(0).send(2, 5, &x, sizeof x, soon());
+  EXPECT_THROW(world.rail(2).recv(0, 5, &x, 2 * sizeof x, soon()), ProtocolError);
 }
 
 TEST(MemoryRail, RecvTimesOutNamingPeerAndRail) {
@@ -69,15 +71,15 @@ TEST(MemoryRail, AbortWakesABlockedReceiverAndPoisonsTheRail) {
     EXPECT_NE(std::string(e.what()).find("test shutdown"), std::string::npos) << e.what();
   }
   aborter.join();
-  EXPECT_THROW(world.rail(0).send(1, 1, &x, sizeof x, kSoon), NezhaError);
+  EXPECT_THROW(world.rail(0).send(1, 1, &x, sizeof x, soon()), NezhaError);
   // The peer sees the aborted rank as a failed peer.
-  EXPECT_THROW(world.rail(1).recv(0, 1, &x, sizeof x, kSoon), PeerError);
+  EXPECT_THROW(world.rail(1).recv(0, 1, &x, sizeof x, soon()), PeerError);
 }
 
 TEST(MemoryRail, ZeroByteMessagesAreStillExchanged) {
   MemoryWorld world(2);
-  std::thread peer([&] { world.rail(1).sendrecv(0, nullptr, 0, 0, nullptr, 0, 9, kSoon); });
-  world.rail(0).sendrecv(1, nullptr, 0, 1, nullptr, 0, 9, kSoon);
+  std::thread peer([&] { world.rail(1).sendrecv(0, nullptr, 0, 0, nullptr, 0, 9, soon()); });
+  world.rail(0).sendrecv(1, nullptr, 0, 1, nullptr, 0, 9, soon());
   peer.join();
   EXPECT_EQ(world.undelivered(), 0u);
 }
