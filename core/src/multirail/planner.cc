@@ -175,11 +175,14 @@ Plan whole_on(int rail, size_t count, std::string why) {
   return plan;
 }
 
-// Shares of `count` elements in whole alignment units, water-filled over the first `active` lanes.
+// Shares of `count` elements in whole alignment units: `held` units on the rails it names (by rail
+// index; empty: none), the rest water-filled over the first `active` lanes.
 Plan water_fill(const std::vector<Lane>& lanes, size_t active, double level, size_t count,
-                size_t elem_size, size_t unit_elems, size_t n_rails) {
+                size_t elem_size, size_t unit_elems, size_t n_rails,
+                const std::vector<size_t>& held = {}) {
   const size_t unit_bytes = unit_elems * elem_size;
-  const size_t total_units = count / unit_elems;
+  const size_t held_units = std::accumulate(held.begin(), held.end(), size_t{0});
+  const size_t total_units = count / unit_elems - held_units;
   const size_t tail = count % unit_elems;
 
   std::vector<size_t> units(n_rails, 0);
@@ -211,6 +214,7 @@ Plan water_fill(const std::vector<Lane>& lanes, size_t active, double level, siz
   std::vector<size_t> counts(n_rails, 0);
   int last_rail = -1;
   for (size_t r = 0; r < n_rails; ++r) {
+    if (r < held.size()) units[r] += held[r];
     counts[r] = units[r] * unit_elems;
     if (counts[r] > 0) last_rail = static_cast<int>(r);
   }
@@ -229,8 +233,13 @@ Plan water_fill(const std::vector<Lane>& lanes, size_t active, double level, siz
 }
 
 // A mid-band payload (planner.h: Mid band). Water filling starts from every rail's mid price and
-// re-prices a rail by the band its share falls in until every share is priced by its own band; a
-// rail whose share crosses the boundary again takes none (so this ends within 2n + 1 rounds).
+// re-prices a rail by the band its share falls in until every share is priced by its own band. A
+// rail that would cross the boundary again (its mid price gives it no more than kLatencyBoundBytes,
+// its latency price more) is held at the boundary, the largest share the log-step runs, and the
+// other rails share the rest: dropping it instead ended striping where the rails are alike (two
+// equal rails, 128 KB on 6 hosts: both shares at the boundary). Each rail moves once and is held at
+// most once, and a lone rail left to carry the rest takes the band of the rest once, so this ends
+// within 2n + 2 rounds.
 Plan plan_mid_band(const MidBandLanes& prices, const PlanRequest& req, size_t bytes) {
   const double b = static_cast<double>(bytes);
   size_t best = 0;
@@ -238,42 +247,71 @@ Plan plan_mid_band(const MidBandLanes& prices, const PlanRequest& req, size_t by
     if (single_time(prices.mid[i], b, false) < single_time(prices.mid[best], b, false)) best = i;
   const int best_rail = prices.mid[best].rail;
   const double best_s = single_time(prices.mid[best], b, false);
-  enum class Band { kMid, kSmall, kOut };
+  const size_t unit_bytes = std::lcm(req.elem_size, req.align_bytes);
+  // Whole units at most kLatencyBoundBytes, leaving room for the buffer's sub-unit tail, which
+  // water_fill() may give to a held share.
+  const size_t boundary_units = kLatencyBoundBytes / unit_bytes;
+  const bool tail = req.count % (unit_bytes / req.elem_size) != 0;
+  const size_t hold_units = tail && boundary_units > 0 ? boundary_units - 1 : boundary_units;
+  const double hold_bytes = static_cast<double>(hold_units * unit_bytes);
+  enum class Band { kMid, kSmall, kHeld, kOut };
   std::vector<Band> band(prices.mid.size(), Band::kMid);
   std::vector<bool> moved(prices.mid.size(), false);
   std::ostringstream why;
   const auto priced = [&](size_t i) -> const Lane& {
     return band[i] == Band::kMid ? prices.mid[i] : prices.small[i];
   };
-  for (size_t round = 0; round <= 2 * prices.mid.size(); ++round) {
-    std::vector<size_t> from;  // the rails taking part, by alpha as water_level() needs them
-    for (size_t i = 0; i < band.size(); ++i)
-      if (band[i] != Band::kOut) from.push_back(i);
+  for (size_t round = 0; round <= 2 * prices.mid.size() + 1; ++round) {
+    std::vector<size_t> from;  // the rails water-filled, by alpha as water_level() needs them
+    size_t n_held = 0;
+    double held_finish = 0;
+    for (size_t i = 0; i < band.size(); ++i) {
+      if (band[i] == Band::kHeld) {
+        ++n_held;
+        held_finish = std::max(held_finish, single_time(prices.small[i], hold_bytes, true));
+      } else if (band[i] != Band::kOut) {
+        from.push_back(i);
+      }
+    }
+    const double rest = b - static_cast<double>(n_held) * hold_bytes;
+    if (from.empty() || rest <= 0) break;
     std::stable_sort(from.begin(), from.end(),
                      [&](size_t x, size_t y) { return priced(x).alpha_s < priced(y).alpha_s; });
     std::vector<Lane> lanes;
     for (size_t i : from) lanes.push_back(priced(i));
-    if (lanes.size() < 2) break;
     size_t active = 0;
-    const double level = water_level(lanes, b, &active);
-    if (active < 2) break;
+    const double level = water_level(lanes, rest, &active);
+    if (active + n_held < 2) break;
     bool agreed = true;
     for (size_t k = 0; k < active; ++k) {
-      const double share = (level - lanes[k].alpha_s) * lanes[k].beta_Bps;
-      const Band want = share > static_cast<double>(kLatencyBoundBytes) ? Band::kMid : Band::kSmall;
+      // In whole units, as water_fill() rounds it: a share the water level puts a rounding error
+      // past the boundary still runs the log-step.
+      const double units = std::floor((level - lanes[k].alpha_s) * lanes[k].beta_Bps / unit_bytes);
+      const Band want = units * static_cast<double>(unit_bytes) > static_cast<double>(kLatencyBoundBytes)
+                            ? Band::kMid
+                            : Band::kSmall;
       const size_t i = from[k];
       if (band[i] == want) continue;
-      band[i] = moved[i] ? Band::kOut : want;
-      moved[i] = true;
       agreed = false;
+      if (from.size() == 1) {  // the rest is its share whatever its price: nothing to bounce
+        band[i] = want;
+        continue;
+      }
+      band[i] = !moved[i] ? want : hold_units > 0 ? Band::kHeld : Band::kOut;
+      moved[i] = true;
     }
     if (!agreed) continue;
-    if (level > (1 - kMinStripingGain) * best_s) break;
-    const size_t unit_bytes = std::lcm(req.elem_size, req.align_bytes);
+    const double finish = std::max(level, held_finish);
+    if (finish > (1 - kMinStripingGain) * best_s) break;
+    std::vector<size_t> held(req.rails.size(), 0);
+    for (size_t i = 0; i < band.size(); ++i)
+      if (band[i] == Band::kHeld) held[static_cast<size_t>(prices.mid[i].rail)] = hold_units;
     Plan plan = water_fill(lanes, active, level, req.count, req.elem_size, unit_bytes / req.elem_size,
-                           req.rails.size());
-    why << "hot: " << bytes << " B (mid band) over " << plan.shares.size() << " rails, predicted "
-        << level * 1e6 << " us against " << best_s * 1e6 << " us on rail " << best_rail << " alone";
+                           req.rails.size(), held);
+    why << "hot: " << bytes << " B (mid band) over " << plan.shares.size() << " rails";
+    if (n_held > 0) why << " (" << n_held << " held at " << hold_units * unit_bytes << " B)";
+    why << ", predicted " << finish * 1e6 << " us against " << best_s * 1e6 << " us on rail "
+        << best_rail << " alone";
     plan.why = why.str();
     return plan;
   }

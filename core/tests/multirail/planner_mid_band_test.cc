@@ -78,6 +78,34 @@ TEST(PlanMidBand, EqualRailsSplitWithEachSharePricedByItsBand) {
   EXPECT_NEAR(share_seconds(rails[0], double(plan.shares[0].count) * 4), 459.6e-6, 1e-6);
 }
 
+TEST(PlanMidBand, ARailBouncingAcrossTheBoundaryIsHeldThereNotDropped) {
+  // 6 hosts x 1 + 1 Gbit/s (the simulator's table after 300 calls): 145 / 175 us start-ups, 0.9
+  // Gbit/s rings, 0.44 Gbit/s halving/doubling. 128 KB by the mid prices: 66.4 / 64.7 KB, so rail 1
+  // runs the log-step; at that price it would take 87 KB (the mid band again) and rail 0 44 KB.
+  // Holding rail 1 at 64 KiB leaves rail 0 the other 64 KiB: two log-steps, ~0.76 ms predicted,
+  // where 128 KB alone on rail 0 is 2.5 ms (on the testbed: 1.7 against 2.8 ms).
+  const std::vector<RailEstimate> rails{with_mid(145, 0.9, 145, 0.44), with_mid(175, 0.9, 175, 0.44)};
+  Plan plan = plan_split(PlanRequest{(128 << 10) / 4, 4, rails, {true, true}});
+  ASSERT_EQ(plan.shares.size(), 2u) << plan.why;
+  EXPECT_EQ(plan.shares[0].count * 4, kLatencyBoundBytes) << plan.why;
+  EXPECT_EQ(plan.shares[1].count * 4, kLatencyBoundBytes) << plan.why;
+  EXPECT_NE(plan.why.find("held at 65536 B"), std::string::npos) << plan.why;
+  // 12 bytes more than two boundaries: the held share leaves room for the buffer's sub-unit tail
+  // (so it still runs the log-step), and the rail left with the rest, now past the boundary, takes
+  // it at its mid price.
+  const size_t odd = (128 << 10) / 4 + 3;
+  plan = plan_split(PlanRequest{odd, 4, rails, {true, true}});
+  ASSERT_EQ(plan.shares.size(), 2u) << plan.why;
+  EXPECT_EQ(plan.shares[0].count + plan.shares[1].count, odd);
+  EXPECT_EQ(plan.shares[1].count * 4, kLatencyBoundBytes - 64 + 12) << plan.why;
+  EXPECT_EQ(plan.shares[1].offset * 4 % 64, 0u);
+  EXPECT_GT(plan.shares[0].count * 4, kLatencyBoundBytes) << plan.why;
+  // 160 KB: no share near the boundary, both by their mid prices.
+  plan = plan_split(PlanRequest{(160 << 10) / 4, 4, rails, {true, true}});
+  ASSERT_EQ(plan.shares.size(), 2u) << plan.why;
+  EXPECT_EQ(plan.why.find("held"), std::string::npos) << plan.why;
+}
+
 TEST(PlanMidBand, ARailWithoutAMidFitIsPricedByItsBulkPrice) {
   // A rail that has not carried the band is priced by its ring's prices there (it gets a fit once
   // it takes a share); while no rail has a fit, the bulk prices alone plan the payload.
