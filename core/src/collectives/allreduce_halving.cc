@@ -10,7 +10,8 @@
 // The allgather undoes the steps (m = 1, 2, .., p/2): partners swap the ranges they hold.
 //
 // With n not a power of two, ranks p..n-1 first hand their whole input to rank r - p, which
-// combines it with its own, and they receive the result last (the log-step's fold).
+// combines it with its own, and they receive the result last (the log-step's fold); the ranks are
+// the rail's renumbered so that its rank 0 is such an extra rank (rotated_rail.h).
 //
 // Bit-identical results: every element's sum is computed by one rank (its block's owner) and
 // copied verbatim to the others; each combination takes lower-rank operand (op) higher-rank
@@ -27,6 +28,7 @@
 #include "collectives/algorithm_util.h"
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
+#include "collectives/rotated_rail.h"
 #include "common/aligned_buffer.h"
 
 namespace nezha::collectives {
@@ -225,7 +227,13 @@ void allreduce_halving(transport::PointToPointRail& rail, const void* in, void* 
     detail::allreduce_alone(rail, out, count, dtype, opt);
     return;
   }
-  Halving(rail, in, out, count, dtype, op, opt).run();
+  const int shift = detail::fold_shift(rail.size());
+  if (shift == 0) {
+    Halving(rail, in, out, count, dtype, op, opt).run();
+    return;
+  }
+  detail::RotatedRail rotated(rail, shift);
+  Halving(rotated, in, out, count, dtype, op, opt).run();
 }
 
 }  // namespace nezha::collectives

@@ -2,7 +2,9 @@
 //
 // With n not a power of two, let p be the largest power of two <= n. Ranks p..n-1 first fold their
 // data into ranks 0..n-p-1 ("extra" rank p+i pairs with rank i), the p remaining ranks run
-// recursive doubling, then each of ranks 0..n-p-1 sends the result back to its extra partner.
+// recursive doubling, then each of ranks 0..n-p-1 sends the result back to its extra partner. The
+// ranks are the rail's renumbered so that its rank 0 is an extra rank (rotated_rail.h: the
+// coordinator then times the whole operation).
 //
 // Bit-identical results: in every exchange both partners evaluate lower (op) higher, operands in
 // rank order, so even non-commutative cases (Min/Max with NaN) agree.
@@ -13,6 +15,7 @@
 #include "collectives/algorithm_util.h"
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
+#include "collectives/rotated_rail.h"
 #include "common/aligned_buffer.h"
 
 namespace nezha::collectives {
@@ -29,10 +32,8 @@ void combine_in_rank_order(uint8_t* mine, uint8_t* theirs, bool mine_is_lower, s
   }
 }
 
-}  // namespace
-
-void allreduce_logstep(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype,
-                       ReduceOp op, const CollectiveOptions& opt) {
+void logstep(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype, ReduceOp op,
+             const CollectiveOptions& opt) {
   const size_t bytes = count * dtype_size(dtype);
   detail::require(buf != nullptr || count == 0, "allreduce_logstep: null buffer");
   const int n = rail.size();
@@ -70,6 +71,19 @@ void allreduce_logstep(transport::PointToPointRail& rail, void* buf, size_t coun
   // extra ranks receive theirs scaled.
   if (opt.postscale != 1.0) scale(data, count, dtype, opt.postscale);
   if (has_extra_partner) rail.send(r + p, fold_out_tag, data, bytes, opt.deadline);
+}
+
+}  // namespace
+
+void allreduce_logstep(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype,
+                       ReduceOp op, const CollectiveOptions& opt) {
+  const int shift = detail::fold_shift(rail.size());
+  if (shift == 0) {
+    logstep(rail, buf, count, dtype, op, opt);
+    return;
+  }
+  detail::RotatedRail rotated(rail, shift);
+  logstep(rotated, buf, count, dtype, op, opt);
 }
 
 }  // namespace nezha::collectives
