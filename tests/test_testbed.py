@@ -154,6 +154,26 @@ def test_up_removes_leftovers_of_the_same_prefix(testbed_factory):
     assert netns.owned_links(prefix) == [f"{prefix}-br0", f"{prefix}-h0r0", f"{prefix}-h1r0"]
 
 
+def _congestion(tb, host):
+    return tb.exec(host, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"], capture_output=True,
+                   text=True).stdout.strip()
+
+
+@needs_testbed
+def test_every_host_runs_the_pinned_congestion_control_whatever_the_machines_default(testbed_factory):
+    machine = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    tb = testbed_factory(hosts=2, rails=1)
+    assert [_congestion(tb, h) for h in range(2)] == ["cubic", "cubic"]
+    assert [h["congestion"] for h in tb.status()["hosts"]] == ["cubic", "cubic"]
+    assert open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip() == machine  # untouched
+    tb.down()
+    tb = testbed_factory(hosts=2, rails=1, congestion=None)
+    assert [_congestion(tb, h) for h in range(2)] == [machine, machine]
+    tb.down()
+    with pytest.raises(TestbedError, match="'no-such-cc' is not available on this kernel"):
+        testbed_factory(hosts=2, rails=1, congestion="no-such-cc")
+
+
 @needs_testbed
 def test_every_host_reaches_every_other_host_and_the_rendezvous_on_every_rail(listeners):
     tb, ls = listeners

@@ -9,6 +9,7 @@ import sys
 
 from .commands import TestbedError
 from .testbed import Testbed
+from . import congestion as tcp_congestion
 from . import netns
 
 DEFAULT_PREFIX = "nz"
@@ -36,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--rate", default=None,
                     help="egress shaping per rail, e.g. 1gbit or 1gbit,250mbit (one value: every rail; off: none)")
     up.add_argument("--no-mptcp", action="store_true", help="leave MPTCP endpoints unconfigured")
+    up.add_argument("--congestion", default=tcp_congestion.DEFAULT, metavar="ALGORITHM",
+                    help=f"every host's TCP congestion control (default {tcp_congestion.DEFAULT}; "
+                         "'machine': the machine's own default)")
     up.add_argument("--aggregator", type=int, nargs="?", const=0, default=None, metavar="RAIL",
                     help="add an aggregator host (the last namespace) on RAIL's bridge (default 0), "
                          "its link shaped at hosts x the rail's rate, for nezha-aggd")
@@ -71,7 +75,8 @@ def main(argv=None) -> int:
             if rates is not None and len(rates) == 1:
                 rates = rates[0]
             testbed = Testbed(args.hosts, args.rails, rates=rates, prefix=args.prefix,
-                              mptcp=not args.no_mptcp, persistent=True, aggregator=args.aggregator).up()
+                              mptcp=not args.no_mptcp, persistent=True, aggregator=args.aggregator,
+                              congestion=None if args.congestion == "machine" else args.congestion).up()
             print(json.dumps(testbed.status(), indent=2))
         elif args.command == "down":
             netns.destroy(args.prefix)

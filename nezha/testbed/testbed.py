@@ -7,6 +7,7 @@ import subprocess
 from typing import Optional, Sequence, Union
 
 from . import commands, exclusive, lifecycle, mptcp, netns, shaping, topology
+from . import congestion as tcp_congestion
 from .topology import Topology
 
 Host = Union[int, str]
@@ -29,6 +30,8 @@ class Testbed:
     on rail r's bridge only (its links to the other rails are cut), with its egress shaped at
     hosts x rail r's rate: a switch's ports are each as fast as a host's, so the aggregator can send
     every host its result at full speed at once.
+    Every host's TCP runs `congestion` (congestion.py: CUBIC unless asked otherwise; None keeps the
+    machine's default, which differs between machines).
     Only one testbed can be up per machine (they share the root namespace's 10.5x.0.254 addresses):
     `up()` waits for another process's testbed to be torn down, and refuses if one left by the CLI is up.
     """
@@ -37,8 +40,10 @@ class Testbed:
 
     def __init__(self, hosts: int = 2, rails: int = 2, rates: Union[None, str, Sequence[Optional[str]]] = None,
                  prefix: Optional[str] = None, mptcp: bool = True, persistent: bool = False,
-                 wait_for_other_s: float = 120.0, aggregator: Optional[int] = None):
+                 wait_for_other_s: float = 120.0, aggregator: Optional[int] = None,
+                 congestion: Optional[str] = tcp_congestion.DEFAULT):
         self._rank_hosts = hosts
+        self._congestion = congestion
         self._aggregator = aggregator
         if aggregator is not None and not 0 <= aggregator < rails:
             raise ValueError(f"aggregator rail {aggregator} out of range: {rails} rails")
@@ -78,6 +83,10 @@ class Testbed:
         try:
             exclusive.check_no_other_testbed(self.prefix)
             netns.create(self._topo)
+            if self._congestion:
+                tcp_congestion.allow(self._congestion)
+                for namespace in self._topo.host_names:
+                    tcp_congestion.configure(namespace, self._congestion)
             for host, namespace in enumerate(self.hosts):
                 if self._mptcp:
                     mptcp.configure(namespace, host, self.rails)
@@ -185,7 +194,7 @@ class Testbed:
         self._require_up()
         hosts = []
         for host, namespace in enumerate(self._topo.host_names):
-            hosts.append({"name": namespace, "rails": [
+            hosts.append({"name": namespace, "congestion": tcp_congestion.current(namespace), "rails": [
                 {"rail": rail, "interface": self.interface(rail), "address": self.host_addr(host, rail),
                  "rate": self.rate(rail, host), "link": "up" if self.link_is_up(rail, host) else "down"}
                 for rail in range(self.rails)]})
