@@ -190,3 +190,18 @@ def test_the_handoff_fit_recovers_the_cost_that_made_the_striped_runs():
     assert fitted.handoff_cpu_us == pytest.approx(9.0, rel=0.1)
     assert fitted.step_us == base.step_us and fitted.op_us == base.op_us  # nothing else refitted
     assert "handoff" in fitted.source and "synthetic" in fitted.source
+
+
+def test_the_shaped_budget_fit_finds_a_budget_far_below_the_unshaped_one():
+    # The shaped runs feel the budget only where it binds: from the unshaped budget (45 Gbit/s
+    # here) down to what they ask of the machine the error is flat, and a fit that started there
+    # used to stay there.
+    pytest.importorskip("scipy")
+    from nezha.sim.calibrate import fit_shaped_budget
+    from nezha.sim.cli import allreduce_records
+
+    base = load_profile("testbed").with_overrides(machine_gbps=45.0, line_gbps=45.0)
+    truth = base.with_overrides(shaped_machine_gbps=22.0)
+    recs = allreduce_records(Cluster(8, 1, parse_rails("2gbit,2gbit")), truth, [4 << 20, 16 << 20, 64 << 20])
+    shaped = [{"hosts": 8, "rails": 2, "gbps": [2.0, 2.0], "records": recs}]
+    assert fit_shaped_budget(shaped, base) == pytest.approx(22.0, rel=0.05)
