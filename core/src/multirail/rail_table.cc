@@ -34,6 +34,12 @@ void RailTable::observe(int rail, size_t bytes, double seconds) {
   models_.at(static_cast<size_t>(rail)).observe(bytes, seconds);
 }
 
+double RailTable::own_predicted_seconds(int rail, size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const RailEstimate e = models_.at(static_cast<size_t>(rail)).estimate();
+  return e.known() ? predicted_seconds(e, bytes) : 0.0;
+}
+
 void RailTable::observe_operation(size_t bytes, bool striped, double seconds) {
   if (rails_.size() < 2 || check_class(bytes) < 0) return;  // one rail: nothing to decide
   std::lock_guard<std::mutex> lock(mu_);

@@ -110,6 +110,9 @@ class RailTable {
 
   // Rail workers: one share of `bytes` took `seconds` on `rail`.
   void observe(int rail, size_t bytes, double seconds);
+  // What this rank's own model of `rail` predicts for a share of `bytes` (the model observe()
+  // feeds); 0 while it knows too little.
+  double own_predicted_seconds(int rail, size_t bytes) const;
   // The executor: an allreduce of `bytes` of every rank took `seconds` on this rank from its shares
   // being posted to its result, `striped` over several rails or whole on one (StripingCheck; rank
   // 0's verdict over every rank's times goes out as every estimate's min_striped_bytes). On rank 0

@@ -24,6 +24,15 @@
 // (a message that was already buffered returns in microseconds, one that crossed the network in tens
 // of them).
 //
+// What a share with waits taken out may claim is bounded below by what the rail is known to take
+// for its bytes (`floor_seconds`: this rank's model's prediction). Where the ranks starve for CPU
+// (16 testbed hosts training on 2 cores) a peer runs in bursts: most calls find their data already
+// buffered and return in microseconds, the few that waited carry the transfer too, and taking
+// their excess out left 0.3-1 ms of shares that took 80-270 ms, 5-8 Gbit/s on a 0.25 Gbit/s rail;
+// three of those in a row reset a cost model to them, and the next plan put 71 % of 100 MB on that
+// rail. A share with waits is evidence of the waits, not of the rail's speed; one without keeps
+// its own time, so a rail that did get faster is still seen.
+//
 // Not covered: a share of one data call (nothing to compare it with), waits at more than a quarter
 // of a share's calls (the reference is then a wait itself), and shares whose algorithm the engine
 // does not time call by call (a collective rail, the hierarchical allreduce) or does not correct
@@ -40,7 +49,9 @@ constexpr double kPeerWaitRatio = 2.0;
 constexpr double kMinPeerWaitSeconds = 500e-6;
 
 // The seconds of a share of `total_seconds` that the rail is answerable for, given the durations of
-// its data calls (any order; empty: total_seconds). Never negative, never above total_seconds.
-double rail_share_seconds(double total_seconds, const std::vector<double>& call_seconds);
+// its data calls (any order; empty: total_seconds) and, where waits are taken out, no less than
+// `floor_seconds` (0: no bound). Never negative, never above total_seconds.
+double rail_share_seconds(double total_seconds, const std::vector<double>& call_seconds,
+                          double floor_seconds = 0);
 
 }  // namespace nezha::multirail

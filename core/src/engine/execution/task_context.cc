@@ -101,7 +101,10 @@ void TaskContext::allreduce_on(int rail, const void* in, void* out, size_t count
 void TaskContext::observe(int rail, size_t bytes, Clock::time_point start, const std::string& what, bool measure,
                           const std::vector<double>* call_seconds) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const double rail_secs = call_seconds ? multirail::rail_share_seconds(secs, *call_seconds) : secs;
+  const double rail_secs =
+      call_seconds ? multirail::rail_share_seconds(secs, *call_seconds,
+                                                   table ? table->own_predicted_seconds(rail, bytes) : 0.0)
+                   : secs;
   if (measure && table) table->observe(rail, bytes, rail_secs);
   if (observer) observer(rail, bytes, start, secs, rail_secs, what);
 }
