@@ -37,12 +37,20 @@ def allow(algorithm: str) -> None:
                 f"(available: {' '.join(_words('tcp_available_congestion_control'))})")
     allowed = _words("tcp_allowed_congestion_control")
     if algorithm not in allowed:
-        commands.run(["sysctl", "-q", "-w", "net.ipv4.tcp_allowed_congestion_control=" + " ".join(allowed + [algorithm])])
+        # Where this is refused (a container's /proc/sys), configure() says what failed.
+        commands.run(["sysctl", "-q", "-w", "net.ipv4.tcp_allowed_congestion_control=" + " ".join(allowed + [algorithm])],
+                     check=False)
 
 
 def configure(namespace: str, algorithm: str) -> None:
     """Every TCP connection `namespace` opens from now on runs `algorithm`."""
-    commands.run(commands.in_netns(namespace, ["sysctl", "-q", "-w", f"net.ipv4.tcp_congestion_control={algorithm}"]))
+    try:
+        commands.run(commands.in_netns(namespace, ["sysctl", "-q", "-w", f"net.ipv4.tcp_congestion_control={algorithm}"]))
+    except commands.CommandError as exc:
+        raise commands.TestbedError(
+            f"cannot run TCP congestion control {algorithm!r} in {namespace} (a namespace may only pick one in "
+            f"tcp_allowed_congestion_control: {' '.join(_words('tcp_allowed_congestion_control'))}); "
+            f"Testbed(congestion=None) keeps the machine's: {exc}") from None
 
 
 def current(namespace: str) -> str:
