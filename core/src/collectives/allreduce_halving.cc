@@ -11,7 +11,7 @@
 //
 // With n not a power of two, ranks p..n-1 first hand their whole input to rank r - p, which
 // combines it with its own, and they receive the result last (the log-step's fold); the ranks are
-// the rail's renumbered so that its rank 0 is such an extra rank (rotated_rail.h).
+// the rail's renumbered so that its rank 0 is such an extra rank (detail::fold_members).
 //
 // Bit-identical results: every element's sum is computed by one rank (its block's owner) and
 // copied verbatim to the others; each combination takes lower-rank operand (op) higher-rank
@@ -28,7 +28,7 @@
 #include "collectives/algorithm_util.h"
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
-#include "collectives/rotated_rail.h"
+#include "transport/group_rail.h"
 #include "common/aligned_buffer.h"
 
 namespace nezha::collectives {
@@ -227,13 +227,13 @@ void allreduce_halving(transport::PointToPointRail& rail, const void* in, void* 
     detail::allreduce_alone(rail, out, count, dtype, opt);
     return;
   }
-  const int shift = detail::fold_shift(rail.size());
-  if (shift == 0) {
+  std::vector<int> members = detail::fold_members(rail.size());
+  if (members.empty()) {
     Halving(rail, in, out, count, dtype, op, opt).run();
     return;
   }
-  detail::RotatedRail rotated(rail, shift);
-  Halving(rotated, in, out, count, dtype, op, opt).run();
+  transport::GroupRail renumbered(rail, std::move(members));
+  Halving(renumbered, in, out, count, dtype, op, opt).run();
 }
 
 }  // namespace nezha::collectives

@@ -3,7 +3,7 @@
 // With n not a power of two, let p be the largest power of two <= n. Ranks p..n-1 first fold their
 // data into ranks 0..n-p-1 ("extra" rank p+i pairs with rank i), the p remaining ranks run
 // recursive doubling, then each of ranks 0..n-p-1 sends the result back to its extra partner. The
-// ranks are the rail's renumbered so that its rank 0 is an extra rank (rotated_rail.h: the
+// ranks are the rail's renumbered so that its rank 0 is an extra rank (detail::fold_members: the
 // coordinator then times the whole operation).
 //
 // Bit-identical results: in every exchange both partners evaluate lower (op) higher, operands in
@@ -15,7 +15,7 @@
 #include "collectives/algorithm_util.h"
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
-#include "collectives/rotated_rail.h"
+#include "transport/group_rail.h"
 #include "common/aligned_buffer.h"
 
 namespace nezha::collectives {
@@ -77,13 +77,13 @@ void logstep(transport::PointToPointRail& rail, void* buf, size_t count, DataTyp
 
 void allreduce_logstep(transport::PointToPointRail& rail, void* buf, size_t count, DataType dtype,
                        ReduceOp op, const CollectiveOptions& opt) {
-  const int shift = detail::fold_shift(rail.size());
-  if (shift == 0) {
+  std::vector<int> members = detail::fold_members(rail.size());
+  if (members.empty()) {
     logstep(rail, buf, count, dtype, op, opt);
     return;
   }
-  detail::RotatedRail rotated(rail, shift);
-  logstep(rotated, buf, count, dtype, op, opt);
+  transport::GroupRail renumbered(rail, std::move(members));
+  logstep(renumbered, buf, count, dtype, op, opt);
 }
 
 }  // namespace nezha::collectives

@@ -16,18 +16,19 @@ std::string ranks_str(const std::vector<int>& ranks) {
 
 GroupRail::GroupRail(PointToPointRail& parent, std::vector<int> members)
     : parent_(parent), members_(std::move(members)) {
-  const std::string where = "group of rail '" + parent_.properties().name + "' (ranks " + ranks_str(members_) + ")";
+  // Built only for an error: the log-step and halving/doubling make a view per operation.
+  const auto where = [&] { return "group of rail '" + parent_.properties().name + "' (ranks " + ranks_str(members_) + ")"; };
   for (size_t i = 0; i < members_.size(); ++i) {
     const int m = members_[i];
     if (m < 0 || m >= parent_.size())
-      throw InvalidArgument(where + ": rank " + std::to_string(m) + " is not a rank of the job (size " +
+      throw InvalidArgument(where() + ": rank " + std::to_string(m) + " is not a rank of the job (size " +
                             std::to_string(parent_.size()) + ")");
     if (std::find(members_.begin(), members_.begin() + static_cast<long>(i), m) != members_.begin() + static_cast<long>(i))
-      throw InvalidArgument(where + ": rank " + std::to_string(m) + " is listed twice");
+      throw InvalidArgument(where() + ": rank " + std::to_string(m) + " is listed twice");
     if (m == parent_.rank()) rank_ = static_cast<int>(i);
   }
   if (rank_ < 0)
-    throw InvalidArgument(where + ": this rank (" + std::to_string(parent_.rank()) + ") is not a member");
+    throw InvalidArgument(where() + ": this rank (" + std::to_string(parent_.rank()) + ") is not a member");
 }
 
 void GroupRail::connect(const std::vector<std::string>&, const Deadline&) {

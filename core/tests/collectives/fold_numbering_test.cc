@@ -1,7 +1,7 @@
 // Where n is not a power of two, the log-step and halving/doubling fold n - p ranks into partners;
 // rail rank 0 (the coordinator, whose share times plan every operation) must be one of those folded
 // ranks: it hands over its input and receives the result, so its share lasts the whole operation
-// (core/src/collectives/rotated_rail.h). Checked by what rank 0 sends and receives, and that every
+// (detail::fold_members, algorithm_util.h). Checked by what rank 0 sends and receives, and that every
 // rank still gets the exact sum.
 #include <algorithm>
 #include <mutex>
