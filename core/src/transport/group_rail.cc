@@ -1,6 +1,5 @@
 #include "transport/group_rail.h"
 
-#include <algorithm>
 
 #include "common/error.h"
 
@@ -18,13 +17,15 @@ GroupRail::GroupRail(PointToPointRail& parent, std::vector<int> members)
     : parent_(parent), members_(std::move(members)) {
   // Built only for an error: the log-step and halving/doubling make a view per operation.
   const auto where = [&] { return "group of rail '" + parent_.properties().name + "' (ranks " + ranks_str(members_) + ")"; };
+  std::vector<bool> listed(static_cast<size_t>(parent_.size()), false);  // linear: one view per operation
   for (size_t i = 0; i < members_.size(); ++i) {
     const int m = members_[i];
     if (m < 0 || m >= parent_.size())
       throw InvalidArgument(where() + ": rank " + std::to_string(m) + " is not a rank of the job (size " +
                             std::to_string(parent_.size()) + ")");
-    if (std::find(members_.begin(), members_.begin() + static_cast<long>(i), m) != members_.begin() + static_cast<long>(i))
+    if (listed[static_cast<size_t>(m)])
       throw InvalidArgument(where() + ": rank " + std::to_string(m) + " is listed twice");
+    listed[static_cast<size_t>(m)] = true;
     if (m == parent_.rank()) rank_ = static_cast<int>(i);
   }
   if (rank_ < 0)
