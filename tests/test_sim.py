@@ -284,3 +284,34 @@ def test_per_experiment_pools_a_job_sizes_inline_runs_by_their_median():
     assert inline[0]["error"] == pytest.approx(1 / 1.1 - 1)
     # a rail-bound size is its own experiment per case: all three kept as they were
     assert [r["error"] for r in pooled if r["size"] == "1M"] == [r["error"] for r in table if r["size"] == "1M"]
+
+
+def test_per_experiment_pools_a_case_with_its_repeats_from_other_runs():
+    from nezha.sim.cli import allreduce_records
+    from nezha.sim.validate import per_experiment, rows
+
+    profile = load_profile("testbed")
+    sim = allreduce_records(Cluster(4, 1, parse_rails("1gbit,250mbit")), profile, [1 << 20])
+    # the same case measured in three runs (three measurement files merged), and another case once
+    runs = [{"hosts": 4, "rates": ["1gbit", "250mbit"], "impl": "nezha-2rails",
+             "records": [dict(r, time_us=r["time_us"] * f) for r in sim]} for f in (1.0, 1.5, 0.9)]
+    other = {"hosts": 4, "rates": ["1gbit", "250mbit"], "impl": "nezha-rail0",
+             "records": [dict(r, time_us=r["time_us"] * 3) for r in sim]}
+    table = rows({"cases": runs + [other], "training": []}, profile)
+    pooled = per_experiment(table)
+    assert [r["impl"] for r in pooled] == ["nezha-2rails, median of 3 runs", "nezha-rail0"]
+    assert pooled[0]["measured"] == pytest.approx(sim[0]["time_us"])  # median of x1, x1.5, x0.9
+    assert pooled[0]["error"] == pytest.approx(0.0, abs=1e-9)
+    assert pooled[1] == table[-1]  # measured once: kept as it was
+
+
+def test_per_experiment_pools_training_repeats_whatever_split_each_run_sent():
+    from nezha.sim.validate import per_experiment
+
+    base = {"what": "train", "hosts": 8, "ranks_per_host": 1, "rates": "1gbit+1gbit", "impl": "nezha-2rails",
+            "simulated": 100.0}
+    table = [dict(base, size=f"mlp46m (rails {split})", measured=m, error=100.0 / m - 1)
+             for split, m in (("48/52", 90.0), ("93/7", 150.0), ("51/49", 110.0))]
+    pooled = per_experiment(table)
+    assert len(pooled) == 1 and pooled[0]["size"] == "mlp46m"
+    assert pooled[0]["measured"] == 110.0 and pooled[0]["error"] == pytest.approx(100 / 110 - 1)

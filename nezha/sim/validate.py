@@ -109,24 +109,38 @@ def repeatability(measured: Dict) -> List[Dict]:
 
 
 def per_experiment(table: List[Dict]) -> List[Dict]:
-    """The table with Nezha's inline allreduces of one job size pooled into one case each: measured
-    is the median of its runs (one experiment, see the module's doc), simulated the model's time
-    (the same for every run: inline, rails and rates do not enter it)."""
-    pooled: Dict[tuple, List[Dict]] = {}
-    out = []
+    """The table with each experiment as one case, measured by the median of its runs: Nezha's
+    inline allreduces of one job size pooled whatever the rails (see the module's doc; simulated is
+    the same for every run: inline, rails and rates do not enter it), and every other case pooled
+    with its repeats (the same job, rails, implementation and size in several measurement files)."""
+    inline: Dict[tuple, List[Dict]] = {}
+    repeats: Dict[tuple, List[Dict]] = {}
     for r in table:
         if r.get("inline") and r["impl"].startswith("nezha"):
-            pooled.setdefault((r["hosts"], r["ranks_per_host"], r["bytes"]), []).append(r)
+            inline.setdefault((r["hosts"], r["ranks_per_host"], r["bytes"]), []).append(r)
         else:
-            out.append(r)
-    for (hosts, rph, nbytes), runs in sorted(pooled.items()):
-        measured = statistics.median(r["measured"] for r in runs)
-        simulated = statistics.median(r["simulated"] for r in runs)
-        out.append({"what": "allreduce", "hosts": hosts, "ranks_per_host": rph, "rates": "any",
-                    "impl": f"nezha, median of {len(runs)} runs", "size": format_size(nbytes), "bytes": nbytes,
-                    "inline": True, "measured": measured, "simulated": simulated,
-                    "error": simulated / measured - 1})
+            repeats.setdefault((r["what"], r["hosts"], r["ranks_per_host"], r["rates"], r["impl"],
+                                r.get("bytes", _model(r["size"]))), []).append(r)
+    out = [_median_case(runs[0], runs, runs[0]["impl"]) if len(runs) > 1 else runs[0]
+           for runs in repeats.values()]
+    for (hosts, rph, nbytes), runs in sorted(inline.items()):
+        out.append(_median_case({"what": "allreduce", "hosts": hosts, "ranks_per_host": rph, "rates": "any",
+                                 "size": format_size(nbytes), "bytes": nbytes, "inline": True},
+                                runs, "nezha"))
     return out
+
+
+def _model(size: str) -> str:
+    """A training row's size without the split its run sent ("mlp46m (rails 48/52)")."""
+    return size.split(" (rails")[0]
+
+
+def _median_case(case: Dict, runs: List[Dict], impl: str) -> Dict:
+    measured = statistics.median(r["measured"] for r in runs)
+    simulated = statistics.median(r["simulated"] for r in runs)
+    size = case["size"] if case["what"] == "allreduce" else _model(case["size"])
+    return {**case, "impl": f"{impl}, median of {len(runs)} runs", "size": size, "measured": measured,
+            "simulated": simulated, "error": simulated / measured - 1}
 
 
 def summary(table: List[Dict]) -> Dict:
@@ -189,13 +203,14 @@ def markdown(table: List[Dict], summ: Dict, profile_name: str, measured_path: st
     lines = [f"Profile `{profile_name}`; measurements `{measured_path}`.", "", "Per run:", ""]
     lines += _summary_lines(summ)
     if summ_experiments:
-        lines += ["", "Per experiment (each job size's inline allreduces, one experiment whatever the rails, "
-                  "measured by the median of its runs; every other case as per run):", ""]
+        lines += ["", "Per experiment (each job size's inline allreduces, one experiment whatever the rails; "
+                  "every other case with its repeats in the other measurement files; each measured by the "
+                  "median of its runs):", ""]
         lines += _summary_lines(summ_experiments)
     lines += [""] + _case_lines(table)
-    pooled = [r for r in experiments if r.get("inline") and r["impl"].startswith("nezha")]
+    pooled = [r for r in experiments if "median of" in r["impl"]]
     if pooled:
-        lines += ["", "The inline allreduces per experiment:", ""] + _case_lines(pooled)
+        lines += ["", "The experiments measured more than once, by the median of their runs:", ""] + _case_lines(pooled)
     if repeats:
         lines += ["", "Repeatability: one experiment measured more than once (max / min - 1 over its runs).", "",
                   "| hosts x ranks | what | experiment | runs | spread |", "|---:|---|---|---:|---:|"]
