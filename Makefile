@@ -46,8 +46,9 @@ docs: setup
 test-cpp: build/cpp/.built
 	cd build/cpp && ctest --output-on-failure -j2
 
+# The slowest tests are listed at the end: what to look at first when the CI run grows.
 test-py: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 # Sanitizer tiers. The C++ unit tests under AddressSanitizer + UndefinedBehaviorSanitizer and,
 # separately, ThreadSanitizer; the Python lifetime tests against an ASan build of nezha._core
