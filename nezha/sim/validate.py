@@ -139,8 +139,8 @@ def _median_case(case: Dict, runs: List[Dict], impl: str) -> Dict:
     measured = statistics.median(r["measured"] for r in runs)
     simulated = statistics.median(r["simulated"] for r in runs)
     size = case["size"] if case["what"] == "allreduce" else _model(case["size"])
-    return {**case, "impl": f"{impl}, median of {len(runs)} runs", "size": size, "measured": measured,
-            "simulated": simulated, "error": simulated / measured - 1}
+    return {**case, "impl": f"{impl}, median of {len(runs)} runs", "size": size, "runs": len(runs),
+            "measured": measured, "simulated": simulated, "error": simulated / measured - 1}
 
 
 def summary(table: List[Dict]) -> Dict:
@@ -208,7 +208,7 @@ def markdown(table: List[Dict], summ: Dict, profile_name: str, measured_path: st
                   "median of its runs):", ""]
         lines += _summary_lines(summ_experiments)
     lines += [""] + _case_lines(table)
-    pooled = [r for r in experiments if "median of" in r["impl"]]
+    pooled = [r for r in experiments if "runs" in r]
     if pooled:
         lines += ["", "The experiments measured more than once, by the median of their runs:", ""] + _case_lines(pooled)
     if repeats:
