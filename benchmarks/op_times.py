@@ -2,13 +2,16 @@
 """Every allreduce's time on the testbed, not only the median: stalls, and what rank 0 learned.
 
 nezha-bench reports a median per size, which hides an operation in forty that stalls for 100 ms.
-This runs N allreduces per size on H testbed hosts (two rails at RATE each), one rank per host, and
-prints per size rank 0's median, mean, 90th percentile, slowest and the count over 10 ms (the first
-fifth left out as warm-up), with rank 0's per-rail estimates (alpha, mid-band start-up and rate);
-then the testbed's tbf drops and TCP retransmissions and timeouts, summed over the hosts.
+This runs N allreduces per size on H testbed hosts (two rails at RATE each, or one rail per rate
+of RATES), one rank per host, and prints per size rank 0's median, mean, 90th percentile, slowest
+and the count over 10 ms (the first fifth left out as warm-up), the rails' shares of the bytes
+rank 0 sent, and rank 0's per-rail estimates (alpha and rate, mid-band start-up and rate, the size
+below which striping is off); then the testbed's tbf drops and TCP retransmissions and timeouts, summed over the hosts. With
+NEZHA_TIMELINE=dir/trace.{rank}.json set, every rank writes its timeline (each share's time on its
+rail, each negotiation).
 
     .venv/bin/python benchmarks/op_times.py --hosts 6 --sizes 64K,128K,256K --iters 250 \\
-        [--rate 1gbit] [--congestion cubic|bbr|machine]        # repo root, as root
+        [--rate 1gbit | --rates 1gbit,250mbit] [--congestion cubic|bbr|machine]        # repo root, as root
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ def worker(sizes, iters: int) -> None:
     hvd.init()
     for size in sizes:
         x = np.ones(size // 4, np.float32)
+        sent_before = [s["bytes_sent"] for s in hvd.rail_stats()]
         times = []
         for _ in range(iters):
             start = time.perf_counter()
@@ -46,12 +50,16 @@ def worker(sizes, iters: int) -> None:
             times.append((time.perf_counter() - start) * 1e6)
         if hvd.rank() == 0:
             kept = sorted(times[iters // 5:])
-            rails = [(round(s["alpha_us"]), round(s["mid_alpha_us"]), round(s["mid_beta_gbps"], 2))
-                     for s in hvd.rail_stats()]
+            stats = hvd.rail_stats()
+            rails = [(round(s["alpha_us"]), round(s["beta_gbps"], 3), round(s["mid_alpha_us"]),
+                      round(s["mid_beta_gbps"], 3), s["min_striped_bytes"]) for s in stats]
+            sent = [s["bytes_sent"] - b for s, b in zip(stats, sent_before)]
+            split = "/".join(f"{100 * b / max(1, sum(sent)):.0f}" for b in sent)
             print(f"{size:>8} B  median {statistics.median(kept):8.0f} us  mean {statistics.mean(kept):8.0f}"
                   f"  p90 {kept[int(len(kept) * 0.9)]:8.0f}  max {kept[-1]:8.0f}"
-                  f"  over 10 ms: {sum(t > STALL_US for t in kept):3d}"
-                  f"  rank 0's (alpha, mid alpha us, mid Gbit/s) per rail: {rails}", flush=True)
+                  f"  over 10 ms: {sum(t > STALL_US for t in kept):3d}  rails' bytes {split}"
+                  f"  rank 0's (alpha us, Gbit/s, mid alpha us, mid Gbit/s, min striped B) per rail: {rails}",
+                  flush=True)
     hvd.shutdown()
 
 
@@ -75,6 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="64K,128K,256K")
     parser.add_argument("--iters", type=int, default=250)
     parser.add_argument("--rate", default="1gbit", help="both rails' rate")
+    parser.add_argument("--rates", help="each rail's rate, comma-separated (instead of --rate)")
     parser.add_argument("--congestion", default="cubic", help="hosts' TCP congestion control ('machine': its default)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -85,7 +94,8 @@ def main(argv=None) -> int:
 
     from nezha.testbed import Testbed
 
-    testbed = Testbed(args.hosts, 2, rates=[args.rate, args.rate], prefix="nzops",
+    rates = args.rates.split(",") if args.rates else [args.rate, args.rate]
+    testbed = Testbed(args.hosts, len(rates), rates=rates, prefix="nzops",
                       congestion=None if args.congestion == "machine" else args.congestion)
     with testbed:
         argv = [sys.executable, "-m", "nezha.runner", "-np", str(args.hosts), *testbed.nezharun_args(), "--",
@@ -96,7 +106,7 @@ def main(argv=None) -> int:
         if done.returncode != 0:
             print(done.stderr[-3000:], file=sys.stderr)
             return done.returncode
-        print(f"{args.hosts} hosts x 2 x {args.rate}, TCP {testbed.status()['hosts'][0]['congestion']}: "
+        print(f"{args.hosts} hosts x {'+'.join(rates)}, TCP {testbed.status()['hosts'][0]['congestion']}: "
               f"{host_counters(testbed)}")
     return 0
 
