@@ -8,9 +8,9 @@ nezha-bench on rail 0 of an unshaped 2- to 16-host testbed with Gloo beside it o
 interface (the per-step cost and CPU, the machine's byte budget, Gloo's per-step cost), and
 nezha-bench on two shaped rails faster than the validation's, 8 hosts x 2 x 2 Gbit/s, 4-64 MB (the
 machine's byte budget when every packet also passes a token bucket: 32 Gbit/s asked of it), and
-nezha-bench's 32-256 KB allreduces on 6 and 12 hosts x 2 x 1 Gbit/s, then on the first rail alone
+nezha-bench's 4-256 KB allreduces on 6 and 12 hosts x 2 x 1 Gbit/s, then on the first rail alone
 (what a striped operation costs the shared cores beyond its shares: its hand-offs to the rails'
-workers).
+workers; and from the single rail's 4 and 16 KB, a message step's wait for a core).
 
 The machine is shared with other work (builds, other measurements), which slows whatever runs
 beside it: each part records the cores that other work took meanwhile (other_cores; the
@@ -52,7 +52,8 @@ SHAPED_SIZES = "4M,16M,64M"
 SHAPED_HOSTS, SHAPED_RATE = 8, "2gbit"  # two rails at this rate: no validation case's rates
 # Striped small and mid-size allreduces against one rail alone, at job sizes no validation case has:
 # what a striped operation costs the hosts' shared cores beyond its shares (the hand-offs).
-STRIPED_HOSTS, STRIPED_RATE, STRIPED_SIZES = "6,12", "1gbit", "32K,64K,128K,256K"
+# Their single rail's 4 and 16 KB allreduces: a step's latency (too small to fill a token bucket).
+STRIPED_HOSTS, STRIPED_RATE, STRIPED_SIZES = "6,12", "1gbit", "4K,16K,32K,64K,128K,256K"
 JOB_TIMEOUT_S = 300.0
 class OtherLoad:
     """What else ran on the machine while a part ran (other jobs build and measure on it): the

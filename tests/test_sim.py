@@ -220,7 +220,8 @@ def test_cli_writes_records_and_rejects_bad_rails(tmp_path):
 
 
 def test_a_shared_machine_is_split_max_min_fairly_among_busy_links():
-    profile = load_profile("testbed").with_overrides(machine_gbps=20.0, shaped_machine_gbps=None)
+    # (no background: the budget is the machine's whole; test_sim_cpu.py takes the background's share)
+    profile = load_profile("testbed").with_overrides(machine_gbps=20.0, shaped_machine_gbps=None, background_cpu=0.0)
     job = SimJob(Cluster(16, 1, parse_rails("1gbit,250mbit")), profile, calibrate=False)
     # 16 hosts x (1 + 0.25) Gbit/s of payload fits 20: neither link is slowed.
     assert job.link(0, (0, 1)).cap >= job.links[0].rate
@@ -231,7 +232,8 @@ def test_a_shared_machine_is_split_max_min_fairly_among_busy_links():
 
 
 def test_shaped_links_share_the_machines_shaped_budget():
-    profile = load_profile("testbed").with_overrides(machine_gbps=30.0, line_gbps=30.0, shaped_machine_gbps=16.0)
+    profile = load_profile("testbed").with_overrides(machine_gbps=30.0, line_gbps=30.0, shaped_machine_gbps=16.0,
+                                                     background_cpu=0.0)
     shaped = SimJob(Cluster(16, 1, parse_rails("1gbit,1gbit")), profile, calibrate=False)
     # 1 Gbit/s is below the line rate: a token bucket shapes it, and 32 such links split 16.
     assert shaped.link(0, (0, 1)).cap * 8 / 1e9 == pytest.approx(16 / 32)

@@ -13,7 +13,7 @@ def _shared(**kw):
     costs = dict(cpu_cores=2.0, background_cpu=0.01, step_cpu_us={"tcp": 30.0, "shm": 10.0},
                  step_us={"tcp": 20.0, "shm": 5.0},
                  op_us=50.0, per_rank_us=10.0, negotiation_cpu_us=40.0, inline_ns_per_byte=5.0, machine_gbps=None,
-                 burst_s=0.0, min_burst_bytes=0)
+                 burst_s=0.0, min_burst_bytes=0, wake_us=0.0)
     costs.update(kw)
     return load_profile("testbed").with_overrides(**costs)
 
@@ -73,6 +73,56 @@ def test_more_processes_than_cores_slow_the_host_lane_and_the_background_binds()
     neg = SimJob(Cluster(1, 32, parse_rails("1gbit")), profile, calibrate=False).negotiation_seconds()
     assert times[32] >= neg + 5 * 32 * 10e-6 / 1.68
     assert profile.cpu_left(1000) == pytest.approx(0.2)  # never below a tenth of the cores
+
+
+def test_a_step_waits_for_a_core_where_the_processes_outnumber_them():
+    profile = _shared(wake_us=100.0)
+    assert profile.wake_seconds(2) == 0.0  # 2 processes, 2 cores: each wakes on its own
+    assert profile.wake_seconds(8) == pytest.approx(100e-6 * (1 - 2 / 8))
+    assert load_profile("cluster").with_overrides(wake_us=100.0).wake_seconds(512) == 0.0  # own cores
+    # 8 hosts, one rail: the log-step's 3 exchanges each start 75 us late; nothing else changes.
+    cluster = Cluster(8, 1, parse_rails("1gbit"))
+    waiting = SimJob(cluster, profile, calibrate=False).share_seconds(0, 4 * KB, (0,), 0.0)
+    prompt = SimJob(cluster, _shared(), calibrate=False).share_seconds(0, 4 * KB, (0,), 0.0)
+    assert waiting - prompt == pytest.approx(3 * 75e-6)
+    # 6 hosts: the fold in and the copy back do not wait, the 2 exchanges of the 4 left do.
+    six = Cluster(6, 1, parse_rails("1gbit"))
+    waiting = SimJob(six, profile, calibrate=False).share_seconds(0, 4 * KB, (0,), 0.0)
+    prompt = SimJob(six, _shared(), calibrate=False).share_seconds(0, 4 * KB, (0,), 0.0)
+    assert waiting - prompt == pytest.approx(2 * 100e-6 * (1 - 2 / 6))
+    # The host lane's steps do not wait (its step CPU is fitted to runs that hold its wake-ups).
+    assert SimJob(Cluster(2, 4, parse_rails("1gbit")), profile, calibrate=False).host_lane().wake_s == 0.0
+
+
+def test_the_processes_background_takes_its_share_of_the_byte_budget():
+    profile = _shared(background_cpu=0.05, machine_gbps=30.0, line_gbps=30.0, shaped_machine_gbps=None)
+    # by hand: 16 processes burn 0.8 of the 2 cores, so the machine moves 30 x 1.2 / 2 = 18 Gbit/s,
+    # which 32 links of ~0.956 Gbit/s payload (asking 30.6) split evenly
+    job = SimJob(Cluster(16, 1, parse_rails("1gbit,1gbit")), profile, calibrate=False)
+    assert profile.machine_budget_gbps([1.0, 1.0], 16) == pytest.approx(18.0)
+    assert job.link(0, (0, 1)).cap * 8 / 1e9 == pytest.approx(18.0 / 32)
+    # 4 processes leave 1.8 cores: 27 Gbit/s, more than 8 such links ask
+    four = SimJob(Cluster(4, 1, parse_rails("1gbit,1gbit")), profile, calibrate=False)
+    assert profile.machine_budget_gbps([1.0, 1.0], 4) == pytest.approx(27.0)
+    assert four.link(0, (0, 1)).cap >= four.links[0].rate
+    assert load_profile("cluster").background_left(4096) == 1.0  # own cores: nothing taken
+
+
+def test_the_wake_fit_recovers_the_wait_that_made_the_single_rail_runs():
+    pytest.importorskip("scipy")
+    from nezha.sim.calibrate import fit_handoff, fit_wake
+    from nezha.sim.cli import allreduce_records
+
+    base = load_profile("testbed").with_overrides(wake_us=0.0)
+    truth = base.with_overrides(wake_us=60.0)
+    striped = []
+    for hosts in (6, 12):
+        alone = allreduce_records(Cluster(hosts, 1, parse_rails("1gbit")), truth, [4 * KB, 16 * KB, 64 * KB])
+        striped.append({"hosts": hosts, "rails": 2, "gbps": [1.0, 1.0], "records": [], "rail0": alone})
+    assert fit_wake(striped, base) == pytest.approx(60.0, rel=0.05)
+    assert fit_wake([dict(c, rail0=c["rail0"][2:]) for c in striped], base) is None  # 64 KB: bucket-bound
+    # The hand-off is fitted to the two rails' 32 KB and larger allreduces alone.
+    assert fit_handoff([dict(c, records=c["rail0"][:2]) for c in striped], base) is None
 
 
 def test_the_cluster_profile_shares_no_cpu():
@@ -145,7 +195,8 @@ def test_two_rails_shares_run_their_host_lanes_on_the_same_memory_and_cores():
     profile = _shared(machine_gbps=30.0, shm_gbps=80.0)
     job = SimJob(Cluster(4, 4, parse_rails("1gbit,1gbit")), profile, calibrate=False)
     one, two = job.host_lane(1), job.host_lane(2)
-    assert one.rate == pytest.approx(80e9 / 8 / 16) and two.rate == pytest.approx(one.rate / 2)
+    # by hand: the machine's 80 Gbit/s less the 16 processes' background (1 % of a core each of 2)
+    assert one.rate == pytest.approx(80e9 / 8 / 16 * (2.0 - 0.16) / 2.0) and two.rate == pytest.approx(one.rate / 2)
     # by hand: 16 ranks' lane steps, twice as many with two shares, on 2 - 16 x 1 % cores
     assert one.cpu_s == pytest.approx(16 * 10e-6 / 1.84) and two.cpu_s == pytest.approx(2 * one.cpu_s)
 

@@ -16,6 +16,9 @@ by every process of the job (cluster.Profile). Each source fits what it isolates
   * `shaped`: nezha-bench on two shaped rails faster than any validation case's (8 hosts x 2 x
     2 Gbit/s): the machine's byte budget while its links are shaped (each packet also passes a
     token bucket on the same cores), from the 4 MB and larger allreduces;
+  * `striped`: nezha-bench on 6 and 12 hosts x 2 x 1 Gbit/s, then on the first rail alone: a
+    message step's wait for a core (wake_us) from the single rail's 4-16 KB allreduces, whose
+    time is their latency; the striped hand-off from the two rails' 32-256 KB allreduces;
   * Gloo beside Nezha on the unshaped runs: Gloo's per-operation cost, per-step cost and CPU.
 The machine is shared with other work (builds, other measurements): sim_calibration.py records per
 part the cores that work took, and each point is simulated with the rest of the cores
@@ -215,6 +218,30 @@ def fit_shaped_budget(cases: List[Dict], base: Profile) -> Optional[float]:
     return _fit(lambda x: residuals(float(x[0])), [start], [1.0], [1000.0])[0]
 
 
+LATENCY_BOUND_BYTES = 32 << 10  # below this a shaped rail's allreduce is its negotiation and steps' latency
+
+
+def _latency_cases(striped: List[Dict]) -> List[Dict]:
+    """The striped runs' single-rail allreduces below LATENCY_BOUND_BYTES, on that one rail."""
+    cases = [dict(c, gbps=c["gbps"][:1],
+                  records=[r for r in c.get("rail0", []) if r["bytes"] < LATENCY_BOUND_BYTES]) for c in striped]
+    return [c for c in cases if c["records"]]
+
+
+def fit_wake(striped: List[Dict], base: Profile) -> Optional[float]:
+    """A message step's wait for a core (wake_us), from the allreduces of 4-16 KB the striped runs
+    send over their first rail alone (6 and 12 hosts: no validation case's job sizes): too small
+    to travel inline or to fill a token bucket, their time is the negotiation (fitted before) and
+    the steps' latency. None without such runs."""
+    cases = _latency_cases(striped)
+    if not cases:
+        return None
+    def residuals(x) -> List[float]:
+        return _testbed_residuals(cases, base.with_overrides(wake_us=float(x[0])))
+
+    return _fit(residuals, [50.0], [0.0], [5000.0])[0]
+
+
 def fit_handoff(cases: List[Dict], base: Profile, upper_us: float = 100.0, grid_us: float = 1.0) -> Optional[float]:
     """A striped operation's hand-off CPU per rank, from the striped runs' 32-256 KB allreduces on
     two rails (job sizes no validation case has), everything else as fitted before. Their
@@ -224,6 +251,8 @@ def fit_handoff(cases: List[Dict], base: Profile, upper_us: float = 100.0, grid_
     A grid, not a gradient: the cost decides, through the engine's striping check, whether a size
     runs striped or whole, so the error jumps where a verdict flips. The sum of absolute log errors
     (not squared): one size whose verdict flips does not outweigh the others."""
+    cases = [dict(c, records=[r for r in c["records"] if r["bytes"] >= LATENCY_BOUND_BYTES]) for c in cases]
+    cases = [c for c in cases if c["records"]]
     if not cases:
         return None
 
@@ -269,6 +298,9 @@ def calibrate(measured: Dict, base: Profile, measured_name: str, keep_step_costs
     prof = base.with_overrides(background_cpu=fit_background([p for p in small if _inline(p, base)]))
     negotiation = _negotiation_points(measured)
     prof = prof.with_overrides(**fit_negotiation(negotiation, prof))
+    wake = fit_wake(measured.get("striped", []), prof)
+    if wake is not None:
+        prof = prof.with_overrides(wake_us=wake)
     net = fit_network(measured["unshaped"], _lane_points(measured, prof), prof, keep_step_costs)
     prof = prof.with_overrides(
         step_us={**prof.step_us, "tcp": net["step_us_tcp"], "mptcp": net["step_us_tcp"]},
@@ -290,10 +322,13 @@ def calibrate(measured: Dict, base: Profile, measured_name: str, keep_step_costs
     sizes = sorted({p.get("bytes", 8) for p in negotiation if _inline(p, prof)})
     small_sizes = " / ".join(f"{b} B" if b < 1024 else format_size(b) for b in sizes)
     other = measured.get("other_cores", {})
+    wake_text = ("a step's wait for a core to the striped runs' 4-16 KB allreduces on one shaped rail, "
+                 if wake is not None else "")
     source = (f"fitted by `python -m nezha.sim calibrate` to {measured_name} (engine at commit "
               f"{measured.get('commit', '?')}), none of it a validation case: the CPU each rank burns per "
               f"second to the one-host 8 B series ({', '.join(sorted({str(p['ranks']) for p in small}, key=int))} "
               f"ranks), the negotiation to the unshaped testbed runs' {small_sizes} allreduces, "
+              f"{wake_text}"
               f"{'(the per-step cost and CPU kept from the base profile) ' if keep_step_costs else 'the per-step cost and CPU, '}"
               f"the machine's byte budget and the host lane's memory budget to unshaped testbed runs "
               f"({hosts} hosts) and one-host 64 KB - 64 MB allreduces, the machine's byte budget under "

@@ -94,12 +94,19 @@ class Profile:
     # timers and wake-ups), the rest is left for the work. A collective step costs each rank's worker
     # step_cpu_us[kind] of CPU, a negotiated operation costs each rank negotiation_cpu_us, so a step
     # (an operation) lasts at least the CPU of all its processes divided by what is left of the
-    # cores. (The background is wake-ups, so bulk transfers, which wait in long sleeps, keep the
-    # machine's byte budgets: machine_gbps, shm_gbps.) None: every host has its own cores.
+    # cores. The bytes are moved by the same cores, so the machine's byte budgets (machine_gbps,
+    # shaped_machine_gbps, shm_gbps: what the whole machine moves) shrink by the background's share
+    # as well. None: every host has its own cores.
     cpu_cores: Optional[float] = None
     background_cpu: float = 0.0
     step_cpu_us: Dict[str, float] = field(default_factory=dict)
     negotiation_cpu_us: float = 0.0
+    # Where the processes outnumber the cores, a worker woken by its step's message finds its core
+    # taken by another process with probability 1 - cores/processes and waits about wake_us for it
+    # (the testbed: a 4-16 KB allreduce on one shaped rail takes 570 us at 6 hosts and 1.2 ms at
+    # 12, a third more than its negotiation, bytes and CPU). Network steps only: the host lane's
+    # step CPU is fitted to one-host runs of 8-32 ranks, which hold its wake-ups.
+    wake_us: float = 0.0
     # A striped operation's hand-offs: the caller runs its largest share itself and wakes one worker
     # per other rail, which wakes it again at the end (executor.cc). Each costs every rank this much
     # CPU, so on shared cores a handed-off share starts, and its end reaches the caller, that late.
@@ -148,17 +155,29 @@ class Profile:
         cpu = self.step_cpu_us.get(kind, self.step_cpu_us.get("tcp", 0.0))
         return workers * cpu * 1e-6 / self.cpu_left(processes)
 
+    def wake_seconds(self, processes: int) -> float:
+        """The wait a message step's wake-up adds where `processes` share the cores (0: own cores)."""
+        if not self.cpu_cores or not self.wake_us or processes <= self.cpu_cores:
+            return 0.0
+        return self.wake_us * 1e-6 * (1 - self.cpu_cores / processes)
+
     def handoff_seconds(self, ranks: int, handed_off: int) -> float:
         """How late `handed_off` shares (all ranks' at once) start on the shared cores (0: own cores)."""
         if not self.cpu_cores or handed_off < 1:
             return 0.0
         return handed_off * ranks * self.handoff_cpu_us * 1e-6 / self.cpu_left(ranks)
 
-    def machine_budget_gbps(self, link_gbps: Sequence[float]) -> Optional[float]:
-        """The machine's byte budget while links of these rates carry traffic (None: no budget)."""
+    def machine_budget_gbps(self, link_gbps: Sequence[float], processes: int = 0) -> Optional[float]:
+        """The machine's byte budget while links of these rates carry traffic and `processes` run
+        (their background takes its share of the cores that move the bytes; None: no budget)."""
+        budget = self.machine_gbps
         if self.shaped_machine_gbps and any(g < self.line_gbps for g in link_gbps):
-            return self.shaped_machine_gbps
-        return self.machine_gbps
+            budget = self.shaped_machine_gbps
+        return budget * self.background_left(processes) if budget else budget
+
+    def background_left(self, processes: int) -> float:
+        """The fraction of the machine's cores `processes` leave to the work (1: own cores)."""
+        return self.cpu_left(processes) / self.cpu_cores if self.cpu_cores else 1.0
 
     def with_overrides(self, **kw) -> "Profile":
         return replace(self, **kw)

@@ -73,7 +73,8 @@ class SimJob:
         kind, ranks = self.rails[rail].kind, self.cluster.ranks
         link.step_s = self.profile.step(kind) * 1e-6
         link.cpu_s = self.profile.step_cpu_floor(kind, ranks * len(busy), ranks)
-        machine = self.profile.machine_budget_gbps([self.rails[r].gbps for r in busy])
+        link.wake_s = self.profile.wake_seconds(ranks)
+        machine = self.profile.machine_budget_gbps([self.rails[r].gbps for r in busy], ranks)
         if machine:
             rates = sorted(self.links[r].rate for r in busy)
             budget, hosts = machine * 1e9 / 8, self.cluster.hosts
@@ -116,7 +117,8 @@ class SimJob:
         (on a testbed whose hosts are one machine, every rank's share the machine's); its steps are
         every rank's of every share at once, on the shared cores where hosts share them."""
         c, p = self.cluster, self.profile
-        shm = p.shm_gbps * 1e9 / 8 / (c.ranks if p.machine_gbps else c.ranks_per_host) / shares
+        sharing = c.ranks if p.machine_gbps else c.ranks_per_host
+        shm = p.shm_gbps * p.background_left(c.ranks) * 1e9 / 8 / sharing / shares
         lane = schedules.Link(shm, p.step("shm") * 1e-6, min(p.reduce_gbps * 1e9 / 8, shm))
         lane.cpu_s = p.step_cpu_floor("shm", c.ranks * shares, c.ranks)
         return lane
