@@ -236,6 +236,7 @@ def fit_wake(striped: List[Dict], base: Profile) -> Optional[float]:
     cases = _latency_cases(striped)
     if not cases:
         return None
+
     def residuals(x) -> List[float]:
         return _testbed_residuals(cases, base.with_overrides(wake_us=float(x[0])))
 

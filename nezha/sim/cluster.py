@@ -104,8 +104,8 @@ class Profile:
     # Where the processes outnumber the cores, a worker woken by its step's message finds its core
     # taken by another process with probability 1 - cores/processes and waits about wake_us for it
     # (the testbed: a 4-16 KB allreduce on one shaped rail takes 570 us at 6 hosts and 1.2 ms at
-    # 12, a third more than its negotiation, bytes and CPU). Network steps only: the host lane's
-    # step CPU is fitted to one-host runs of 8-32 ranks, which hold its wake-ups.
+    # 12, a quarter to a half more than its negotiation, bytes and CPU). Network steps only: the
+    # host lane's step CPU is fitted to one-host runs of 8-32 ranks, which hold its wake-ups.
     wake_us: float = 0.0
     # A striped operation's hand-offs: the caller runs its largest share itself and wakes one worker
     # per other rail, which wakes it again at the end (executor.cc). Each costs every rank this much
@@ -167,7 +167,7 @@ class Profile:
             return 0.0
         return handed_off * ranks * self.handoff_cpu_us * 1e-6 / self.cpu_left(ranks)
 
-    def machine_budget_gbps(self, link_gbps: Sequence[float], processes: int = 0) -> Optional[float]:
+    def machine_budget_gbps(self, link_gbps: Sequence[float], processes: int) -> Optional[float]:
         """The machine's byte budget while links of these rates carry traffic and `processes` run
         (their background takes its share of the cores that move the bytes; None: no budget)."""
         budget = self.machine_gbps
