@@ -129,7 +129,7 @@ def unshaped(hosts: int) -> dict:
     rows = bench_on_testbed(f"unshaped-h{hosts}", testbed, UNSHAPED_SIZES,
                             ["--impl-label", "nezha-rail0", "--baseline", "gloo", "--gloo-ifname",
                              testbed.interface(0), "--baseline-label", "gloo-rail0"])
-    records = [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in rows if r.get("impl") != "gloo-rail0"]
+    records = [with_cpu(r, {"bytes": r["bytes"], "time_us": r["time_us"]}) for r in rows if r.get("impl") != "gloo-rail0"]
     gloo = [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in rows if r.get("impl") == "gloo-rail0"]
     return {"hosts": hosts, "rails": 1, "records": records, "gloo": gloo}
 
@@ -138,7 +138,7 @@ def shaped(hosts: int, rate: str) -> dict:
     """nezha-bench on two rails shaped to `rate` each (the validation's kind of link, faster)."""
     testbed = Testbed(hosts, 2, rates=[rate, rate], prefix="nzcal")
     rows = bench_on_testbed(f"shaped-h{hosts}", testbed, SHAPED_SIZES, ["--impl-label", "nezha-2rails"])
-    records = [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in rows]
+    records = [with_cpu(r, {"bytes": r["bytes"], "time_us": r["time_us"]}) for r in rows]
     return {"hosts": hosts, "rails": 2, "gbps": [float(rate[:-4])] * 2, "records": records}
 
 
@@ -154,10 +154,17 @@ def striped(hosts: int, rate: str) -> dict:
         alone = bench_job(f"striped-h{hosts}-rail0", testbed, args, STRIPED_SIZES, ["--impl-label", "nezha-rail0"])
     finally:
         testbed.down()
-    records = [{"bytes": r["bytes"], "time_us": r["time_us"],
-                "shares": [round(x["share"], 3) for x in r.get("rails", ())]} for r in both]
+    records = [with_cpu(r, {"bytes": r["bytes"], "time_us": r["time_us"],
+                            "shares": [round(x["share"], 3) for x in r.get("rails", ())]}) for r in both]
     return {"hosts": hosts, "rails": 2, "gbps": [parse_rate_gbps(rate)] * 2, "records": records,
-            "rail0": [{"bytes": r["bytes"], "time_us": r["time_us"]} for r in alone]}
+            "rail0": [with_cpu(r, {"bytes": r["bytes"], "time_us": r["time_us"]}) for r in alone]}
+
+
+def with_cpu(bench_record: dict, record: dict) -> dict:
+    """`record` with the ranks' mean CPU per call where nezha-bench measured it."""
+    if bench_record.get("cpu_us"):
+        record["cpu_us"] = bench_record["cpu_us"]
+    return record
 
 
 def part_data(summary: dict, name: str):

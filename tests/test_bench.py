@@ -306,6 +306,46 @@ def test_measure_agrees_over_ranks(op):
     assert first.ranks == 4 and first.op == op and first.impl == "loops"
 
 
+class WaitingBackend:
+    """One rank's calls that take 3 ms each, spinning on the CPU or asleep."""
+
+    def __init__(self, spin: bool):
+        self.impl, self.spin = "waits", spin
+
+    def prepare(self, op, count, dtype):
+        x = rank_input(0, 1, count, dtype)
+
+        def collective():
+            end = time.perf_counter() + 0.003
+            while self.spin and time.perf_counter() < end:
+                pass
+            if not self.spin:
+                time.sleep(0.003)
+            return x.copy()
+
+        class Step:
+            run = staticmethod(collective)
+            run_checked = staticmethod(collective)
+        return Step()
+
+    def rail_bytes(self):
+        return [], []
+
+
+@pytest.mark.parametrize("spin", [True, False])
+def test_measure_reports_the_cpu_a_call_takes(spin):
+    policy = IterationPolicy(iters=20, warmup=1)
+    (record,), errors = _run_ranks(1, lambda tw, r: measure(WaitingBackend(spin), ThreadCoordinator(tw, r),
+                                                            "allreduce", 256, "float32", policy))
+    assert errors == [None]
+    assert record.time_us >= 3000
+    if spin:
+        assert 2500 <= record.cpu_us <= 4500  # the 3 ms spent spinning (a loaded machine may preempt it)
+    else:
+        assert record.cpu_us < 1000           # asleep: the loop's own overhead only
+    assert BenchRecord.from_json(record.to_json()) == record
+
+
 def test_measure_fails_loudly_on_a_wrong_result():
     policy = IterationPolicy(iters=2, warmup=0)
     _, errors = _run_ranks(3, lambda tw, r: measure(LoopBackend(tw, r, corrupt_rank=2),

@@ -1,6 +1,7 @@
 """The measuring loop for one (implementation, op, size): verify, warm up, time, agree over ranks."""
 from __future__ import annotations
 
+import time
 from typing import List, Protocol, Sequence
 
 from nezha.bench.backend import Backend
@@ -37,10 +38,17 @@ def measure(backend: Backend, coord: Coordinator, op: str, num_bytes: int, dtype
 
     coord.barrier()
     names, before = backend.rail_bytes()
+    # The process's CPU (every thread: the caller's and the engine's) over the timed calls: where
+    # ranks share a machine's cores, their sum per call bounds the call's time (the simulator's
+    # calibration fits it).
+    cpu_start = time.process_time()
     samples = time_iterations(step.run, iterations)
+    cpu_ns = int((time.process_time() - cpu_start) * 1e9)
     _, after = backend.rail_bytes()
     time_us = coord.max_over_ranks(median_us(samples))
-    moved = coord.sum_over_ranks([a - b for a, b in zip(after, before)])
+    *moved, cpu_ns_all_ranks = coord.sum_over_ranks([a - b for a, b in zip(after, before)] + [cpu_ns])
+    cpu_us = cpu_ns_all_ranks / 1e3 / coord.world / max(1, iterations)
     return BenchRecord.measured(op=op, num_bytes=count * numpy_dtype(dtype).itemsize, dtype=dtype,
                                 ranks=coord.world, impl=backend.impl, time_us=time_us, count=count,
-                                iters=iterations, rails=rail_shares(names, moved) if names else [])
+                                iters=iterations, rails=rail_shares(names, moved) if names else [],
+                                cpu_us=cpu_us)

@@ -28,15 +28,16 @@ class BenchRecord:
     count: int = 0      # elements per rank
     iters: int = 0
     rails: List[RailShare] = field(default_factory=list)
+    cpu_us: float = 0.0  # process CPU (all threads) per timed call, mean over ranks; 0: not measured
 
     @classmethod
     def measured(cls, *, op: str, num_bytes: int, dtype: str, ranks: int, impl: str, time_us: float,
-                 count: int, iters: int, rails: Sequence[RailShare] = ()) -> "BenchRecord":
+                 count: int, iters: int, rails: Sequence[RailShare] = (), cpu_us: float = 0.0) -> "BenchRecord":
         """Builds a record, deriving the bandwidths from the time."""
         algbw = algbw_gbps(op_data_bytes(op, num_bytes, ranks), time_us)
         return cls(op=op, bytes=num_bytes, dtype=dtype, ranks=ranks, impl=impl, time_us=time_us,
                    algbw_gbps=algbw, busbw_gbps=busbw_gbps(op, algbw, ranks), count=count,
-                   iters=iters, rails=list(rails))
+                   iters=iters, rails=list(rails), cpu_us=cpu_us)
 
     def to_json(self) -> dict:
         return asdict(self)
