@@ -211,6 +211,7 @@ def bench_cases(testbed, hosts: int, key: str, rates, opts: argparse.Namespace) 
                             "records": [{"bytes": r.bytes, "time_us": round(r.time_us, 2),
                                          "busbw_gbps": round(r.busbw_gbps, 4),
                                          "algbw_gbps": round(r.algbw_gbps, 4), "iters": r.iters,
+                                         "cpu_us": round(r.cpu_us, 2),
                                          "rail_bytes": {s.name: s.bytes for s in r.rails}}
                                         for r in mine],
                             **job_fields(job)})
