@@ -133,8 +133,11 @@ def test_rail_addresses_travel_as_opaque_bytes():
     addresses = [b"127.0.0.1:4242", b"shm\x00\xff\x01host", b""]
     blob = basics.encode_addresses(addresses)
     assert basics.decode_addresses(blob, 3) == addresses
-    with pytest.raises(ValueError, match="rank 3's rail addresses"):
-        basics.decode_addresses(b'["not base64!"]', 3)
+    assert basics.decode_addresses(basics.encode_addresses([]), 3) == []
+    for malformed in (b"", b"\x01\x00", blob[:-1], blob + b"\x00", b'["127.0.0.1:4242"]',
+                      b"\x01\x00\x00\x00\xff\xff\xff\xffshort"):
+        with pytest.raises(ValueError, match="rank 3's rail addresses in the rendezvous store are malformed"):
+            basics.decode_addresses(malformed, 3)
 
 
 def test_engine_addresses_are_bytes():

@@ -6,8 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "common/error.h"
@@ -25,18 +27,30 @@ std::string read_first_line(const char* path) {
   return line;
 }
 
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// The whole of `text` as a decimal number, or false.
+template <typename T>
+bool parse_number(std::string_view text, T& out) {
+  const char* end = text.data() + text.size();
+  auto [at, ec] = std::from_chars(text.data(), end, out);
+  return ec == std::errc() && at == end && !text.empty();
+}
 
 }  // namespace
 
 std::string from_hex(const std::string& hex, const std::string& who) {
   if (hex.size() % 2 != 0) throw InvalidArgument(who + ": malformed shm address (odd hex length)");
-  std::string out;
-  out.reserve(hex.size() / 2);
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    unsigned v = 0;
-    if (std::sscanf(hex.c_str() + i, "%2x", &v) != 1)
-      throw InvalidArgument(who + ": malformed shm address (bad hex)");
-    out.push_back(static_cast<char>(v));
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) throw InvalidArgument(who + ": malformed shm address (bad hex)");
+    out[i] = static_cast<char>(hi << 4 | lo);
   }
   return out;
 }
@@ -119,31 +133,38 @@ std::string encode_address(const ShmAddress& a) {
   return out.str();
 }
 
+// Every rank decodes every peer's address at start-up (the shm lane and the host placement), so
+// this is one plain pass over the bytes: parsed with iostreams and sscanf, the addresses were a
+// tenth of a 128-rank job's start-up CPU on one host (benchmarks/SCALE.md).
 ShmAddress decode_address(const std::string& bytes, const std::string& who) {
-  std::istringstream in(bytes);
-  std::string line;
-  if (!std::getline(in, line) || line != kAddressMagic)
-    throw InvalidArgument(who + ": not a shm rail address");
+  std::string_view rest(bytes);
+  auto next_line = [&rest](std::string_view& line) {
+    if (rest.empty()) return false;
+    const size_t nl = rest.find('\n');
+    line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    return true;
+  };
+  std::string_view line;
+  if (!next_line(line) || line != kAddressMagic) throw InvalidArgument(who + ": not a shm rail address");
   ShmAddress a;
   int seen = 0;
-  try {
-    while (std::getline(in, line)) {
-      const size_t eq = line.find('=');
-      if (eq == std::string::npos) continue;
-      const std::string key = line.substr(0, eq), value = line.substr(eq + 1);
-      if (key == "host") a.host_id = from_hex(value, who);
-      else if (key == "boot") a.boot_id = value;
-      else if (key == "netns") a.netns_inode = std::stoull(value);
-      else if (key == "pid") a.pid = static_cast<int32_t>(std::stol(value));
-      else if (key == "start") a.start_time = std::stoull(value);
-      else if (key == "nonce") a.nonce_hex = value;
-      else if (key == "socket") a.socket_name = value;
-      else continue;
-      ++seen;
-    }
-  } catch (const std::logic_error&) {  // stoull/stol on garbage
-    throw InvalidArgument(who + ": malformed shm address");
+  bool numbers_ok = true;
+  while (next_line(line)) {
+    const size_t eq = line.find('=');
+    if (eq == std::string_view::npos) continue;
+    const std::string_view key = line.substr(0, eq), value = line.substr(eq + 1);
+    if (key == "host") a.host_id = from_hex(std::string(value), who);
+    else if (key == "boot") a.boot_id = value;
+    else if (key == "netns") numbers_ok &= parse_number(value, a.netns_inode);
+    else if (key == "pid") numbers_ok &= parse_number(value, a.pid);
+    else if (key == "start") numbers_ok &= parse_number(value, a.start_time);
+    else if (key == "nonce") a.nonce_hex = value;
+    else if (key == "socket") a.socket_name = value;
+    else continue;
+    ++seen;
   }
+  if (!numbers_ok) throw InvalidArgument(who + ": malformed shm address");
   const bool hex_nonce = a.nonce_hex.find_first_not_of("0123456789abcdef") == std::string::npos;
   if (seen != 7 || a.pid <= 0 || a.nonce_hex.size() != 32 || !hex_nonce || a.socket_name.empty())
     throw InvalidArgument(who + ": incomplete shm address");

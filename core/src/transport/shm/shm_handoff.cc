@@ -183,7 +183,6 @@ std::vector<std::vector<int>> exchange_fds(const HandoffListener& listener, int 
       if (aborted.load()) throw NezhaError(where + ": aborted while connecting");
       for (size_t i = 0; i < peers.size(); ++i) {
         Client& c = clients[i];
-        const std::string who = where + ": rank " + std::to_string(peers[i].rank);
         if (c.done) continue;
         if (c.fd < 0) {  // (re)connect and send the request
           c.fd = unix_socket();
@@ -209,7 +208,7 @@ std::vector<std::vector<int>> exchange_fds(const HandoffListener& listener, int 
         }
         if (!client_ready[i]) continue;
         client_ready[i] = 0;
-        c.fds = receive_fds(c.fd, served_fds.size(), who);
+        c.fds = receive_fds(c.fd, served_fds.size(), where + ": rank " + std::to_string(peers[i].rank));
         if (!c.fds.empty()) {
           c.done = true;
           ::close(c.fd);
