@@ -143,6 +143,12 @@ def encode_values(values: Sequence[bytes]) -> bytes:
     return b"".join(_U32.pack(len(v)) + bytes(v) for v in values)
 
 
+def encode_value_list(values: Sequence[bytes]) -> bytes:
+    """A count (u32), then the values as encode_values writes them: a list that carries its own
+    length (Reader.value_list reads it)."""
+    return _U32.pack(len(values)) + encode_values(values)
+
+
 def encode_bool(value: bool) -> bytes:
     """A boolean as one byte."""
     return b"\x01" if value else b"\x00"
@@ -188,7 +194,23 @@ class Reader:
         return [self.key() for _ in range(self.u16())]
 
     def values(self, count: int) -> List[bytes]:
-        return [self._take(self.u32()) for _ in range(count)]
+        # One pass without a method call per field: every rank reads n values twice at start-up
+        # (the store's MGET reply, then each rank's address list).
+        data, pos, out = self._data, self._pos, []
+        for _ in range(count):
+            if pos + _U32.size > len(data):
+                raise ProtocolError("message truncated")
+            (length,) = _U32.unpack_from(data, pos)
+            pos += _U32.size
+            if pos + length > len(data):
+                raise ProtocolError("message truncated")
+            out.append(data[pos:pos + length])
+            pos += length
+        self._pos = pos
+        return out
+
+    def value_list(self) -> List[bytes]:
+        return self.values(self.u32())
 
     def rest(self) -> bytes:
         chunk = self._data[self._pos:]
