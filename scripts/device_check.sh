@@ -5,10 +5,15 @@
 # staging and dispatch overhead, not a network figure), builds and tests the CUDA IPC lane (core/src/cuda:
 # its tests and a 4-rank benchmark on the one GPU), and times the host path with 8 numpy ranks
 # (the shmcoll rail with one thread per rank and with its default). Logs go to $OUT (default ./device-out).
+# The lane and the host path run before the adapters' tests; DEVICE_CHECK_SKIP_JAX=1 leaves out the
+# JAX benchmarks at the end.
 #
 #   bash scripts/device_check.sh            # on the GPU machine, from the repository root
 #
-# Where the machine lacks OpenSSL's headers, a libssl-dev .deb under .gpu/ is unpacked first.
+# That machine fetches nothing: where it lacks OpenSSL's headers, a libssl-dev .deb under .gpu/ is
+# unpacked first, and where it lacks GoogleTest, Debian's googletest source package there is built
+# (on a dev machine: `mkdir -p .gpu && cd .gpu && apt-get download libssl-dev googletest`; .gpu/ is
+# ignored through .git/info/exclude, so name it in the device tool's carry).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -41,6 +46,17 @@ else cuda_args=(); echo "no nvcc and no .gpu/nezha_reduce_kernels.fatbin (make c
 if [ ${#cuda_args[@]} -gt 0 ]; then
   command -v ninja > /dev/null && cuda_args+=(-G Ninja)
   cuda_targets="nezha_cuda_tests nezha-cuda-ipc-bench"
+  # No GoogleTest there and nothing to fetch: build it from Debian's source package when one was
+  # carried in .gpu/ (apt-get download googletest), ~15 s.
+  for deb in .gpu/googletest_*.deb; do
+    [ -e "$deb" ] || continue
+    rm -rf /tmp/gtest-src && dpkg -x "$deb" /tmp/gtest-src &&
+      timeout 120 cmake -S /tmp/gtest-src/usr/src/googletest -B /tmp/gtest-build -DBUILD_GMOCK=OFF \
+        -DCMAKE_BUILD_TYPE=Release -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_INSTALL_PREFIX=/tmp/gtest \
+        > "$OUT/gtest_build.txt" 2>&1 && timeout 120 cmake --build /tmp/gtest-build -j "$(nproc)" >> "$OUT/gtest_build.txt" 2>&1 &&
+      cmake --install /tmp/gtest-build >> "$OUT/gtest_build.txt" 2>&1 && cuda_args+=(-DCMAKE_PREFIX_PATH=/tmp/gtest) &&
+      echo "GoogleTest built from $deb"
+  done
   if ! timeout 120 cmake -S . -B build/cuda "${cuda_args[@]}" -DNEZHA_BUILD_TESTS=ON > "$OUT/cuda_build.txt" 2>&1; then
     cuda_targets=nezha-cuda-ipc-bench  # no GoogleTest: the benchmark still checks its results
     timeout 120 cmake -S . -B build/cuda "${cuda_args[@]}" -DNEZHA_BUILD_TESTS=OFF >> "$OUT/cuda_build.txt" 2>&1
@@ -55,11 +71,20 @@ if [ ${#cuda_args[@]} -gt 0 ]; then
     --sizes 8,64K,1M,64M --iters 20 --json "$OUT/cuda_ipc_bench.json" 2>&1 | tee "$OUT/cuda_ipc_bench.txt" | tail -8
 fi
 
+echo "== host path, 8 numpy ranks: shmcoll with one thread per rank vs its default ($(date +%T))"
+# The default gives each rank the cores the ranks leave idle (shm_coll_crew.h): 2 threads on 16 cores.
+for threads in 1 default; do
+  spec="lo,shmcoll"; [ $threads = default ] || spec="lo,shmcoll;threads=$threads"
+  timeout 150 python3 -m nezha.runner.launch -np 8 --rails "$spec" python3 -m nezha.bench \
+    --sizes 8,64K,1M,64M --iters auto --baseline gloo --json "$OUT/host8_threads_$threads.json" 2>&1 |
+    grep -v Warning | sed "s/^/threads $threads: /" | tail -8
+done
 echo "== tests ($(date +%T))"
 timeout 420 python3 -m pytest -q -p no:cacheprovider -rs tests/test_torch_device.py tests/test_jax.py \
   tests/test_torch_gpu_semantics.py "tests/test_torch_distributed.py::test_ddp_on_cuda_tensors_matches_one_process" \
   2>&1 | tee "$OUT/pytest.txt" | tail -25
 
+if [ "${DEVICE_CHECK_SKIP_JAX:-0}" != 1 ]; then
 echo "== jitted allreduce on the GPU: FFI handler vs io_callback ($(date +%T))"
 for mode in ffi callback; do
   force=0; [ $mode = callback ] && force=1
@@ -71,12 +96,5 @@ echo "== where a tiny jitted allreduce spends its time ($(date +%T))"
 timeout 60 python3 benchmarks/jax_jit_latency.py 2>&1 | grep size
 timeout 90 python3 -m nezha.runner.launch -np 2 python3 benchmarks/jax_jit_latency.py 2>&1 | grep size
 NEZHA_JAX_FORCE_CALLBACK=1 timeout 60 python3 benchmarks/jax_jit_latency.py 2>&1 | grep size
-echo "== host path, 8 numpy ranks: shmcoll with one thread per rank vs its default ($(date +%T))"
-# The default gives each rank the cores the ranks leave idle (shm_coll_crew.h): 2 threads on 16 cores.
-for threads in 1 default; do
-  spec="lo,shmcoll"; [ $threads = default ] || spec="lo,shmcoll;threads=$threads"
-  timeout 150 python3 -m nezha.runner.launch -np 8 --rails "$spec" python3 -m nezha.bench \
-    --sizes 8,64K,1M,64M --iters auto --baseline gloo --json "$OUT/host8_threads_$threads.json" 2>&1 |
-    grep -v Warning | sed "s/^/threads $threads: /" | tail -8
-done
+fi
 echo "== done ($(date +%T))"

@@ -21,9 +21,11 @@
 // events. Why: every wait then happens on the host, where it has a deadline, sees a peer's death
 // (pidfd) and names the rank behind; a cuStreamWaitEvent on a peer's event cannot time out, and an
 // event a dead peer never records reads as complete. The cost is one stream synchronisation per
-// phase (three per chunk, two for a small buffer; microseconds each, not yet measured on a GPU),
-// small against a 64 MB allreduce and most of what an 8-byte one pays; IPC events (recorded per slot, waited on with cuStreamWaitEvent once the counter says
-// they were recorded) are the next step for small buffers, keeping the counters for liveness.
+// phase (three per chunk, two for a small buffer). Ranks sharing one GPU without MPS pay about
+// 0.14 ms per rank per phase on an H200 whatever the spin (20 or 500 us): the GPU switching between
+// the ranks' contexts, not the host's waits (8 B: 0.57 ms with 2 ranks, 1.1 with 4, 2.2 with 8).
+// IPC events would keep those switches; ranks with a GPU each, or MPS, would not have them (not
+// measured).
 //
 // Waits spin spin_us, then sleep on this rank's doorbell futex in slices of liveness_slice_ms,
 // checking the peers' processes after each slice; a dead peer is named by rank on every rank (the
@@ -73,7 +75,11 @@ struct CudaIpcLaneConfig {
   std::string name = "cudaipc";
   std::string secret;              // job secret: job tag in the segments, socket name
   std::string host_id;             // launcher host entry (same-host rule); may be empty
-  size_t chunk_bytes = 16 << 20;   // one pipeline step per rank; the workspace is slots x this
+  // One pipeline step per rank; the workspace is slots x this. Each step's three phases cost a GPU
+  // context switch per rank where ranks share a GPU (~0.14 ms per rank per phase on an H200, without
+  // MPS), far more than the bytes: a 64 MB allreduce of 4 ranks took 7.0 ms in 16 MB steps and 2.0 ms
+  // in one (benchmarks/SHM.md, "The CUDA IPC lane on a GPU"), for 128 MB of device memory per rank.
+  size_t chunk_bytes = 64 << 20;
   uint32_t slots = 2;
   size_t small_bytes = 256 << 10;  // buffers up to this are reduced whole by every rank
   double spin_us = 20;             // busy-wait before sleeping on the futex

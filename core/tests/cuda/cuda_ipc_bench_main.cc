@@ -4,6 +4,10 @@
 // ranks, impl, time_us = the slowest rank's median, algbw_gbps, busbw_gbps) plus `ok`.
 //
 //   nezha-cuda-ipc-bench [--ranks 4] [--sizes 8,64M] [--iters 20] [--json FILE]
+//                        [--chunk 16M] [--slots 2] [--small 256K] [--spin-us 20]
+//
+// The last four set the lane's CudaIpcLaneConfig (defaults: the lane's own), so that one run on a
+// GPU machine compares pipeline shapes side by side.
 //
 // Exit status: 0 all results correct, 1 a wrong result or a failed rank, 2 no usable GPU or bad
 // arguments.
@@ -38,9 +42,9 @@ float value(int rank, size_t i) { return static_cast<float>(static_cast<int>((i 
 
 // One rank: for each size, a checked allreduce, warm-ups, then `iters` timed ones; reports
 // "ok|bad t_us_size0 t_us_size1 ...".
-int bench_rank(int rank, const std::string& dir, int ranks, const std::vector<size_t>& sizes, int iters) {
+int bench_rank(int rank, const std::string& dir, int ranks, const std::vector<size_t>& sizes, int iters,
+               CudaIpcLaneConfig config) {
   testing::CudaRank cr = testing::CudaRank::open();
-  CudaIpcLaneConfig config;
   config.secret = "nezha-cuda-ipc-bench-" + std::to_string(::getppid());
   CudaIpcLane lane(config, rank, ranks);
   const Deadline deadline = Deadline::after_seconds(120);
@@ -85,6 +89,7 @@ int bench_rank(int rank, const std::string& dir, int ranks, const std::vector<si
 int main(int argc, char** argv) {
   int ranks = 4, iters = 20;
   std::vector<size_t> sizes = {8, 64 << 20};
+  CudaIpcLaneConfig config;
   std::string json;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -92,12 +97,19 @@ int main(int argc, char** argv) {
     if (a == "--ranks" && has_value) ranks = std::stoi(argv[++i]);
     else if (a == "--iters" && has_value) iters = std::max(1, std::stoi(argv[++i]));
     else if (a == "--json" && has_value) json = argv[++i];
+    else if (a == "--chunk" && has_value) config.chunk_bytes = parse_size(argv[++i]);
+    else if (a == "--slots" && has_value) config.slots = static_cast<uint32_t>(std::stoul(argv[++i]));
+    else if (a == "--small" && has_value) config.small_bytes = parse_size(argv[++i]);
+    else if (a == "--spin-us" && has_value) config.spin_us = std::stod(argv[++i]);
     else if (a == "--sizes" && has_value) {
       sizes.clear();
       std::stringstream list(argv[++i]);
       for (std::string item; std::getline(list, item, ',');) sizes.push_back(parse_size(item));
     } else {
-      std::fprintf(stderr, "usage: %s [--ranks N] [--sizes 8,64M] [--iters N] [--json FILE]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--ranks N] [--sizes 8,64M] [--iters N] [--json FILE] [--chunk BYTES] [--slots N] "
+                   "[--small BYTES] [--spin-us US]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -107,7 +119,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const auto outcomes = testing::run_ranks(
-      ranks, [&](int r, const std::string& dir) { return bench_rank(r, dir, ranks, sizes, iters); }, 300);
+      ranks, [&](int r, const std::string& dir) { return bench_rank(r, dir, ranks, sizes, iters, config); }, 300);
   std::vector<double> slowest(sizes.size(), 0);
   bool ok = true;
   for (int r = 0; r < ranks; ++r) {

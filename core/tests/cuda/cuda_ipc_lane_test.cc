@@ -186,7 +186,8 @@ TEST_P(CudaIpcLaneRanks, SizesFrom8BytesTo64MB) {
   // 8 B, an odd count (whole), an odd count (sliced), 1 MB in place, 64 MB (two 16 MB slots: 4 chunks).
   const std::vector<Allreduce> ops = {{2}, {12345}, {100003}, {262144, DataType::kFloat32, ReduceOp::kSum, true},
                                       {16 << 20}};
-  const CudaIpcLaneConfig config = test_config();
+  CudaIpcLaneConfig config = test_config();
+  config.chunk_bytes = 16 << 20;
   expect_all_ok_and_identical(
       run_ranks(ranks, [&](int r, const std::string& dir) { return lane_job(r, dir, ranks, config, ops); }, kJobTimeoutS));
   EXPECT_EQ(dev_shm_entries(), before) << "the lane left something in /dev/shm";
