@@ -15,7 +15,7 @@ from torch_workers.harness import HERE, REPO, assert_every_rank_passed, run_work
 pytest.importorskip("torch")
 
 OPS = {"init under %s", "all_reduce every op x dtype", "async works and futures",
-       "coalesced operations", "broadcast every root and dtype",
+       "synchronous calls lead the engine's loop", "coalesced operations", "broadcast every root and dtype",
        "all_gather lists, tensors, objects", "reduce_scatter list and tensor",
        "all_to_all single and lists", "gather, scatter, reduce, object lists, barrier",
        "point-to-point", "new_group sub-groups", "bad input raises at the call"}

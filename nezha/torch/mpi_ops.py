@@ -4,7 +4,9 @@ Thin: each function stages tensors (see _buffers), calls the matching `nezha.*_a
 its Handle extended (`then`) by a step that delivers the result into torch tensors. Names are
 prefixed with the op (`allreduce.<name>`) as Horovod does, so one name may serve an allreduce and a
 broadcast.
-The differentiable synchronous forms live in autograd_ops.
+The synchronous in-place forms start their operation as a waiter (`started_by_waiter`): the caller
+leads the engine's loop until the result is in, as `nezha.allreduce` does, instead of waking the
+engine's thread and sleeping. The differentiable synchronous forms live in autograd_ops.
 """
 
 import numpy as np
@@ -13,6 +15,7 @@ import torch
 import nezha
 from nezha.handle import Handle, synchronize
 from nezha.horovod_api import Average, resolve_op
+from nezha.ops import started_by_waiter
 from nezha.process_sets import global_process_set, process_set_id
 from nezha.torch import _buffers
 
@@ -140,8 +143,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces `tensor` over all ranks in place and returns it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    return synchronize(started_by_waiter(allreduce_async_, tensor, average, name, op,
+                                         prescale_factor, postscale_factor, process_set))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -160,8 +163,8 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    return synchronize(started_by_waiter(grouped_allreduce_async_, tensors, average, name, op,
+                                         prescale_factor, postscale_factor, process_set))
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -230,7 +233,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return synchronize(started_by_waiter(broadcast_async_, tensor, root_rank, name, process_set))
 
 
 def _splits_list(splits):

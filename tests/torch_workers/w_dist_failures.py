@@ -47,14 +47,16 @@ def mismatches():
     assert_equal(v, torch.full((5,), 2.0), "the group works after the mismatches")
     report("mismatches raise on every rank and the group goes on")
     # A collective only rank 0 calls: its work fails at the group's timeout, naming itself,
-    # while rank 1 lives on (it waits in torch's store until rank 0 has seen the timeout).
+    # while rank 1 lives on (it waits in torch's store until rank 0 has seen the timeout). Once
+    # synchronous (the waiter keeps the timeout) and once asynchronous (the completer does).
     store = dist.distributed_c10d._get_default_store()
     if rank == 0:
-        took = expect_raise("a collective the other rank never calls",
-                            lambda: dist.all_reduce(torch.ones(2)), "timed out",
-                            "tdist.world.allreduce")
-        expect(GROUP_TIMEOUT_S - 1 <= took <= GROUP_TIMEOUT_S + 10,
-               "the timeout took %.1f s for a group timeout of %d s" % (took, GROUP_TIMEOUT_S))
+        for how, call in (("synchronous", lambda: dist.all_reduce(torch.ones(2))),
+                          ("asynchronous", lambda: dist.all_reduce(torch.ones(2), async_op=True).wait())):
+            took = expect_raise("a %s collective the other rank never calls" % how, call, "timed out",
+                                "tdist.world.allreduce")
+            expect(GROUP_TIMEOUT_S - 1 <= took <= GROUP_TIMEOUT_S + 10, "the %s timeout took %.1f s for "
+                   "a group timeout of %d s" % (how, took, GROUP_TIMEOUT_S))
         store.set("rank 0 timed out", b"")
     else:
         store.wait(["rank 0 timed out"], datetime.timedelta(seconds=60))

@@ -21,6 +21,10 @@ def check_allreduce(what):
     t = torch.arange(10, dtype=torch.float64) * (r + 1)
     dist.all_reduce(t)
     assert_equal(t, torch.arange(10, dtype=torch.float64) * (n * (n + 1) // 2), what)
+    # Asynchronous too: its completion runs on the backend's own threads (a synchronous call's on
+    # the caller's), which "reinit" checks are there while the group lives and gone after destroy.
+    dist.all_reduce(t, async_op=True).wait()
+    assert_equal(t, torch.arange(10, dtype=torch.float64) * (n * (n + 1) // 2) * n, what + " (async)")
     objs = [None] * n
     dist.all_gather_object(objs, r)
     expect(objs == list(range(n)), "%s: all_gather_object %s" % (what, objs))

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from dist_common import assert_equal, assert_identical_on_all_ranks, expect, fail, report, value
+from nezha.bench.thread_stats import context_switches
 
 R = dist.ReduceOp
 
@@ -98,6 +99,33 @@ def check_async_and_futures():
         assert_equal(x, reference(R.SUM, all_inputs(300 + i, (17 + i,), torch.float64)),
                      "in flight %d" % i)
     report("async works and futures")
+
+
+def check_sync_calls_lead():
+    """torch says which calls are waited for at once (opts.asyncOp): those lead the engine's loop
+    on the caller's thread, so a worker's engine thread sleeps through 30 of them (it wakes for each
+    asynchronous one), and the completer's threads are not woken for them either."""
+    dist.barrier()
+    t = torch.ones(2)
+    before = context_switches("nz-engine"), context_switches("nz-torch-done")
+    for i in range(30):
+        t.fill_(i + RANK)
+        dist.all_reduce(t)
+        assert_equal(t, torch.full((2,), float(N * i + N * (N - 1) // 2)), "synchronous all_reduce %d" % i)
+    engine, done = (a - b for a, b in zip((context_switches("nz-engine"), context_switches("nz-torch-done")),
+                                          before))
+    if RANK != 0:
+        expect(engine < 15, "30 synchronous all_reduces: the engine thread switched %d times" % engine)
+        expect(done < 15, "30 synchronous all_reduces: the completer's threads switched %d times" % done)
+    dist.barrier()
+    before = context_switches("nz-engine")
+    for i in range(30):
+        dist.all_reduce(t, async_op=True).wait()
+    engine = context_switches("nz-engine") - before
+    if RANK != 0:
+        expect(engine >= 30, "30 asynchronous all_reduces: the engine thread switched only %d times"
+               % engine)
+    report("synchronous calls lead the engine's loop")
 
 
 def check_coalesced():
@@ -376,7 +404,8 @@ LAUNCHER = sys.argv[1] if len(sys.argv) > 1 else "?"
 dist.init_process_group("nezha")
 RANK, N = dist.get_rank(), dist.get_world_size()
 try:
-    for check in (check_init, check_allreduce, check_async_and_futures, check_coalesced,
+    for check in (check_init, check_allreduce, check_async_and_futures, check_sync_calls_lead,
+                  check_coalesced,
                   check_broadcast, check_allgather, check_reduce_scatter, check_all_to_all,
                   check_gather_scatter_reduce, check_point_to_point, check_groups, check_errors):
         check()

@@ -25,6 +25,7 @@ import torch.distributed as dist
 import nezha
 from nezha import basics, process_sets
 from nezha.handle import Handle
+from nezha.ops import started_by_waiter
 from nezha.runner.torch_store import client_mode_for_nezharun_store
 from nezha.torch.backend.bootstrap import start_engine
 from nezha.torch.backend.collectives import Collectives
@@ -168,6 +169,11 @@ class ProcessGroupNezha(Collectives, PointToPoint, dist.ProcessGroup):
             work.coalescing = True
             self._deferred.append((work, start, finish, name))
             return work
+        if getattr(opts, "asyncOp", True) is False:
+            # torch says the caller waits at once (`dist.all_reduce(t)`, async_op=False: it calls
+            # wait() before it returns): the submission leads the engine's loop, as a synchronous
+            # nezha call does, and the waiter completes the work on its own thread.
+            return work.start(started_by_waiter(start, name), finish, waited_at_once=True)
         return work.start(start(name), finish)
 
     def _done(self, outputs: List[torch.Tensor]) -> NezhaWork:

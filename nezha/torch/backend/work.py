@@ -54,17 +54,33 @@ class NezhaWork(dist.Work):
         # and a wait() returns at once, as a coalesced operation's work does in torch's own
         # backends (the coalesced group's work, from end_coalescing, is the one to wait for).
         self.coalescing = False
+        self._tracked = True  # by the completer (start's waited_at_once says otherwise)
+        self._started_at = 0.0
 
     def start(self, handle: Handle, finish: Callable[[Any], List[torch.Tensor]],
-              members: List["NezhaWork"] = ()) -> "NezhaWork":
+              members: List["NezhaWork"] = (), waited_at_once: bool = False) -> "NezhaWork":
         """Binds the engine's handle; ``finish(handle's result)`` delivers the output tensors.
         ``members``: works this one carries (coalesced operations), failed with it if it fails
-        (its finish completes them when it succeeds)."""
+        (its finish completes them when it succeeds). ``waited_at_once``: the caller waits for it
+        before anything else sees it (a synchronous torch call), so the completer does not track it:
+        its waiter completes it and keeps its timeout, and the completer's threads are not woken
+        for it (get_future() and is_completed() still work)."""
         self._handle, self._finish, self._members = handle, finish, list(members)
         self._parts = handle.parts()
         self.coalescing = False
-        completer().track(self, handle)
+        self._started_at = time.monotonic()
+        self._tracked = not waited_at_once
+        if self._tracked:
+            completer().track(self, handle)
         return self
+
+    def _track_late(self) -> None:
+        """An untracked work that someone other than its waiter looks at: tracked from now on."""
+        with _settling:
+            late = not self._tracked and self._handle is not None
+            self._tracked = True
+        if late:
+            completer().track(self, self._handle)
 
     def finish_now(self, outputs: List[torch.Tensor]) -> "NezhaWork":
         """Completes a work that needed no communication (a group of one)."""
@@ -78,8 +94,12 @@ class NezhaWork(dist.Work):
             return True
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
         deadline = time.monotonic() + limit if limit > 0 else None
+        # Untracked (waited_at_once): the work's own timeout is this waiter's to keep.
+        own_deadline = None if self._tracked else self._started_at + self._timeout_s
 
         def waited_out():
+            if own_deadline is not None and time.monotonic() >= own_deadline:
+                self._expire()
             if deadline is not None and time.monotonic() >= deadline:
                 raise NezhaBackendError(f"{self._what}: not finished within {limit:g} s (wait's "
                                         "timeout; the operation goes on)")
@@ -90,7 +110,7 @@ class NezhaWork(dist.Work):
         for part in self._parts:
             while not self._done.is_set() and not part.wait(_WAIT_SLICE_S):
                 waited_out()
-        if self._parts and not self._done.is_set():
+        if not self._done.is_set():  # every part has finished (none left: waited for already)
             self._complete()
         while not self._done.wait(_WAIT_SLICE_S):
             waited_out()
@@ -99,6 +119,8 @@ class NezhaWork(dist.Work):
         return True
 
     def is_completed(self) -> bool:
+        if not self._tracked and not self._done.is_set() and all(p.poll() for p in self._parts):
+            self._complete()
         return self._done.is_set()
 
     def is_success(self) -> bool:
@@ -112,6 +134,7 @@ class NezhaWork(dist.Work):
         return self._outputs
 
     def get_future(self) -> torch.futures.Future:
+        self._track_late()  # a future's callbacks must run without a waiter
         return self._future
 
     def synchronize(self) -> None:
