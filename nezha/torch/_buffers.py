@@ -26,7 +26,7 @@ REDUCES_BFLOAT16 = BFLOAT16 is not None
 # The torch dtypes named like the engine's own DataType values (never listed by hand); numpy
 # describes every one of them but bfloat16.
 ENGINE_TYPES = frozenset(getattr(torch, name) for name in nezha.DataType.__members__)
-_NUMPY_TYPES = ENGINE_TYPES - {torch.bfloat16}
+NUMPY_TYPES = ENGINE_TYPES - {torch.bfloat16}
 
 
 class UnsupportedTensorError(TypeError, ValueError):
@@ -78,7 +78,7 @@ def engine_array(host):
     callers widen bf16 reductions instead (see `widen_bfloat16`).
     """
     host = host.detach()
-    if host.dtype in _NUMPY_TYPES:
+    if host.dtype in NUMPY_TYPES:
         return host.numpy()
     if BFLOAT16 is not None:
         return host.view(torch.int16).numpy().view(BFLOAT16)
@@ -98,7 +98,7 @@ def widen_bfloat16(tensors):
 
 def tensor_from_engine(result, dtype):
     """Wraps a numpy array the engine returned as a CPU tensor of `dtype`, without copying."""
-    if dtype in _NUMPY_TYPES:
+    if dtype in NUMPY_TYPES:
         return torch.from_numpy(result)
     # bfloat16 arrives as a 2-byte numpy dtype (ml_dtypes.bfloat16 or raw uint16): same bits.
     if result.dtype.itemsize != torch.tensor([], dtype=dtype).element_size():

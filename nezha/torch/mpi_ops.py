@@ -143,6 +143,14 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces `tensor` over all ranks in place and returns it."""
+    if (type(tensor) is torch.Tensor and tensor.device.type == "cpu" and tensor.is_contiguous()
+            and tensor.dtype in _buffers.NUMPY_TYPES and process_set is global_process_set):
+        # Its own storage as a numpy array, reduced in place by nezha.allreduce's synchronous path:
+        # nothing to stage, no handle to extend (a small call's time is mostly this layer's CPU).
+        view = tensor.detach().numpy()
+        nezha.allreduce(view, op=resolve_op(op, average), name=_op_name("allreduce", name),
+                        prescale_factor=prescale_factor, postscale_factor=postscale_factor, out=view)
+        return tensor
     return synchronize(started_by_waiter(allreduce_async_, tensor, average, name, op,
                                          prescale_factor, postscale_factor, process_set))
 
