@@ -142,6 +142,13 @@ for how, fn in (("eager", grads_of_ops), ("tf.function", tf.function(grads_of_op
     got = fn()
     for key, exp in expected_grads().items():
         assert_close(got[key].numpy(), exp, "%s gradient of %s" % (how, key))
+# Forward mode too: an eager call records its gradient for a ForwardAccumulator as for a tape (an
+# eager call with nothing recording skips the wrapper), so the JVP of a summed allreduce is the sum
+# of every rank's tangent: 3 x n here.
+x = tf.constant([1.0, 2.0])
+with tf.autodiff.ForwardAccumulator(x, tf.constant([1.0, 1.0])) as acc:
+    y = hvd.allreduce(x * 3.0, op=hvd.Sum)
+assert_close(acc.jvp(y).numpy(), np.full(2, 3.0 * n), "eager allreduce's JVP")
 report("gradients")
 
 
