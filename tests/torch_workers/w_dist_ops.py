@@ -4,6 +4,7 @@ point-to-point. Runs on 3 or 4 ranks under nezharun or torchrun (argv[1]: how it
 printed in the first check)."""
 
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -125,6 +126,25 @@ def check_sync_calls_lead():
     if RANK != 0:
         expect(engine >= 30, "30 asynchronous all_reduces: the engine thread switched only %d times"
                % engine)
+    # Such a work seen by someone else than its waiter still completes: through its future (then
+    # tracked by the completer) or by polling is_completed().
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    group = dist.group.WORLD
+    u = torch.full((3,), float(RANK))
+    fut = group.allreduce([u], opts).get_future()
+    deadline = time.monotonic() + 30
+    while not fut.done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    expect(fut.done(), "a synchronous work's future never completed")
+    assert_equal(fut.value()[0], torch.full((3,), float(N * (N - 1) // 2)), "a synchronous work's future")
+    v = torch.full((3,), 1.0)
+    work = group.allreduce([v], opts)
+    deadline = time.monotonic() + 30
+    while not work.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    expect(work.is_completed(), "a synchronous work polled with is_completed() never completed")
+    assert_equal(v, torch.full((3,), float(N)), "a synchronous work polled with is_completed()")
     report("synchronous calls lead the engine's loop")
 
 

@@ -76,11 +76,11 @@ class NezhaWork(dist.Work):
 
     def _track_late(self) -> None:
         """An untracked work that someone other than its waiter looks at: tracked from now on."""
-        with _settling:
-            late = not self._tracked and self._handle is not None
+        with _settling:  # the handle as it is now: a waiter completing meanwhile clears it
+            handle = self._handle if not self._tracked else None
             self._tracked = True
-        if late:
-            completer().track(self, self._handle)
+        if handle is not None:
+            completer().track(self, handle)
 
     def finish_now(self, outputs: List[torch.Tensor]) -> "NezhaWork":
         """Completes a work that needed no communication (a group of one)."""
