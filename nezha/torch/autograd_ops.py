@@ -43,9 +43,13 @@ class _Allreduce(torch.autograd.Function):
     def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, process_set):
         ctx.op, ctx.name, ctx.process_set = op, name, process_set
         ctx.scale = (prescale_factor, postscale_factor)
-        result = _waited(
-            mpi_ops.allreduce_async, tensor, name=name, op=op, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, process_set=process_set)
+        if mpi_ops.is_plain_cpu(tensor, process_set):
+            result = mpi_ops.reduce_plain_now(tensor, torch.empty_like(tensor), op, name,
+                                              prescale_factor, postscale_factor)
+        else:
+            result = _waited(
+                mpi_ops.allreduce_async, tensor, name=name, op=op, prescale_factor=prescale_factor,
+                postscale_factor=postscale_factor, process_set=process_set)
         if op in (Min, Max, Product):
             ctx.save_for_backward(tensor, result)
         return result

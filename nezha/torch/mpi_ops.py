@@ -51,6 +51,23 @@ def _deliver(hosts_out, sources, targets):
     return list(targets)
 
 
+def is_plain_cpu(tensor, process_set):
+    """A contiguous CPU tensor of a numpy dtype, reduced over the whole job: what
+    reduce_plain_now takes."""
+    return (type(tensor) is torch.Tensor and tensor.device.type == "cpu" and tensor.is_contiguous()
+            and tensor.dtype in _buffers.NUMPY_TYPES and process_set is global_process_set)
+
+
+def reduce_plain_now(tensor, out, op, name, prescale_factor, postscale_factor):
+    """Reduces a plain tensor (is_plain_cpu) into `out` (itself, or a new tensor like it) and
+    returns `out`: their storage as numpy arrays through nezha.allreduce's synchronous path, with
+    nothing to stage and no handle to extend (a small call's time is mostly this layer's CPU)."""
+    nezha.allreduce(tensor.detach().numpy(), op=op, name=_op_name("allreduce", name),
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                    out=out.detach().numpy())
+    return out
+
+
 def _reduce_async(tensors, targets, name, op, prescale_factor, postscale_factor, grouped,
                   process_set=global_process_set):
     process_set_id(process_set)  # refused before anything is staged
@@ -143,14 +160,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """Reduces `tensor` over all ranks in place and returns it."""
-    if (type(tensor) is torch.Tensor and tensor.device.type == "cpu" and tensor.is_contiguous()
-            and tensor.dtype in _buffers.NUMPY_TYPES and process_set is global_process_set):
-        # Its own storage as a numpy array, reduced in place by nezha.allreduce's synchronous path:
-        # nothing to stage, no handle to extend (a small call's time is mostly this layer's CPU).
-        view = tensor.detach().numpy()
-        nezha.allreduce(view, op=resolve_op(op, average), name=_op_name("allreduce", name),
-                        prescale_factor=prescale_factor, postscale_factor=postscale_factor, out=view)
-        return tensor
+    if is_plain_cpu(tensor, process_set):
+        return reduce_plain_now(tensor, tensor, resolve_op(op, average), name, prescale_factor,
+                                postscale_factor)
     return synchronize(started_by_waiter(allreduce_async_, tensor, average, name, op,
                                          prescale_factor, postscale_factor, process_set))
 
