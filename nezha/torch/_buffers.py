@@ -110,6 +110,14 @@ def _is_engine_ready(tensor):
     return tensor.device.type == "cpu" and tensor.is_contiguous()
 
 
+def is_numpy_view_ready(tensor):
+    """A contiguous CPU tensor of a numpy dtype, which the engine treats as the CPU's
+    (engine_device): `tensor.detach().numpy()` is its own storage, which the engine reads and writes
+    in place (no staging, nothing to deliver)."""
+    return (_is_engine_ready(tensor) and tensor.dtype in NUMPY_TYPES
+            and engine_device(tensor) is nezha.Device.cpu)
+
+
 def stage_in(tensors):
     """Host copies of `tensors` the engine may read (the tensors themselves where possible).
 

@@ -52,10 +52,10 @@ def _deliver(hosts_out, sources, targets):
 
 
 def is_plain_cpu(tensor, process_set):
-    """A contiguous CPU tensor of a numpy dtype, reduced over the whole job: what
-    reduce_plain_now takes."""
-    return (type(tensor) is torch.Tensor and tensor.device.type == "cpu" and tensor.is_contiguous()
-            and tensor.dtype in _buffers.NUMPY_TYPES and process_set is global_process_set)
+    """A plain torch.Tensor (subclasses such as DTensor take the general path) that is a numpy
+    view (_buffers.is_numpy_view_ready), reduced over the whole job: what reduce_plain_now takes."""
+    return (type(tensor) is torch.Tensor and process_set is global_process_set
+            and _buffers.is_numpy_view_ready(tensor))
 
 
 def reduce_plain_now(tensor, out, op, name, prescale_factor, postscale_factor):

@@ -46,8 +46,7 @@ class Collectives:
             return self._done([])
         grouped = len(views) > 1
         one = views[0]
-        if not grouped and one.device.type == "cpu" and one.is_contiguous() \
-                and one.dtype in _buffers.NUMPY_TYPES:
+        if not grouped and _buffers.is_numpy_view_ready(one):
             # A contiguous CPU tensor: the engine reduces its own storage in place; nothing to stage
             # or deliver (a small call's time is mostly these layers' CPU).
             array = one.detach().numpy()
