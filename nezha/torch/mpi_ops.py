@@ -62,9 +62,9 @@ def reduce_plain_now(tensor, out, op, name, prescale_factor, postscale_factor):
     """Reduces a plain tensor (is_plain_cpu) into `out` (itself, or a new tensor like it) and
     returns `out`: their storage as numpy arrays through nezha.allreduce's synchronous path, with
     nothing to stage and no handle to extend (a small call's time is mostly this layer's CPU)."""
-    nezha.allreduce(tensor.detach().numpy(), op=op, name=_op_name("allreduce", name),
+    nezha.allreduce(_buffers.engine_array(tensor), op=op, name=_op_name("allreduce", name),
                     prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                    out=out.detach().numpy())
+                    out=_buffers.engine_array(out))
     return out
 
 

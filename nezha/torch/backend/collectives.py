@@ -45,21 +45,18 @@ class Collectives:
         if not views:
             return self._done([])
         grouped = len(views) > 1
-        one = views[0]
-        if not grouped and _buffers.is_numpy_view_ready(one):
+        if not grouped and _buffers.is_numpy_view_ready(views[0]):
             # A contiguous CPU tensor: the engine reduces its own storage in place; nothing to stage
             # or deliver (a small call's time is mostly these layers' CPU).
-            array = one.detach().numpy()
+            array = _buffers.engine_array(views[0])
 
-            def start_in_place(name):
+            def start(name):
                 return nezha.allreduce_async(array, op=op, name=name, prescale_factor=prescale,
                                              out=array, process_set=self._set)
-
-            return self._run(kind, start_in_place, lambda _: list(tensors), opts)
-
-        def start(name):
-            return mpi_ops._reduce_async(views, views, name, op, prescale, 1.0, grouped=grouped,
-                                         process_set=self._set)
+        else:
+            def start(name):
+                return mpi_ops._reduce_async(views, views, name, op, prescale, 1.0, grouped=grouped,
+                                             process_set=self._set)
 
         return self._run(kind, start, lambda _: tz.settle_devices(tensors), opts)
 
