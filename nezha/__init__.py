@@ -6,8 +6,8 @@ each rail's measured cost. Use it directly on numpy arrays (this module), or thr
 """
 from . import _core
 from ._core import NezhaError
-from .basics import (NotInitializedError, cross_rank, cross_size, init, is_initialized, local_rank,
-                     local_size, rail_stats, rank, shutdown, size)
+from .basics import (NotInitializedError, cross_rank, cross_size, engine_stats, init, is_initialized,
+                     local_rank, local_size, rail_stats, rank, shutdown, size)
 from .handle import Handle, poll, synchronize
 from .objects import allgather_object, broadcast_object
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "rail_stats", "NezhaError", "NotInitializedError", "Handle",
+    "cross_rank", "cross_size", "engine_stats", "rail_stats", "NezhaError", "NotInitializedError", "Handle",
     "ReduceOp", "DataType", "Device", "Sum", "Average", "Min", "Max", "Product",
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",

@@ -241,6 +241,14 @@ def cross_size() -> int:
     return _info().cross_size
 
 
+def engine_stats() -> Dict[str, int]:
+    """How this rank's tensors were scheduled so far (counts): through rank 0
+    (tensors_via_coordinator; of those done by rank 0 without a rail: tensors_done_by_coordinator),
+    by cache rounds, by host votes (tensors_by_host_vote, host_votes_diverted), the requests sent to
+    rank 0, the operations run on the rails and the times a caller ran the engine's loop itself."""
+    return _engine().engine_stats()
+
+
 def rail_stats() -> List[Dict[str, Any]]:
     """Per rail: name, local_addr, kind, state
     ('up'/'down'/'probing'), bytes_sent, bytes_received, the cost model's alpha_us,

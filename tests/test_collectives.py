@@ -78,3 +78,15 @@ def test_synchronous_numpy_allreduce_matches_the_layered_path(job, ranks):
     assert result.returncode == 0, result.output[-4000:]
     for r in range(ranks):
         assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]
+
+
+@pytest.mark.parametrize("votes", ["1", "0"])
+def test_small_allreduces_voted_on_the_host_board_match_rank_zeros(job, votes):
+    # On one host a repeated small allreduce from a synchronous call is voted on the host board
+    # (NEZHA_HOST_VOTE): every dtype and reduction gives rank 0's bits, on every rank, and numpy's
+    # answer; with the knob off rank 0 does them all.
+    ranks = 4
+    result = job(ranks, "host_vote_check.py", votes, env={"NEZHA_HOST_VOTE": votes}, timeout=300)
+    assert result.returncode == 0, result.output[-4000:]
+    for r in range(ranks):
+        assert any(l.startswith(f"OK rank {r}:") for l in result.lines(r)), result.output[-4000:]

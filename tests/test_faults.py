@@ -1,5 +1,6 @@
 """A peer killed or stopped: every other rank fails loudly and promptly, naming it; nezharun stops
 the job with a one-line reason."""
+import re
 import signal
 import time
 
@@ -22,15 +23,21 @@ def test_dead_or_frozen_peer_is_named_on_every_other_rank(how, victim):
     assert_victim_named(results, victim, survivors, within_s=TIMEOUT_S + 3)
 
 
-# 8-byte allreduces of 4 ranks on one host: negotiated through shared memory, done by rank 0 within
-# negotiation, called through nezha.allreduce's direct path; a killed rank is still named.
+# 8-byte allreduces of 4 ranks on one host: after their first time agreed and reduced by every rank on
+# the host board (the survivors were waiting there when the victim went), else done by rank 0
+# within negotiation; a killed or frozen rank is still named.
 @pytest.mark.parametrize("victim", [0, 2])
-def test_a_killed_peer_is_named_in_small_allreduces_on_one_host(victim):
+@pytest.mark.parametrize("how", ["kill", "stop"])
+@pytest.mark.parametrize("host_vote", ["1", "0"])
+def test_a_lost_peer_is_named_in_small_allreduces_on_one_host(how, victim, host_vote):
     survivors = [r for r in range(4) if r != victim]
-    results = launch_direct(4, "dead_peer.py", "kill", str(victim), "allreduce", "2",
-                            env={"NEZHA_TIMEOUT_S": str(TIMEOUT_S)}, timeout=TIMEOUT_S + 20,
-                            wait_for=survivors)
+    results = launch_direct(4, "dead_peer.py", how, str(victim), "allreduce", "2",
+                            env={"NEZHA_TIMEOUT_S": str(TIMEOUT_S), "NEZHA_HOST_VOTE": host_vote},
+                            timeout=TIMEOUT_S + 20, wait_for=survivors)
     assert_victim_named(results, victim, survivors, within_s=TIMEOUT_S + 3)
+    for rank in survivors:
+        votes = int(re.search(r"HOST VOTES (\d+)", results[rank].output).group(1))
+        assert (votes >= 10) == (host_vote == "1"), results[rank].output[-2000:]
 
 
 def test_nezharun_stops_the_job_when_a_rank_dies(job):

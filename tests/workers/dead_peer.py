@@ -2,7 +2,8 @@
 naming it within NEZHA_TIMEOUT_S, never hang.  usage: dead_peer.py kill|stop VICTIM [OP [ELEMENTS]]
 OP: allreduce (the default), broadcast, allgather, reducescatter or alltoall, what the ranks run in a
 loop; ELEMENTS: float32 elements per rank (65536: on the rails; 2: done by rank 0 within
-negotiation)."""
+negotiation, or on one host by every rank from the host board). A survivor prints how many
+tensors it took from the host board."""
 import os
 import signal
 import sys
@@ -35,5 +36,6 @@ try:
 except nezha.NezhaError as exc:
     elapsed = time.monotonic() - start
     print(f"RAISED after {elapsed:.2f}s: {exc}", flush=True)
+    print(f"HOST VOTES {nezha.engine_stats()['tensors_by_host_vote']}", flush=True)
     sys.exit(3)
 print("NO ERROR", flush=True)

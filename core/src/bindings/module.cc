@@ -419,6 +419,19 @@ PYBIND11_MODULE(_core, m) {
            "The id of the pair set of ranks a and b: known to every rank without registering it.")
       .def("process_set_ranks", &Engine::process_set_ranks, py::arg("id"))
       .def("process_set_ids", &Engine::process_set_ids)
+      .def("engine_stats", [](const Engine& e) {
+        const engine::EngineStats s = e.stats();
+        py::dict d;
+        d["tensors_via_coordinator"] = s.tensors_via_coordinator;
+        d["tensors_done_by_coordinator"] = s.tensors_done_by_coordinator;
+        d["tensors_via_rounds"] = s.tensors_via_rounds;
+        d["tensors_by_host_vote"] = s.tensors_by_host_vote;
+        d["host_votes_diverted"] = s.host_votes_diverted;
+        d["requests_to_coordinator"] = s.requests_to_coordinator;
+        d["operations_on_rails"] = s.operations_on_rails;
+        d["callers_led"] = s.callers_led;
+        return d;
+      })
       .def("rail_stats", [](const Engine& e) {
         py::list out;
         for (const auto& s : e.rail_stats()) {

@@ -44,6 +44,8 @@ EngineConfig EngineConfig::from_knobs() {
   c.rail_stall_ms = knob_double("NEZHA_RAIL_STALL_MS");
   c.rail_failover = knob_int("NEZHA_RAIL_FAILOVER") != 0;
   c.cache_rounds = knob_int("NEZHA_CACHE_ROUNDS") != 0;
+  c.host_vote = knob_int("NEZHA_HOST_VOTE") != 0;
+  c.host_vote_spin_us = std::max(0.0, knob_double("NEZHA_HOST_VOTE_SPIN_US"));
   c.shm_control = knob_int("NEZHA_SHM_CONTROL") != 0;
   c.control_spin_us = std::max(0.0, knob_double("NEZHA_CONTROL_SPIN_US"));
   c.output_cache_bytes = static_cast<size_t>(std::max<int64_t>(0, knob_int("NEZHA_OUTPUT_CACHE_BYTES")));
@@ -83,8 +85,12 @@ Engine::Engine(EngineConfig config) : config_(std::move(config)) {
     // spins takes the CPU the rank it waits for needs.
     control_spins_ = config_.control_spin_us > 0 && config_.local_size > 1 && config_.local_size <= usable_cores();
   }
+  // A one-host job's shared-memory path carries the host board in rank 0's segment (host_vote.h):
+  // sized alike on every rank, from what every rank knows.
+  const bool one_host = config_.size > 1 && config_.cross_size == 1 && config_.local_size == config_.size;
+  const size_t board_bytes = one_host ? HostVoteBoard::bytes_for(config_.size) : 0;
   control_ = std::make_unique<ControlChannel>(paths, config_.secret, config_.rank, config_.size,
-                                              config_.socket_buffer_bytes);
+                                              config_.socket_buffer_bytes, board_bytes);
   // Two consecutive samples off the model in the same direction count as a real change of
   // speed (a re-shaped or congested link): shares then follow within two large operations.
   multirail::RailCostModelOptions cost_opt;
@@ -163,6 +169,7 @@ void Engine::connect_and_start(const std::vector<std::vector<std::string>>& addr
       for (int r = 1; r < config_.size; ++r)
         if (r != config_.rank) col[static_cast<size_t>(r)].clear();
   control_->connect_all(control_columns, deadline);
+  set_up_host_vote();
   for (size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect(column(control_->path_count() + i), deadline);
   refuse_partial_host_rails();
   wire_components(addrs_by_rank);
@@ -275,6 +282,8 @@ void Engine::make_negotiator() {
   nlinks.rail_events_from = [this](int rank, const std::vector<RailEvent>& e) { failover_->on_events_from(rank, e); };
   nlinks.apply_rail_event = [this](const RailEvent& e) { failover_->apply(e); };
   nlinks.fail = [this](const std::string& reason) { fail_everything(reason); };
+  if (host_vote_)
+    nlinks.learned = [this](const Request& own, const Response& resp, size_t index) { host_vote_->learn(own, resp, index); };
   negotiator_ = std::make_unique<Negotiator>(std::move(no), *control_, *rail_table_, submissions_, *process_sets_,
                                              timeline_, std::move(nlinks));
 }
@@ -334,12 +343,31 @@ std::vector<std::shared_ptr<OpHandle>> Engine::enqueue_all(std::vector<TensorEnt
     }
     entry.req.check_scaling();
   }
+  // Host votes (host_vote.h): which entries vote or count themselves out on the board; a join
+  // breaks it for good before it is queued (a joined rank submits nothing a vote could wait for).
+  std::vector<HostVote::Step> steps;
+  if (host_vote_) {
+    if (std::any_of(entries.begin(), entries.end(), [](const TensorEntry& e) { return e.req.type == OpType::kJoin; }))
+      host_vote_->board().break_all();
+    steps = host_vote_->plan(entries, lead_s > 0 && waits_to_end);
+  }
+  const bool votes = steps.size() == 1 && steps[0].kind == HostVote::Step::Kind::kVote;
+  const void* vote_input = votes ? entries[0].input : nullptr;
   std::vector<std::string> names;
   std::vector<std::shared_ptr<OpHandle>> handles =
       submissions_.add(std::move(entries), [&](const std::string& name) {
-        if (lead_s > 0) names.push_back(name);
+        if (lead_s > 0 || votes) names.push_back(name);
         timeline_.negotiation_started(name);
-      });
+      }, /*queue=*/!votes);
+  if (host_vote_) {
+    host_vote_->commit(steps);
+    for (const HostVote::Step& step : steps)
+      if (step.kind == HostVote::Step::Kind::kDivert) {
+        host_vote_->board().arrive(step.slot, step.seq, nullptr, 0, /*divert=*/true);
+        ++host_votes_diverted_;
+      }
+  }
+  if (votes && run_host_vote(steps[0], handles[0], names[0], vote_input)) return handles;
   if (lead_s > 0 && config_.size > 1)
     lead(handles, names, lead_s, waits_to_end);
   else
@@ -361,6 +389,8 @@ std::vector<int> Engine::process_set_ranks(int32_t id) const {
 
 void Engine::shutdown() {
   if (!thread_.joinable()) return;
+  // A rank that stops votes no more: whoever waits on it goes to rank 0, which knows it stopped.
+  if (host_vote_) host_vote_->board().break_all();
   submissions_.request_shutdown();
   wake();
   thread_.join();
@@ -377,6 +407,7 @@ void Engine::shutdown() {
 
 void Engine::fail_everything(const std::string& reason) {
   NZ_LOG(Error) << rank_prefix(config_.rank) << reason;
+  if (host_vote_) host_vote_->board().break_all();
   submissions_.fail_all(reason);
   if (executor_) executor_->fail_all(reason);
   control_->abort(reason);
@@ -394,6 +425,8 @@ EngineStats Engine::stats() const {
     s.requests_to_coordinator = n.requests_to_coordinator;
     s.rounds = n.rounds;
   }
+  s.tensors_by_host_vote = tensors_by_host_vote_.load();
+  s.host_votes_diverted = host_votes_diverted_.load();
   s.callers_led = leads_;
   s.control_messages_shared_memory = control_->sent_on_reliable_paths();
   s.control_messages_network = control_->sent_on_other_paths();

@@ -11,7 +11,8 @@
 //   Executor (execution/executor.h)   runs agreed operations on the rails' workers
 //   ../multirail/rail_table.h         per-rail cost models, states and shares; the one planner entry
 // Files: engine.cc (construction, wiring, submit, shut down), engine_loop.cc (the loop and leading
-// it), engine_rails.cc (building and calibrating the rails). Includes run one way: the shared types
+// it), engine_rails.cc (building and calibrating the rails), engine_vote.cc (the host board: a
+// one-host job's small allreduces agreed without rank 0, negotiation/host_vote.h). Includes run one way: the shared types
 // at the top level <- the component folders <- these files (scripts/include_graph.py checks it).
 //
 // Why the background loop looks the way it does:
@@ -54,6 +55,7 @@
 #include "engine/failover/failover_controller.h"
 #include "engine/handle.h"
 #include "engine/negotiation/control_channel.h"
+#include "engine/negotiation/host_vote.h"
 #include "engine/negotiation/negotiator.h"
 #include "engine/process_sets.h"
 #include "engine/request.h"
@@ -108,6 +110,12 @@ struct EngineConfig {
   double rail_probe_backoff_s = 0.25;
   double rail_probe_backoff_max_s = 3;
   bool cache_rounds = false;  // NEZHA_CACHE_ROUNDS: cached allreduces skip rank 0 (cache_rounds.h)
+  // NEZHA_HOST_VOTE: a one-host job's small cached allreduces from synchronous callers are agreed
+  // and reduced on the host board, without rank 0 (negotiation/host_vote.h). Rank 0's decides.
+  bool host_vote = true;
+  // NEZHA_HOST_VOTE_SPIN_US: how long a voter yields the CPU in a loop, looking at the board, before
+  // it sleeps on it (see run_host_vote()).
+  double host_vote_spin_us = 50;
   // NEZHA_SHM_CONTROL: ranks sharing a host negotiate through shared memory (shm_message_path.h).
   bool shm_control = true;
   // NEZHA_CONTROL_SPIN_US: how long a leading caller polls the shared-memory control path before it
@@ -135,6 +143,9 @@ struct EngineStats {
   uint64_t tensors_via_coordinator = 0;  // by a response from rank 0
   uint64_t tensors_done_by_coordinator = 0;  // of those: done by rank 0 in negotiation, no rail
   uint64_t requests_to_coordinator = 0;  // tensor requests this rank sent to rank 0
+  // Host votes (negotiation/host_vote.h): tensors this rank reduced from the board, and those it
+  // took to rank 0 after all (some rank did not vote, or the board was broken).
+  uint64_t tensors_by_host_vote = 0, host_votes_diverted = 0;
   uint64_t rounds = 0;                   // cache rounds completed
   uint64_t operations_on_rails = 0;     // operations this rank ran on the rails (fused: one)
   uint64_t callers_led = 0;  // times a caller ran the loop itself (enqueue_all's lead_s)
@@ -227,6 +238,13 @@ class Engine {
   // negotiator, each wired to the others through closures over these members.
   void wire_components(const std::vector<std::vector<std::string>>& addrs_by_rank);
   void make_negotiator();
+  // After the control channel connected: the host board, if this job has one (host_vote.h).
+  void set_up_host_vote();
+  // A synchronous caller's lone entry (queued, not handed to negotiation): votes on the host board
+  // and completes it, or hands it to negotiation (false) when some rank did not vote or the board
+  // broke. engine_vote.cc.
+  bool run_host_vote(const HostVote::Step& step, const std::shared_ptr<OpHandle>& handle, const std::string& name,
+                     const void* input);
   void fail_everything(const std::string& reason);
   void wake();
   // Failover is on, and some rail's shares could be redone elsewhere (failover/redo_scope.h).
@@ -247,6 +265,8 @@ class Engine {
   std::unique_ptr<FailoverController> failover_;
   std::unique_ptr<Negotiator> negotiator_;
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<HostVote> host_vote_;  // a one-host job's board (set before the loop starts)
+  std::atomic<uint64_t> tensors_by_host_vote_{0}, host_votes_diverted_{0};
   int wake_fd_ = -1;
 
   // The loop's: under loop_mu_, held by whichever thread runs the loop (the loop thread, or a

@@ -5,7 +5,8 @@
 namespace nezha::engine {
 
 std::vector<std::shared_ptr<OpHandle>> Submissions::add(std::vector<TensorEntry> entries,
-                                                        const std::function<void(const std::string&)>& on_added) {
+                                                        const std::function<void(const std::string&)>& on_added,
+                                                        bool queue) {
   std::vector<std::shared_ptr<OpHandle>> handles;
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.empty()) throw NezhaError(failure_);
@@ -22,7 +23,7 @@ std::vector<std::shared_ptr<OpHandle>> Submissions::add(std::vector<TensorEntry>
     handles.push_back(entry.handle);
     std::string name = entry.req.name;
     in_flight_.emplace(name, std::move(entry));
-    new_names_.push_back(name);
+    if (queue) new_names_.push_back(name);
     on_added(name);
   }
   return handles;

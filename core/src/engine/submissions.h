@@ -22,9 +22,11 @@ class Submissions {
  public:
   // Queues every entry (each gets a fresh handle, returned in order), or none: throws NezhaError
   // once the engine failed, InvalidArgument after shutdown or for a name already in flight (also
-  // twice within `entries`). `on_added(name)` runs for each, under the lock.
+  // twice within `entries`). `on_added(name)` runs for each, under the lock. queue = false: in
+  // flight but not handed to negotiation (a host vote runs it; requeue() hands it over after all).
   std::vector<std::shared_ptr<OpHandle>> add(std::vector<TensorEntry> entries,
-                                             const std::function<void(const std::string&)>& on_added);
+                                             const std::function<void(const std::string&)>& on_added,
+                                             bool queue = true);
 
   // Negotiation: hands over every name queued since the last call (with its entry, if still in
   // flight), and returns whether shutdown had been requested when they were taken.

@@ -82,12 +82,12 @@ void Timeline::negotiation_started(const std::string& tensor) { negotiation_even
 
 void Timeline::negotiation_finished(const std::string& tensor) { negotiation_event(tensor, 'e'); }
 
-void Timeline::done_by_coordinator(const std::string& tensor, size_t bytes) {
+void Timeline::done_by_coordinator(const std::string& tensor, size_t bytes, const char* reduced_by) {
   if (!enabled()) return;
   std::ostringstream e;
   e << "{\"name\":" << quoted(tensor) << ",\"cat\":\"control\",\"ph\":\"i\",\"s\":\"t\",\"pid\":" << rank_
     << ",\"tid\":0,\"ts\":" << micros(Clock::now()) << ",\"args\":{\"bytes\":" << bytes
-    << ",\"reduced_by\":\"rank 0\"}}";
+    << ",\"reduced_by\":\"" << reduced_by << "\"}}";
   write_event(e.str());
 }
 

@@ -28,8 +28,9 @@ class Timeline {
 
   void negotiation_started(const std::string& tensor);
   void negotiation_finished(const std::string& tensor);
-  // A collective rank 0 did within negotiation (control_inline.h): an instant event, no rail.
-  void done_by_coordinator(const std::string& tensor, size_t bytes);
+  // A collective rank 0 did within negotiation (control_inline.h), or every rank did from the host
+  // board (host_vote.h; reduced_by "every rank"): an instant event, no rail.
+  void done_by_coordinator(const std::string& tensor, size_t bytes, const char* reduced_by = "rank 0");
   // `rail_seconds`: the part of `seconds` the cost model learned (args.rail_us; see ShareObserver).
   void share_done(int rail, const std::string& what, Clock::time_point start, double seconds,
                   double rail_seconds, size_t bytes);

@@ -62,6 +62,14 @@ class MessagePath {
   // sleep through fewer, never more: every message counts toward it, whoever sends it, and a
   // failed peer still ends the wait at once. Paths that wake for each message ignore it.
   virtual void wake_after_messages(int /*messages*/) {}
+
+  // Memory every rank that shares this path with rank 0 maps (the shared-memory path: the trailer
+  // of rank 0's segment, RailContext::host_board_bytes; engine/negotiation/host_vote_board.h).
+  struct HostBoard {
+    uint8_t* base = nullptr;  // nullptr: none
+    size_t bytes = 0;
+  };
+  virtual HostBoard host_board() const { return {}; }
 };
 
 }  // namespace nezha::transport

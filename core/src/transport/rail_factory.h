@@ -31,6 +31,9 @@ struct RailContext {
   double handshake_timeout_s = 5;
   ReduceKernel reduce_into = nullptr;  // for rails that reduce on this host (shmcoll); null: none
   int local_size = 0;          // ranks on this rank's host (the launcher's placement); 0: as size
+  // Control paths: bytes the shared-memory path adds after rank 0's rings for every linked rank to
+  // map (MessagePath::host_board); the same on every rank. 0: none.
+  size_t host_board_bytes = 0;
 };
 
 // Whether this host's ranks outnumber the cores this process may use. Then a rank waiting on a

@@ -135,6 +135,19 @@ inline std::shared_ptr<OpHandle> submit(Engine& e, Request req, const void* in, 
   return e.enqueue(std::move(t));
 }
 
+// As submit(), through enqueue_all: lead_s and waits_to_end as there (a synchronous Python call
+// leads and waits to the end).
+inline std::shared_ptr<OpHandle> submit_leading(Engine& e, Request req, const void* in, void* out, double lead_s,
+                                                bool waits_to_end = false) {
+  TensorEntry t;
+  t.req = std::move(req);
+  t.input = in;
+  t.output = out;
+  std::vector<TensorEntry> one;
+  one.push_back(std::move(t));
+  return e.enqueue_all(std::move(one), lead_s, waits_to_end).at(0);
+}
+
 inline void expect_ok(const std::shared_ptr<OpHandle>& h, const std::string& what, double wait_s = 10) {
   ASSERT_TRUE(h->wait_for(wait_s)) << what << ": not done within " << wait_s << " s";
   EXPECT_EQ(h->error(), "") << what;

@@ -37,13 +37,9 @@ struct Allreduce {
     for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(rank + i + 1);
   }
   std::shared_ptr<OpHandle> submit(Engine& e, const std::string& name, double lead_s) {
-    TensorEntry t;
-    t.req = make_request(OpType::kAllreduce, name, DataType::kFloat32, {static_cast<int64_t>(in.size())});
-    t.input = in.data();
-    t.output = out.data();
-    std::vector<TensorEntry> one;
-    one.push_back(std::move(t));
-    return e.enqueue_all(std::move(one), lead_s).at(0);
+    return testing::submit_leading(
+        e, make_request(OpType::kAllreduce, name, DataType::kFloat32, {static_cast<int64_t>(in.size())}), in.data(),
+        out.data(), lead_s);
   }
   // The sum over `size` ranks, as a plain loop computes it.
   void expect_sum(int size, const std::string& what) const {

@@ -318,6 +318,25 @@ TEST(ShmSegment, HeaderChecksRefuseStaleOrForeignSegments) {
   EXPECT_NE(shm::header_mismatch(*s.header(), bytes, id).find("version"), std::string::npos);
 }
 
+TEST(ShmSegment, ATrailerFollowsTheRingsAndIsPartOfTheIdentity) {
+  shm::SegmentIdentity id{std::string(16, 'j'), std::string(16, 'n'), 1234, 99, 0, 3, 8192, 10000};
+  shm::Segment s = shm::Segment::create(id);
+  ASSERT_NE(s.trailer(), nullptr);
+  EXPECT_EQ(s.trailer_bytes(), 10000u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(s.trailer()) % 4096, 0u);
+  const size_t bytes = shm::segment_bytes_for(3, 8192, 10000);
+  // Past the last ring, within the mapping, and zero (a host board starts so).
+  EXPECT_GE(s.trailer(), s.ring_data(2) + 8192);
+  EXPECT_LE(s.trailer() + 10000, reinterpret_cast<uint8_t*>(s.header()) + bytes);
+  for (size_t i = 0; i < 10000; i += 997) EXPECT_EQ(s.trailer()[i], 0) << i;
+  EXPECT_EQ(shm::header_mismatch(*s.header(), bytes, id), "");
+  auto other = id;
+  other.trailer_bytes = 0;  // a peer that expects no board
+  EXPECT_NE(shm::header_mismatch(*s.header(), bytes, other).find("trailer"), std::string::npos);
+  shm::SegmentIdentity plain{std::string(16, 'j'), std::string(16, 'n'), 1234, 99, 1, 3, 8192};
+  EXPECT_EQ(shm::Segment::create(plain).trailer(), nullptr);
+}
+
 TEST(ShmRail, ResetThenConnectFormsAFreshRail) {
   auto rails = make_shm_mesh(2);
   std::vector<uint8_t> buf(32);

@@ -50,8 +50,21 @@ void append_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const ch
 
 }  // namespace
 
+transport::MessagePath::HostBoard ControlChannel::host_board(bool* reaches_everyone) const {
+  for (const auto& path : paths_) {
+    transport::MessagePath::HostBoard board = path->host_board();
+    if (board.base == nullptr) continue;
+    bool all = true;
+    for (int r = 0; r < size_ && all; ++r) all = r == rank_ || path->reaches(r);
+    *reaches_everyone = all;
+    return board;
+  }
+  *reaches_everyone = false;
+  return {};
+}
+
 ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, const std::string& secret,
-                               int rank, int size, size_t socket_buffer_bytes)
+                               int rank, int size, size_t socket_buffer_bytes, size_t host_board_bytes)
     : rank_(rank), size_(size), avoided_(paths.size(), false), black_hole_(paths.size(), false),
       testing_link_faults_(paths.size()), links_(paths.size()),
       peers_(size), linked_(size, false) {
@@ -68,6 +81,7 @@ ControlChannel::ControlChannel(const std::vector<ControlPathConfig>& paths, cons
     ctx.socket_buffer_bytes = socket_buffer_bytes;
     ctx.secret = secret;
     ctx.host_id = paths[i].host_id;
+    ctx.host_board_bytes = host_board_bytes;
     names_.push_back(spec.name);
     paths_.push_back(transport::make_message_path(spec, ctx));
   }

@@ -55,8 +55,9 @@ struct ControlPathConfig {
 
 class ControlChannel {
  public:
+  // host_board_bytes: RailContext::host_board_bytes of every path (the shared-memory one uses it).
   ControlChannel(const std::vector<ControlPathConfig>& paths, const std::string& secret, int rank,
-                 int size, size_t socket_buffer_bytes);
+                 int size, size_t socket_buffer_bytes, size_t host_board_bytes = 0);
   ~ControlChannel();
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;
@@ -92,6 +93,9 @@ class ControlChannel {
   // path's MessagePath::wake_after_messages): rank 0 waiting for an operation's requests.
   void wake_after_messages(int messages);
   size_t path_count() const { return paths_.size(); }
+  // After connect_all: the host board of a path that offers one (MessagePath::host_board), and
+  // whether that path links this rank with every other rank (rank 0 of a one-host job).
+  transport::MessagePath::HostBoard host_board(bool* reaches_everyone) const;
   // Messages (acknowledgements alone included) this rank handed to reliable paths (shared memory)
   // and to the others, resends included. Any thread.
   uint64_t sent_on_reliable_paths() const { return sent_reliable_.load(std::memory_order_relaxed); }

@@ -19,17 +19,12 @@ std::string reduced(const Response& resp, const std::vector<std::optional<Reques
     any = any || r.has_value();
   }
   if (!any || bytes == 0) return {};
-  // Aligned scratch: the reduce kernels read and write whole elements.
-  AlignedBuffer acc(bytes), term(bytes);
-  for (size_t rank = 0; rank < by_rank.size(); ++rank) {
-    uint8_t* dst = rank == 0 ? acc.data() : term.data();
-    if (by_rank[rank]) std::memcpy(dst, by_rank[rank]->inline_input.data(), bytes);
-    else std::memset(dst, 0, bytes);  // joined: zeros, as on the rails
-    collectives::scale(dst, count, resp.dtype, resp.prescale);
-    if (rank > 0) collectives::reduce_into(acc.data(), term.data(), count, resp.dtype, resp.op);
-  }
-  collectives::scale(acc.data(), count, resp.dtype, effective_postscale(resp, static_cast<int>(by_rank.size())));
-  return std::string(reinterpret_cast<const char*>(acc.data()), bytes);
+  std::vector<const void*> inputs;
+  for (const auto& r : by_rank) inputs.push_back(r ? r->inline_input.data() : nullptr);
+  std::string out(bytes, '\0');
+  reduce_in_rank_order(inputs, static_cast<int64_t>(count), resp.dtype, resp.op, resp.prescale,
+                       effective_postscale(resp, static_cast<int>(by_rank.size())), out.data());
+  return out;
 }
 
 std::string broadcasted(const Response& resp, const std::vector<std::optional<Request>>& by_rank) {
@@ -53,6 +48,24 @@ std::string gathered(const Response& resp, const std::vector<std::optional<Reque
 }
 
 }  // namespace
+
+void reduce_in_rank_order(const std::vector<const void*>& inputs, int64_t count, DataType dtype, ReduceOp op,
+                          double prescale, double postscale, void* out) {
+  const size_t n = static_cast<size_t>(count);
+  const size_t bytes = n * dtype_size(dtype);
+  if (bytes == 0) return;
+  // Aligned scratch: the reduce kernels read and write whole elements.
+  AlignedBuffer acc(bytes), term(bytes);
+  for (size_t rank = 0; rank < inputs.size(); ++rank) {
+    uint8_t* dst = rank == 0 ? acc.data() : term.data();
+    if (inputs[rank]) std::memcpy(dst, inputs[rank], bytes);
+    else std::memset(dst, 0, bytes);
+    collectives::scale(dst, n, dtype, prescale);
+    if (rank > 0) collectives::reduce_into(acc.data(), term.data(), n, dtype, op);
+  }
+  collectives::scale(acc.data(), n, dtype, postscale);
+  std::memcpy(out, acc.data(), bytes);
+}
 
 size_t control_inline_max_input_bytes(size_t limit_bytes, int size) {
   return size > 1 ? limit_bytes / static_cast<size_t>(size - 1) : 0;

@@ -49,6 +49,13 @@ bool inline_inputs_arrived(const std::vector<std::optional<Request>>& by_rank);
 // kControlInlineBytesPerMessage (in order), so those tensors run on the rails instead.
 void spill_inline_results(std::vector<Response>& responses);
 
+// The allreduce of `inputs` (one per rank, in rank order; nullptr: a joined rank's zeros), each
+// scaled by `prescale`, reduced in rank order and multiplied by `postscale` (the effective one),
+// into `out` (count elements). Rank 0's inline results and the host votes (host_vote.h) both use
+// it, so a small allreduce has the same bits whichever way it went.
+void reduce_in_rank_order(const std::vector<const void*>& inputs, int64_t count, DataType dtype, ReduceOp op,
+                          double prescale, double postscale, void* out);
+
 // Rank 0: the result of `resp` (one tensor, kExecute) from the ranks' requests in by_rank, or empty
 // when some rank that must send its input did not (or sent one of another size): the tensor then
 // runs on the rails. Allreduce: every rank's input (nullopt: a joined rank, zeros) scaled by the

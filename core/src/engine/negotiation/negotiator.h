@@ -52,6 +52,8 @@ struct NegotiatorLinks {
   std::function<void(const RailEvent& event)> apply_rail_event;
   // The engine: rank 0 said the job cannot go on.
   std::function<void(const std::string& reason)> fail;
+  // A response that caches names[index] ran with this rank's request `own` (host_vote.h); optional.
+  std::function<void(const Request& own, const Response& resp, size_t index)> learned;
 };
 
 struct NegotiatorOptions {

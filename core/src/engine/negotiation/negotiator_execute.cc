@@ -28,7 +28,10 @@ void Negotiator::execute_locally(const ResponseList& list, bool from_round) {
     }
     if (resp.type == OpType::kAllreduce) table_.record_plan(resp.plan);
     Submissions::Taken taken = submissions_.take(resp.names, [&](size_t i, const TensorEntry& entry) {
-      if (i < resp.cache_ids.size() && resp.cache_ids[i] >= 0) rounds_->learn(resp.cache_ids[i], entry.req, resp, i);
+      if (i < resp.cache_ids.size() && resp.cache_ids[i] >= 0) {
+        rounds_->learn(resp.cache_ids[i], entry.req, resp, i);
+        if (links_.learned) links_.learned(entry.req, resp, i);
+      }
       rounds_->forget_pending(resp.names[i]);
       ++(from_round ? tensors_via_rounds_ : tensors_via_coordinator_);
       timeline_.negotiation_finished(resp.names[i]);

@@ -80,8 +80,9 @@ void ShmMessagePath::connect(const std::vector<std::string>& addresses_by_rank, 
   // touched: the rest costs address space, not memory.
   const size_t fitting = config_.segment_budget / static_cast<size_t>(std::max(1, size_ - 1)) / 4096 * 4096;
   ring_bytes_ = std::min(config_.max_ring_bytes, std::max(kMinRingBytes, fitting));
+  auto trailer_of = [&](int owner) -> uint64_t { return owner == 0 ? config_.host_board_bytes : 0; };
   shm::SegmentIdentity id{job_tag_, nonce_, address_.pid, address_.start_time, rank_,
-                          static_cast<uint32_t>(size_), ring_bytes_};
+                          static_cast<uint32_t>(size_), ring_bytes_, trailer_of(rank_)};
   shm::Segment own = shm::Segment::create(id);
   std::vector<std::vector<int>> fds;
   if (!peers.empty())
@@ -107,7 +108,7 @@ void ShmMessagePath::connect(const std::vector<std::string>& addresses_by_rank, 
       const int seg_fd = fds[i][0];
       fds[i].clear();
       l.segment = shm::Segment::attach(seg_fd, {job_tag_, peers[i].nonce, addrs[r].pid, addrs[r].start_time, r,
-                                                static_cast<uint32_t>(size_), ring_bytes_},
+                                                static_cast<uint32_t>(size_), ring_bytes_, trailer_of(r)},
                                        where("connect to", r));
     } catch (...) {
       close_rest(i + 1);
@@ -136,6 +137,13 @@ void ShmMessagePath::connect(const std::vector<std::string>& addresses_by_rank, 
   linked_peers_.clear();
   for (int r = 0; r < size_; ++r)
     if (links_[static_cast<size_t>(r)].linked) linked_peers_.push_back(r);
+}
+
+MessagePath::HostBoard ShmMessagePath::host_board() const {
+  if (config_.host_board_bytes == 0) return {};
+  const shm::Segment* seg = rank_ == 0 ? &own_ : (links_.empty() || !links_[0].linked ? nullptr : &links_[0].segment);
+  if (seg == nullptr || !seg->valid()) return {};
+  return {seg->trailer(), static_cast<size_t>(seg->trailer_bytes())};
 }
 
 bool ShmMessagePath::reaches(int peer) const {
@@ -417,6 +425,7 @@ std::unique_ptr<MessagePath> make_shm_message_path(const RailSpec& spec, const R
   c.name = spec.name.empty() ? "control/shm" : spec.name;
   c.secret = ctx.secret;
   c.host_id = ctx.host_id;
+  c.host_board_bytes = ctx.host_board_bytes;
   return std::make_unique<ShmMessagePath>(c, ctx.rank, ctx.size);
 }
 

@@ -32,6 +32,9 @@
 // its peers send meanwhile (two ranks sending each other large messages cannot both wait), checks the
 // peer every liveness slice, and times out at its deadline naming the peer.
 //
+// The host board: rank 0's segment ends with config.host_board_bytes that the path does not use; every
+// linked rank maps them with the segment (host_board()), for the engine's host votes.
+//
 // Threads: one thread makes the data calls (the engine loop); abort() from any thread.
 #pragma once
 
@@ -57,6 +60,7 @@ struct ShmMessagePathConfig {
   size_t max_ring_bytes = 256 << 10;        // per sender; control messages are mostly small
   size_t segment_budget = size_t{8} << 20;  // all rings of one segment, where >= kMinRingBytes each
   double liveness_slice_ms = 50;            // a blocked sender checks its peer this often
+  size_t host_board_bytes = 0;              // rank 0's segment's trailer (MessagePath::host_board)
 };
 
 class ShmMessagePath final : public MessagePath {
@@ -84,6 +88,7 @@ class ShmMessagePath final : public MessagePath {
   bool reliable() const override { return true; }
   bool readable_now() const override;
   void wake_after_messages(int messages) override;
+  HostBoard host_board() const override;
 
   size_t ring_bytes() const { return ring_bytes_; }
 

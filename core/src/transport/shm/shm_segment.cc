@@ -26,8 +26,13 @@ std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
-size_t segment_bytes_for(uint32_t slots, uint64_t ring_bytes) {
-  return data_offset(slots) + static_cast<size_t>(slots) * ring_bytes;
+static size_t trailer_offset(uint32_t slots, uint64_t ring_bytes) {
+  return round_up(data_offset(slots) + static_cast<size_t>(slots) * ring_bytes, kPage);
+}
+
+size_t segment_bytes_for(uint32_t slots, uint64_t ring_bytes, uint64_t trailer_bytes) {
+  if (trailer_bytes == 0) return data_offset(slots) + static_cast<size_t>(slots) * ring_bytes;
+  return trailer_offset(slots, ring_bytes) + round_up(trailer_bytes, kPage);
 }
 
 Segment& Segment::operator=(Segment&& o) noexcept {
@@ -63,10 +68,15 @@ uint8_t* Segment::ring_data(uint32_t slot) const {
   return base_ + data_offset(header()->slots) + static_cast<size_t>(slot) * header()->ring_bytes;
 }
 
+uint8_t* Segment::trailer() const {
+  if (header()->trailer_bytes == 0) return nullptr;
+  return base_ + trailer_offset(header()->slots, header()->ring_bytes);
+}
+
 Segment Segment::create(const SegmentIdentity& id) {
   if (id.slots == 0 || id.ring_bytes == 0 || id.job_tag.size() != 16 || id.nonce.size() != 16)
     throw InvalidArgument("shm segment: bad layout request");
-  const size_t bytes = segment_bytes_for(id.slots, id.ring_bytes);
+  const size_t bytes = segment_bytes_for(id.slots, id.ring_bytes, id.trailer_bytes);
   Segment s;
   s.fd_ = ::memfd_create("nezha-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (s.fd_ < 0) throw NezhaError("shm segment: memfd_create failed: " + errno_text());
@@ -92,6 +102,7 @@ Segment Segment::create(const SegmentIdentity& id) {
   h->creator_start_time = id.creator_start_time;
   h->ring_bytes = id.ring_bytes;
   h->segment_bytes = bytes;
+  h->trailer_bytes = id.trailer_bytes;
   h->creator_base = reinterpret_cast<uint64_t>(s.base_);
   h->doorbell.store(0);
   h->sleeping.store(0);
@@ -117,7 +128,9 @@ std::string header_mismatch(const SegmentHeader& h, size_t mapped_bytes, const S
   if (h.slots != e.slots || h.ring_bytes != e.ring_bytes)
     return "segment layout " + std::to_string(h.slots) + " x " + std::to_string(h.ring_bytes) +
            " bytes, expected " + std::to_string(e.slots) + " x " + std::to_string(e.ring_bytes);
-  const size_t want = segment_bytes_for(e.slots, e.ring_bytes);
+  if (h.trailer_bytes != e.trailer_bytes)
+    return "segment trailer of " + std::to_string(h.trailer_bytes) + " bytes, expected " + std::to_string(e.trailer_bytes);
+  const size_t want = segment_bytes_for(e.slots, e.ring_bytes, e.trailer_bytes);
   if (h.segment_bytes != want || mapped_bytes != want)
     return "segment size " + std::to_string(mapped_bytes) + ", expected " + std::to_string(want);
   return "";

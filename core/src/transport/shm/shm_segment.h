@@ -4,6 +4,9 @@
 // futex word the owner sleeps on: a peer that fills one of its rings, or frees space in a ring the
 // owner produces into (in the peer's own segment), rings it.
 //
+// A segment may end with a trailer: bytes after the rings that the owner's user lays out (the control
+// path's host board in rank 0's segment: engine/negotiation/host_vote_board.h); zero when none.
+//
 // The segment is a sealed memfd (no name in /dev/shm, so nothing can be left there, whatever kills
 // the job; the kernel frees it with the last mapping). Peers receive the fd over an abstract unix
 // socket (shm_handoff.h) and verify the header before using it: magic, version, job tag (from the
@@ -18,7 +21,7 @@
 namespace nezha::transport::shm {
 
 constexpr uint64_t kSegmentMagic = 0x6e657a68615f7368ULL;  // "nezha_sh"
-constexpr uint32_t kSegmentVersion = 2;
+constexpr uint32_t kSegmentVersion = 3;
 
 struct SegmentIdentity {
   std::string job_tag;   // 16 bytes derived from the job secret
@@ -28,6 +31,7 @@ struct SegmentIdentity {
   int32_t owner_rank = 0;
   uint32_t slots = 0;     // local ranks (rings), including the owner's unused slot
   uint64_t ring_bytes = 0;
+  uint64_t trailer_bytes = 0;  // after the rings (see above)
 };
 
 struct alignas(64) RingControl {
@@ -55,6 +59,7 @@ struct alignas(64) SegmentHeader {
   uint64_t creator_start_time;
   uint64_t ring_bytes;
   uint64_t segment_bytes;
+  uint64_t trailer_bytes;
   uint64_t creator_base;  // where the creator mapped this segment (a peer's probe of direct reads)
   alignas(64) std::atomic<uint32_t> doorbell;  // futex word the owner sleeps on
   std::atomic<uint32_t> sleeping;              // 1 while the owner may be in futex_wait
@@ -64,7 +69,7 @@ struct alignas(64) SegmentHeader {
   std::atomic<int32_t> wake_after;
 };
 
-size_t segment_bytes_for(uint32_t slots, uint64_t ring_bytes);
+size_t segment_bytes_for(uint32_t slots, uint64_t ring_bytes, uint64_t trailer_bytes = 0);
 
 // A mapping of one segment (own or a peer's). Move-only; unmaps on destruction.
 class Segment {
@@ -89,6 +94,9 @@ class Segment {
   RingControl* ring(uint32_t slot) const;
   uint8_t* ring_data(uint32_t slot) const;
   uint64_t ring_bytes() const { return header()->ring_bytes; }
+  // The trailer (page-aligned; nullptr when the segment has none) and its size.
+  uint8_t* trailer() const;
+  uint64_t trailer_bytes() const { return header()->trailer_bytes; }
 
  private:
   uint8_t* base_ = nullptr;
