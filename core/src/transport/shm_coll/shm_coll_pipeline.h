@@ -61,8 +61,9 @@ void ShmCollRail::wait_until(Ready ready, const char* const* phase, const Deadli
     const long left_us = duration_cast<microseconds>(deadline.at() - Clock::now()).count();
     if (left_us > 0) shm::futex_wait(&me->doorbell, bell, std::min(slice_us, left_us));
     me->sleeping.store(0);
-    if (ready() < 0) return;
-    check_peers();
+    const int behind = ready();
+    if (behind < 0) return;
+    check_peers(behind);
     if (deadline.expired())
       fail<TimeoutError>(lag, who() + ": timed out waiting for " + rank_name(lag) + " to " + *phase);
   }

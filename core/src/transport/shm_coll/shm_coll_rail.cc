@@ -288,7 +288,7 @@ void ShmCollRail::notify_peers() {
     if (r != rank_) shm::ring_doorbell_if_sleeping(peers_[r].segment.header());
 }
 
-void ShmCollRail::check_peers() {
+void ShmCollRail::check_peers(int waiting_on) {
   // A rank that failed closes its segment and names the rank it failed on, then may exit: the root
   // cause is a rank that is gone without closing, else the rank a closed one blames.
   int gone = -1, blamed = -1, blamer = -1, left = -1;
@@ -305,7 +305,7 @@ void ShmCollRail::check_peers() {
       blamed = blame;
       blamer = r;
     }
-    if (closed && left < 0) left = r;
+    if (closed && r == waiting_on) left = r;
   }
   if (gone >= 0)
     fail<PeerError>(gone, who() + ": " + rank_name(gone) + " (pid " + std::to_string(peers_[gone].pid) + ") exited");

@@ -149,8 +149,11 @@ class ShmCollRail final : public CollectiveRail {
   // Throws as CollectiveRequest::wait does; *phase names what the rank behind has not done yet.
   template <class Ready>
   void wait_until(Ready ready, const char* const* phase, const Deadline& deadline);
-  // After a sleep: throws PeerError if a peer's process is gone or it closed its segment.
-  void check_peers();
+  // After a sleep, waiting on rank `waiting_on`: throws PeerError if a peer's process is gone, a
+  // closed peer blames another, or `waiting_on` closed its segment. Another peer that closed without
+  // blame is not a failure: it finished its part of the operation first (a reducescatter's rank with
+  // an empty block) and left, and what it published stays readable.
+  void check_peers(int waiting_on);
   // Rings every other rank's doorbell if it may sleep (after this rank published a counter).
   void notify_peers();
   // Poisons the rail: marks this rank's segment closed (with the rank to blame, -1 if none) so
