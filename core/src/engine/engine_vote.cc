@@ -29,7 +29,7 @@ void Engine::set_up_host_vote() {
   // Rank 0 decides for the job, before it answers any request: a worker learns slots only from
   // responses, so it sees this flag as rank 0 left it.
   if (config_.rank == 0 && everyone && config_.host_vote && !config_.cache_rounds) board.set_ready();
-  host_vote_ = std::make_unique<HostVote>(board, config_.rank, config_.size);
+  host_vote_ = std::make_unique<HostVote>(board, config_.size);
 }
 
 bool Engine::run_host_vote(const HostVote::Step& step, const std::shared_ptr<OpHandle>& handle,

@@ -39,7 +39,8 @@ namespace nezha::engine {
 
 class HostVote {
  public:
-  HostVote(HostVoteBoard board, int rank, int size) : board_(board), rank_(rank), size_(size) {}
+  // size: the job's ranks (Average's 1/size); the board knows this rank.
+  HostVote(HostVoteBoard board, int size) : board_(board), size_(size) {}
 
   // A response that caches names[index] under a cache id ran on this rank (`own`: its request).
   void learn(const Request& own, const Response& resp, size_t index);
@@ -61,8 +62,6 @@ class HostVote {
   void commit(std::vector<Step>& steps);
 
   HostVoteBoard& board() { return board_; }
-  int rank() const { return rank_; }
-  int size() const { return size_; }
 
  private:
   static constexpr uint32_t kNoSlot = ~0u;
@@ -77,7 +76,7 @@ class HostVote {
   };
 
   HostVoteBoard board_;
-  const int rank_, size_;
+  const int size_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, Slotted> by_name_;
   std::vector<uint64_t> next_seq_ = std::vector<uint64_t>(HostVoteBoard::kSlots, 0);

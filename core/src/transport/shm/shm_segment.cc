@@ -22,13 +22,13 @@ size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 size_t rings_offset() { return round_up(sizeof(SegmentHeader), 64); }
 size_t data_offset(uint32_t slots) { return round_up(rings_offset() + slots * sizeof(RingControl), kPage); }
 
+size_t trailer_offset(uint32_t slots, uint64_t ring_bytes) {
+  return round_up(data_offset(slots) + static_cast<size_t>(slots) * ring_bytes, kPage);
+}
+
 std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
-
-static size_t trailer_offset(uint32_t slots, uint64_t ring_bytes) {
-  return round_up(data_offset(slots) + static_cast<size_t>(slots) * ring_bytes, kPage);
-}
 
 size_t segment_bytes_for(uint32_t slots, uint64_t ring_bytes, uint64_t trailer_bytes) {
   if (trailer_bytes == 0) return data_offset(slots) + static_cast<size_t>(slots) * ring_bytes;
